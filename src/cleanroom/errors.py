@@ -1,0 +1,123 @@
+"""The one exception hierarchy of cleanroom.
+
+Every error the package raises on purpose is a ``CleanroomError``; callers catch the branch they
+can handle. Errors from the outside world (OSError, subprocess, sqlite3, pydantic) are mapped onto
+this tree at the boundary that meets them, so nothing above a module sees a foreign exception.
+
+    CleanroomError
+    ├── ConfigError                 bad settings or environment (missing tool, bad CLEANROOM_HOME)
+    ├── ManifestError               a manifest file or line that does not validate
+    ├── BaselineError
+    │   ├── SpecError               a baseline.toml that does not validate
+    │   ├── BuildError              a step of the build failed (mmdebstrap, mkfs.erofs, kernel)
+    │   ├── BaselineNotFound        no baseline with that digest (or prefix) in the store
+    │   └── DriftError              a stored component no longer matches the digest
+    ├── DriverError
+    │   ├── LaunchError             the environment could not be created / never became ready
+    │   ├── EnvCrashed              the environment died or went silent under us
+    │   └── DestroyError            the environment could not be confirmed absent
+    ├── ProtocolError               a peer sent a malformed or oversized frame
+    │   ├── FrameTooLarge           a frame over the negotiated maximum
+    │   ├── QuotaExceeded           the episode's output quota is used up
+    │   └── UnsafePath              an artifact name that would escape its folder
+    ├── StoreError
+    │   ├── ExportError             a durable write failed (disk full, permission, backend)
+    │   └── RecordConflict          a second, different record for the same episode
+    └── LedgerError                 the ledger could not be read or written
+"""
+
+from __future__ import annotations
+
+
+class CleanroomError(Exception):
+    """Base of every error raised on purpose by cleanroom."""
+
+
+class ConfigError(CleanroomError):
+    """Settings or the host environment are not usable."""
+
+
+class ManifestError(CleanroomError):
+    """A manifest (or a line of a manifest file) does not validate.
+
+    ``problems`` holds one human-readable string per bad line/field, e.g.
+    ``"line 3: limits.timeout_s: Input should be greater than 0"``.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = problems or []
+        detail = "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(f"{message}\n{detail}" if detail else message)
+
+
+class BaselineError(CleanroomError):
+    """Something is wrong with a baseline or its spec."""
+
+
+class SpecError(BaselineError):
+    """A baseline spec (baseline.toml) does not validate."""
+
+
+class BuildError(BaselineError):
+    """A step of the baseline build failed."""
+
+
+class BaselineNotFound(BaselineError):
+    """No baseline with that digest exists in the local store."""
+
+
+class DriftError(BaselineError):
+    """A baseline's files no longer match its digest; ``drifted`` names them."""
+
+    def __init__(self, digest: str, drifted: list[str]) -> None:
+        self.digest = digest
+        self.drifted = drifted
+        super().__init__(f"baseline {digest} has drifted: {', '.join(drifted)}")
+
+
+class DriverError(CleanroomError):
+    """A driver could not do what was asked of an environment."""
+
+
+class LaunchError(DriverError):
+    """An environment could not be created or never became ready."""
+
+
+class EnvCrashed(DriverError):
+    """An environment died, or its agent went silent, while in use."""
+
+
+class DestroyError(DriverError):
+    """An environment could not be confirmed absent within the cleanup window."""
+
+
+class ProtocolError(CleanroomError):
+    """The agent channel carried something malformed."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame larger than the allowed maximum."""
+
+
+class QuotaExceeded(ProtocolError):
+    """The episode sent more output than its quota allows."""
+
+
+class UnsafePath(ProtocolError):
+    """An artifact name that is absolute, contains '..', or otherwise escapes its folder."""
+
+
+class StoreError(CleanroomError):
+    """The durable store failed."""
+
+
+class ExportError(StoreError):
+    """A durable write failed; nothing is reported as durable."""
+
+
+class RecordConflict(StoreError):
+    """A different result record already exists for this episode."""
+
+
+class LedgerError(CleanroomError):
+    """The ledger could not be read or written."""

@@ -1,0 +1,166 @@
+"""Episode manifests: the only input an episode gets.
+
+A manifest file is JSON Lines, one manifest per line. The whole file is validated before
+anything runs; every bad line is reported with its line number and the field at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cleanroom.errors import ManifestError
+
+EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class Limits(BaseModel):
+    """Resource limits of one episode. Unset fields fall back to the baseline's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)
+    vcpus: int | None = Field(default=None, ge=1, le=64)
+    memory_mib: int | None = Field(default=None, ge=64, le=256 * 1024)
+    output_quota_mib: int | None = Field(default=None, ge=1, le=64 * 1024)
+
+    def merged_over(self, defaults: Limits) -> ResolvedLimits:
+        """These limits with every unset field taken from ``defaults`` (then built-ins)."""
+        base = ResolvedLimits()
+        return ResolvedLimits(
+            timeout_s=self.timeout_s or defaults.timeout_s or base.timeout_s,
+            vcpus=self.vcpus or defaults.vcpus or base.vcpus,
+            memory_mib=self.memory_mib or defaults.memory_mib or base.memory_mib,
+            output_quota_mib=(
+                self.output_quota_mib or defaults.output_quota_mib or base.output_quota_mib
+            ),
+        )
+
+
+class ResolvedLimits(BaseModel):
+    """Limits with every field set: what an environment is actually created with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = 60.0
+    vcpus: int = 1
+    memory_mib: int = 256
+    output_quota_mib: int = 64
+
+
+class Policy(BaseModel):
+    """Which policy produced the episode's actions, and its parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    version: str = Field(default="0", max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Manifest(BaseModel):
+    """One episode's unit of work."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    episode_id: str
+    baseline: str | None = Field(default=None, description="baseline digest (sha256:...)")
+    seed: int = Field(ge=0, lt=2**63)
+    policy: Policy
+    task: dict[str, Any] = Field(default_factory=dict)
+    limits: Limits = Field(default_factory=Limits)
+    secrets: list[str] = Field(default_factory=list)
+    network: dict[str, Any] | None = None
+    output: str | None = Field(default=None, description="store URL or folder override")
+
+    @field_validator("episode_id")
+    @classmethod
+    def _episode_id_is_safe(cls, value: str) -> str:
+        if not EPISODE_ID_RE.match(value):
+            raise ValueError(
+                "must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_is_digest(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST_RE.match(value):
+            raise ValueError("must be a full digest 'sha256:<64 hex>'")
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _network_off_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and value.get("allow"):
+            raise ValueError("network egress is not supported yet; leave it unset (off)")
+        return value
+
+    def digest(self) -> str:
+        """A stable digest of this manifest's content (for provenance)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def guest_view(self) -> dict[str, Any]:
+        """What the guest sees at /run/cleanroom/manifest.json (no secret values, ever)."""
+        return self.model_dump(mode="json")
+
+
+def _describe(error: ValidationError) -> list[str]:
+    out = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(manifest)"
+        out.append(f"{where}: {item['msg']}")
+    return out
+
+
+def parse_manifests(text: str, source: str = "<manifests>") -> list[Manifest]:
+    """Validate every line of a JSON Lines text; raise one ManifestError listing all problems."""
+    manifests: list[Manifest] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(data, dict):
+            problems.append(f"line {number}: must be a JSON object")
+            continue
+        try:
+            manifest = Manifest.model_validate(data)
+        except ValidationError as exc:
+            problems.extend(f"line {number}: {p}" for p in _describe(exc))
+            continue
+        if manifest.episode_id in seen:
+            problems.append(
+                f"line {number}: episode_id: {manifest.episode_id!r} already used "
+                f"on line {seen[manifest.episode_id]}"
+            )
+            continue
+        seen[manifest.episode_id] = number
+        manifests.append(manifest)
+    if problems:
+        raise ManifestError(f"{source}: {len(problems)} problem(s); nothing was run", problems)
+    if not manifests:
+        raise ManifestError(f"{source}: no manifests found")
+    return manifests
+
+
+def load_manifests(path: Path) -> list[Manifest]:
+    """Read and validate a manifest file (JSON Lines)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read ({exc})") from exc
+    return parse_manifests(text, source=str(path))
