@@ -1,0 +1,306 @@
+"""The guest agent: PID 1 of every cleanroom VM (standard library only).
+
+It sets up the guest's pseudo file systems, finds the control port (a virtio-serial port named
+``ctl``), says HELLO, and then serves the host's frames one at a time: RUN (the episode), EXEC,
+PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off.
+
+As PID 1 it forks: the parent only reaps orphans and powers off when the agent child ends; the
+child does the work. Outside a VM (the ``local`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
+a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/cleanroom``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+try:  # on the host, as part of the package
+    from cleanroom.agent.protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame
+except ImportError:  # in the guest, next to protocol.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
+
+AGENT_VERSION = "0.1.0"
+PORT_NAME = "ctl"
+RESULT_LIMIT = 4 * 1024 * 1024
+PIPE_CHUNK = 64 * 1024
+
+
+def guest_root() -> str:
+    return os.environ.get("CLEANROOM_GUEST_ROOT", "") + "/run/cleanroom"
+
+
+def log(message: str) -> None:
+    print(f"cleanroom-agent: {message}", file=sys.stderr, flush=True)
+
+
+# -- booting -------------------------------------------------------------------------------------
+
+
+def prepare_guest_root() -> None:
+    """Create /run/cleanroom (the initramfs already mounted /proc, /sys, /run and /dev)."""
+    os.makedirs(guest_root() + "/out", exist_ok=True)
+    os.makedirs(guest_root() + "/secrets", mode=0o700, exist_ok=True)
+
+
+def power_off() -> None:
+    """Halt the VM at once (the host destroys it anyway; this just makes it quick)."""
+    try:
+        with open("/proc/sysrq-trigger", "w") as trigger:
+            trigger.write("o")
+    except OSError:
+        pass
+    time.sleep(5)
+    os._exit(0)
+
+
+def open_control_port(deadline_s: float = 30.0) -> Any:
+    """Open the virtio-serial port named ``ctl`` (or the test socket) as a binary stream."""
+    path = os.environ.get("CLEANROOM_AGENT_SOCKET")
+    if path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        return sock.makefile("rwb", buffering=0)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        base = "/sys/class/virtio-ports"
+        for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            try:
+                with open(f"{base}/{entry}/name") as f:
+                    if f.read().strip() != PORT_NAME:
+                        continue
+                return open(f"/dev/{entry}", "r+b", buffering=0)
+            except OSError:
+                pass  # ENXIO until the host side is connected
+        time.sleep(0.005)
+    raise RuntimeError("control port did not appear")
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+
+class Agent:
+    """Serves one host connection."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.busy = threading.Event()
+
+    def send(self, kind: Kind, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
+        data = encode(kind, header, body)
+        with self.lock:
+            view = memoryview(data)
+            while view:
+                written = self.stream.write(view)
+                view = view[written:]
+
+    def hello(self) -> None:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        self.send(
+            Kind.HELLO,
+            {
+                "agent_version": AGENT_VERSION,
+                "protocol": 1,
+                "boot_time_s": uptime,
+                "kernel": os.uname().release,
+                "python": sys.version.split()[0],
+                "pid": os.getpid(),
+            },
+        )
+
+    def serve(self) -> None:
+        self.hello()
+        threading.Thread(target=self.heartbeat, daemon=True).start()
+        while True:
+            try:
+                frame = read_frame(self.stream)
+            except EOFError:
+                return
+            if frame.kind == Kind.PING:
+                self.send(Kind.PONG, {"t": frame.header.get("t")})
+            elif frame.kind == Kind.SHUTDOWN:
+                return
+            elif self.busy.is_set():
+                self.send(Kind.ERROR, {"message": "busy: one request at a time"})
+            else:
+                self.busy.set()
+                threading.Thread(target=self.handle, args=(frame,), daemon=True).start()
+
+    def heartbeat(self) -> None:
+        """While a request runs, tell the host we are alive (it treats silence as a crash)."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            if self.busy.is_set():
+                self.send(Kind.HEARTBEAT, {"t": time.monotonic()})
+
+    def handle(self, frame: Frame) -> None:
+        try:
+            if frame.kind == Kind.RUN:
+                self.run_episode(frame.header)
+            elif frame.kind == Kind.EXEC:
+                self.run_process(frame.header)
+                self.send(Kind.DONE)
+            elif frame.kind == Kind.PUT:
+                self.put(frame.header, frame.body)
+            elif frame.kind == Kind.GET:
+                self.send_file(frame.header["path"], frame.header["path"], "get")
+                self.send(Kind.DONE)
+            else:
+                self.send(Kind.ERROR, {"message": f"unexpected frame {frame.kind.name}"})
+        except Exception as exc:  # report, never die: the host decides what happens next
+            self.send(Kind.ERROR, {"message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self.busy.clear()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def put(self, header: dict[str, Any], body: bytes) -> None:
+        path = header["path"]
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(header.get("mode", 0o644)))
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        self.send(Kind.OK, {"path": path, "size": len(body)})
+
+    def send_file(self, path: str, name: str, kind: str) -> None:
+        offset = 0
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(CHUNK)
+                eof = len(chunk) < CHUNK
+                self.send(
+                    Kind.FILE, {"name": name, "offset": offset, "eof": eof, "kind": kind}, chunk
+                )
+                offset += len(chunk)
+                if eof:
+                    return
+
+    def pump(self, pipe: Any, kind: Kind) -> None:
+        while chunk := pipe.read1(PIPE_CHUNK) if hasattr(pipe, "read1") else pipe.read(PIPE_CHUNK):
+            self.send(kind, {}, chunk)
+
+    def run_process(self, header: dict[str, Any]) -> None:
+        """Run argv, streaming its output; send EXIT. Kills its process group on timeout."""
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+        }
+        env.update(header.get("env") or {})
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                header["argv"],
+                cwd=header.get("cwd") or "/",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.send(Kind.STDERR, {}, f"cannot start {header['argv']!r}: {exc}\n".encode())
+            self.send(
+                Kind.EXIT, {"code": 127, "signal": None, "duration_s": 0.0, "timed_out": False}
+            )
+            return
+        pumps = [
+            threading.Thread(target=self.pump, args=(proc.stdout, Kind.STDOUT)),
+            threading.Thread(target=self.pump, args=(proc.stderr, Kind.STDERR)),
+        ]
+        for t in pumps:
+            t.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=header.get("timeout_s"))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for t in pumps:
+            t.join(timeout=2.0)
+        code = proc.returncode
+        self.send(
+            Kind.EXIT,
+            {
+                "code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "duration_s": round(time.monotonic() - started, 6),
+                "timed_out": timed_out,
+            },
+        )
+
+    def run_episode(self, header: dict[str, Any]) -> None:
+        """The episode: manifest in, entrypoint run, artifacts and result record out."""
+        root = guest_root()
+        os.makedirs(root + "/out", exist_ok=True)
+        os.makedirs(root + "/secrets", mode=0o700, exist_ok=True)
+        with open(root + "/manifest.json", "w") as f:
+            json.dump(header["manifest"], f)
+        for name, value in (header.get("secret_files") or {}).items():
+            fd = os.open(f"{root}/secrets/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(value)
+        env = {"CLEANROOM_DIR": root, **(header.get("env") or {})}
+        self.run_process(
+            {
+                "argv": header["entrypoint"],
+                "env": env,
+                "cwd": header.get("cwd"),
+                "timeout_s": header.get("timeout_s"),
+            }
+        )
+        for dirpath, dirnames, filenames in os.walk(root + "/out", followlinks=False):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = os.path.join(dirpath, filename)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                self.send_file(path, os.path.relpath(path, root + "/out"), "artifact")
+        result = root + "/result.json"
+        if os.path.isfile(result) and not os.path.islink(result):
+            with open(result, "rb") as f:
+                self.send(Kind.RESULT, {"present": True}, f.read(RESULT_LIMIT + 1))
+        else:
+            self.send(Kind.RESULT, {"present": False})
+        self.send(Kind.DONE)
+
+
+def serve_forever() -> None:
+    stream = open_control_port()
+    Agent(stream).serve()
+
+
+def main() -> None:
+    if os.getpid() != 1:
+        serve_forever()
+        return
+    prepare_guest_root()
+    child = os.fork()
+    if child == 0:
+        try:
+            serve_forever()
+        except BaseException as exc:
+            log(f"fatal: {type(exc).__name__}: {exc}")
+        os._exit(0)
+    while True:  # PID 1: reap every orphan; when the agent ends, the VM ends
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            break
+        if pid == child:
+            break
+    power_off()
+
+
+if __name__ == "__main__":
+    main()

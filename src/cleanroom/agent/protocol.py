@@ -1,0 +1,120 @@
+"""The agent wire protocol: length-prefixed frames of (type, JSON header, optional bytes).
+
+Standard library only: this file is copied into every baseline's root filesystem next to the
+guest agent, and imported by the host. Layout of one frame (big-endian)::
+
+    magic  2 bytes  b"CR"
+    type   1 byte   a ``Kind``
+    hlen   4 bytes  length of the JSON header (UTF-8 object)
+    blen   4 bytes  length of the body (raw bytes, may be 0)
+    header hlen bytes
+    body   blen bytes
+
+The reader checks the magic, the type, both lengths against its limits, and that the header is
+a JSON object, before it allocates anything; a peer that sends anything else gets
+``BadFrame`` (the host maps it onto ``cleanroom.errors.ProtocolError``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from typing import Any, BinaryIO, NamedTuple
+
+PROTOCOL_VERSION = 1
+MAGIC = b"CR"
+PREFIX = struct.Struct(">2sBII")
+MAX_HEADER = 256 * 1024
+DEFAULT_MAX_BODY = 1024 * 1024
+CHUNK = 256 * 1024
+HEARTBEAT_S = 1.0
+
+
+class Kind(enum.IntEnum):
+    """Frame types. Direction in brackets: h = host, g = guest."""
+
+    HELLO = 1  # [g->h] agent is ready: {agent_version, protocol, boot_time, ...}
+    RUN = 2  # [h->g] run the episode: {manifest, entrypoint, env, timeout_s, secrets}
+    EXEC = 3  # [h->g] run a command: {argv, env, cwd, timeout_s}
+    PUT = 4  # [h->g] write a file: {path, mode}, body = content (whole file)
+    GET = 5  # [h->g] read a file: {path}; answered by FILE frames
+    STDOUT = 6  # [g->h] body = bytes the process wrote to stdout
+    STDERR = 7  # [g->h] body = bytes the process wrote to stderr
+    FILE = 8  # [g->h] {name, offset, eof, kind}: one chunk of an artifact or GET answer
+    RESULT = 9  # [g->h] body = raw /run/cleanroom/result.json (may be invalid JSON)
+    EXIT = 10  # [g->h] {code, signal, duration_s, timed_out}
+    ERROR = 11  # [both] {message}
+    PING = 12  # [h->g] heartbeat request
+    PONG = 13  # [g->h] heartbeat answer
+    SHUTDOWN = 14  # [h->g] power off now
+    DONE = 15  # [g->h] everything of the current RUN/EXEC/GET was sent
+    OK = 16  # [g->h] a PUT landed
+    HEARTBEAT = 17  # [g->h] still alive, sent every HEARTBEAT_S while a request runs
+
+
+class Frame(NamedTuple):
+    kind: Kind
+    header: dict[str, Any]
+    body: bytes = b""
+
+
+class BadFrame(Exception):
+    """The byte stream is not a valid frame (wrong magic, type, size or header)."""
+
+
+class TooLarge(BadFrame):
+    """A frame whose declared size exceeds the reader's limit."""
+
+
+def encode(kind: Kind, header: dict[str, Any] | None = None, body: bytes = b"") -> bytes:
+    """Serialize one frame."""
+    raw_header = json.dumps(header or {}, separators=(",", ":")).encode("utf-8")
+    return PREFIX.pack(MAGIC, int(kind), len(raw_header), len(body)) + raw_header + body
+
+
+def parse_prefix(prefix: bytes, max_body: int) -> tuple[Kind, int, int]:
+    """Validate a frame prefix; return (kind, header length, body length)."""
+    magic, kind, hlen, blen = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise BadFrame(f"bad magic {magic!r}")
+    try:
+        frame_kind = Kind(kind)
+    except ValueError:
+        raise BadFrame(f"unknown frame type {kind}") from None
+    if hlen > MAX_HEADER:
+        raise TooLarge(f"header of {hlen} bytes exceeds {MAX_HEADER}")
+    if blen > max_body:
+        raise TooLarge(f"body of {blen} bytes exceeds {max_body}")
+    return frame_kind, hlen, blen
+
+
+def parse_header(raw: bytes) -> dict[str, Any]:
+    """Decode a frame header; it must be a JSON object."""
+    try:
+        header = json.loads(raw.decode("utf-8")) if raw else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadFrame(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise BadFrame("header is not a JSON object")
+    return header
+
+
+def _read_exact(stream: BinaryIO, size: int) -> bytes:
+    parts: list[bytes] = []
+    remaining = size
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            raise EOFError("channel closed mid-frame" if parts or size != remaining else "closed")
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(parts)
+
+
+def read_frame(stream: BinaryIO, max_body: int = DEFAULT_MAX_BODY) -> Frame:
+    """Blocking read of one frame (used by the guest). Raises EOFError on a closed stream."""
+    kind, hlen, blen = parse_prefix(_read_exact(stream, PREFIX.size), max_body)
+    header = parse_header(_read_exact(stream, hlen))
+    body = _read_exact(stream, blen) if blen else b""
+    return Frame(kind, header, body)

@@ -1,0 +1,346 @@
+"""The host's side of the agent channel: typed requests over frames, with the guest distrusted.
+
+Whatever the guest sends is checked before it touches the host: frame sizes (``max_body``), the
+episode's output quota (stdout + stderr + artifacts + result together), artifact names (no
+absolute paths, no ``..``, no links followed) and the artifact count. Anything malformed raises a
+``ProtocolError`` subclass; the caller then destroys the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cleanroom.agent import protocol
+from cleanroom.agent.protocol import Frame, Kind
+from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, QuotaExceeded, UnsafePath
+
+MAX_ARTIFACTS = 10_000
+MAX_NAME = 1024
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a process in the guest did. The exit code is data; ``check()`` makes it an error."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def check(self) -> ExecResult:
+        if not self.ok:
+            from cleanroom.errors import DriverError
+
+            raise DriverError(
+                f"guest command failed (exit {self.exit_code}, signal {self.signal}, "
+                f"timed out {self.timed_out}): {self.stderr[-500:].decode(errors='replace')}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    size: int
+    sha256: str
+    path: Path
+
+
+@dataclass
+class EpisodeOutput:
+    """Everything an episode sent back, staged on the host (not yet durable)."""
+
+    exit: ExecResult
+    artifacts: list[Artifact] = field(default_factory=list)
+    result_raw: bytes | None = None
+    stdout_path: Path | None = None
+    stderr_path: Path | None = None
+
+
+def safe_relpath(name: str) -> PurePosixPath:
+    """Validate a guest-chosen artifact name; raise UnsafePath unless it stays in its folder."""
+    if not name or len(name) > MAX_NAME or "\x00" in name or "\\" in name:
+        raise UnsafePath(f"artifact name refused: {name[:80]!r}")
+    path = PurePosixPath(name)
+    if path.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
+        raise UnsafePath(f"artifact name escapes its folder: {name[:80]!r}")
+    return path
+
+
+class _Quota:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes")
+
+
+class AgentSession:
+    """A connected agent. Created by a driver; one request at a time."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_body: int = protocol.DEFAULT_MAX_BODY,
+        silence_timeout_s: float = 15.0,
+    ) -> None:
+        self._reader = reader
+        self.silence_timeout_s = silence_timeout_s
+        self._writer = writer
+        self._max_body = max_body
+        self._lock = asyncio.Lock()
+        self.hello: dict[str, Any] = {}
+
+    # -- framing --------------------------------------------------------------------------------
+
+    async def _read(self) -> Frame:
+        """The next frame that is not a heartbeat; silence past the timeout is a crash."""
+        while True:
+            try:
+                frame = await asyncio.wait_for(self._read_frame(), self.silence_timeout_s)
+            except TimeoutError:
+                raise EnvCrashed(
+                    f"guest agent silent for {self.silence_timeout_s:.0f}s (no heartbeat)"
+                ) from None
+            if frame.kind != Kind.HEARTBEAT:
+                return frame
+
+    async def _read_frame(self) -> Frame:
+        try:
+            prefix = await self._reader.readexactly(protocol.PREFIX.size)
+            kind, hlen, blen = protocol.parse_prefix(prefix, self._max_body)
+            header = protocol.parse_header(await self._reader.readexactly(hlen))
+            body = await self._reader.readexactly(blen) if blen else b""
+        except asyncio.IncompleteReadError as exc:
+            raise EnvCrashed("agent channel closed") from exc
+        except (ConnectionError, OSError) as exc:
+            raise EnvCrashed(f"agent channel failed: {exc}") from exc
+        except protocol.TooLarge as exc:
+            raise FrameTooLarge(str(exc)) from exc
+        except protocol.BadFrame as exc:
+            raise ProtocolError(f"malformed frame from guest: {exc}") from exc
+        if kind == Kind.ERROR:
+            raise ProtocolError(f"guest agent error: {header.get('message', '?')}")
+        return Frame(kind, header, body)
+
+    async def _send(
+        self, kind: Kind, header: dict[str, Any] | None = None, body: bytes = b""
+    ) -> None:
+        try:
+            self._writer.write(protocol.encode(kind, header, body))
+            await self._writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise EnvCrashed(f"agent channel failed: {exc}") from exc
+
+    async def wait_hello(self) -> dict[str, Any]:
+        """Wait for the agent's HELLO (no silence timeout: the caller bounds the boot)."""
+        frame = await self._read_frame()
+        if frame.kind != Kind.HELLO:
+            raise ProtocolError(f"expected HELLO, got {frame.kind.name}")
+        self.hello = frame.header
+        return self.hello
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def ping(self) -> float:
+        """Round trip time in seconds."""
+        async with self._lock:
+            start = time.perf_counter()
+            await self._send(Kind.PING, {"t": start})
+            frame = await self._read()
+            if frame.kind != Kind.PONG:
+                raise ProtocolError(f"expected PONG, got {frame.kind.name}")
+            return time.perf_counter() - start
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        max_output: int = 16 * 1024 * 1024,
+    ) -> ExecResult:
+        async with self._lock:
+            await self._send(
+                Kind.EXEC, {"argv": argv, "timeout_s": timeout_s, "env": env, "cwd": cwd}
+            )
+            out, err = bytearray(), bytearray()
+            quota = _Quota(max_output)
+            while True:
+                frame = await self._read()
+                if frame.kind in (Kind.STDOUT, Kind.STDERR):
+                    quota.take(len(frame.body))
+                    (out if frame.kind == Kind.STDOUT else err).extend(frame.body)
+                elif frame.kind == Kind.EXIT:
+                    result = _exit_result(frame.header, bytes(out), bytes(err))
+                elif frame.kind == Kind.DONE:
+                    return result
+                else:
+                    raise ProtocolError(f"unexpected {frame.kind.name} during exec")
+
+    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        async with self._lock:
+            await self._send(Kind.PUT, {"path": path, "mode": mode}, data)
+            frame = await self._read()
+            if frame.kind != Kind.OK:
+                raise ProtocolError(f"expected OK, got {frame.kind.name}")
+
+    async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
+        async with self._lock:
+            await self._send(Kind.GET, {"path": path})
+            data = bytearray()
+            while True:
+                frame = await self._read()
+                if frame.kind == Kind.FILE:
+                    if frame.header.get("offset") != len(data):
+                        raise ProtocolError("file chunk out of order")
+                    data.extend(frame.body)
+                    if len(data) > max_size:
+                        raise QuotaExceeded(f"{path} is larger than {max_size} bytes")
+                elif frame.kind == Kind.DONE:
+                    return bytes(data)
+                else:
+                    raise ProtocolError(f"unexpected {frame.kind.name} during get")
+
+    async def shutdown(self) -> None:
+        """Ask the guest to power off (best effort; destroy does not depend on it)."""
+        with contextlib.suppress(EnvCrashed):
+            await self._send(Kind.SHUTDOWN)
+
+    async def run_episode(
+        self, request: dict[str, Any], staging: Path, *, quota_bytes: int
+    ) -> EpisodeOutput:
+        """Send RUN and stage everything the episode returns under ``staging``."""
+        async with self._lock:
+            return await _EpisodeCollector(self, staging, _Quota(quota_bytes)).run(request)
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+
+
+def _exit_result(header: dict[str, Any], out: bytes, err: bytes) -> ExecResult:
+    def _int(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    duration = header.get("duration_s")
+    return ExecResult(
+        exit_code=_int(header.get("code")),
+        signal=_int(header.get("signal")),
+        stdout=out,
+        stderr=err,
+        duration_s=float(duration) if isinstance(duration, int | float) else 0.0,
+        timed_out=header.get("timed_out") is True,
+    )
+
+
+class _EpisodeCollector:
+    """Receives one RUN's frames into a staging folder, enforcing the quota and names."""
+
+    def __init__(self, session: AgentSession, staging: Path, quota: _Quota) -> None:
+        self.session = session
+        self.staging = staging
+        self.quota = quota
+        self.artifacts_dir = staging / "artifacts"
+        self.logs_dir = staging / "logs"
+        self.files: dict[str, tuple[int, Any]] = {}  # name -> (fd, sha256 object)
+        self.sizes: dict[str, int] = {}
+        self.digests: dict[str, str] = {}
+
+    async def run(self, request: dict[str, Any]) -> EpisodeOutput:
+        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        stdout_path, stderr_path = self.logs_dir / "stdout.log", self.logs_dir / "stderr.log"
+        exit_result: ExecResult | None = None
+        output = EpisodeOutput(exit=_exit_result({}, b"", b""))
+        with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+            await self.session._send(Kind.RUN, request)
+            try:
+                while True:
+                    frame = await self.session._read()
+                    if frame.kind in (Kind.STDOUT, Kind.STDERR):
+                        self.quota.take(len(frame.body))
+                        (out if frame.kind == Kind.STDOUT else err).write(frame.body)
+                    elif frame.kind == Kind.EXIT:
+                        exit_result = _exit_result(frame.header, b"", b"")
+                    elif frame.kind == Kind.FILE:
+                        self._file_chunk(frame)
+                    elif frame.kind == Kind.RESULT:
+                        self.quota.take(len(frame.body))
+                        output.result_raw = frame.body if frame.header.get("present") else None
+                    elif frame.kind == Kind.DONE:
+                        break
+                    else:
+                        raise ProtocolError(f"unexpected {frame.kind.name} during an episode")
+            finally:
+                for fd, _ in self.files.values():
+                    os.close(fd)
+        if exit_result is None:
+            raise ProtocolError("episode ended without an EXIT frame")
+        output.exit = exit_result
+        output.stdout_path, output.stderr_path = stdout_path, stderr_path
+        output.artifacts = [
+            Artifact(name, self.sizes[name], digest, self.artifacts_dir / name)
+            for name, digest in sorted(self.digests.items())
+        ]
+        return output
+
+    def _file_chunk(self, frame: Frame) -> None:
+        header = frame.header
+        name = header.get("name")
+        if header.get("kind") != "artifact" or not isinstance(name, str):
+            raise ProtocolError("FILE frame without an artifact name")
+        rel = safe_relpath(name)
+        self.quota.take(len(frame.body))
+        if name not in self.files:
+            if header.get("offset") != 0 or name in self.sizes:
+                raise ProtocolError(f"artifact {name!r} does not start at offset 0")
+            if len(self.sizes) >= MAX_ARTIFACTS:
+                raise QuotaExceeded(f"more than {MAX_ARTIFACTS} artifacts")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                self._make_parents(rel)
+                fd = os.open(self.artifacts_dir / rel, flags, 0o644)
+            except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+                raise UnsafePath(f"artifact name {name!r} collides with another") from exc
+            self.files[name] = (fd, hashlib.sha256())
+            self.sizes[name] = 0
+        fd, digest = self.files[name]
+        if header.get("offset") != self.sizes[name]:
+            raise ProtocolError(f"artifact {name!r}: chunk out of order")
+        os.write(fd, frame.body)
+        digest.update(frame.body)
+        self.sizes[name] += len(frame.body)
+        if header.get("eof"):
+            os.close(fd)
+            del self.files[name]
+            self.digests[name] = digest.hexdigest()
+
+    def _make_parents(self, rel: PurePosixPath) -> None:
+        """Create parent folders one by one, refusing any that is (or became) a symlink."""
+        current = self.artifacts_dir
+        for part in rel.parts[:-1]:
+            current = current / part
+            if current.is_symlink():
+                raise UnsafePath(f"artifact folder {part!r} is a link")
+            current.mkdir(exist_ok=True)
