@@ -1,0 +1,1 @@
+"""Baselines: build, store, verify."""

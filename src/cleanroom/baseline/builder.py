@@ -1,0 +1,175 @@
+"""Build a baseline from its spec: ``build(spec_path) -> Baseline``.
+
+1. Load the spec and compute its spec digest; unless ``force``, a baseline already built from
+   the same spec digest (``baselines_dir()/by-spec/<hex>``) by the same builder code
+   (``builder_fingerprint``) that passes ``quick_check`` is returned as is.
+2. ``kernel``: fetch (cached) the guest kernel and its modules.
+3. ``rootfs`` / ``pip`` / ``files`` / ``compile`` / ``erofs``: build ``rootfs.erofs``.
+4. ``initramfs``: write ``initrd.cpio``.
+5. ``digest``: hash the components, compute the digest, write ``baseline.json`` and move the
+   folder atomically to ``baselines_dir()/<hex>/`` (an intact baseline with the same digest is
+   kept as is; a drifted one is replaced).
+
+Scratch work happens in ``cache_dir()/build-*`` (the unpacked root tree in ``/dev/shm`` when it
+has room: ``rootfs.scratch_parent``), removed on success and on failure. Every
+failure is a ``CleanroomError`` (``BuildError`` with the failing command's stderr tail).
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cleanroom.baseline import store
+from cleanroom.baseline.initramfs import build_initramfs
+from cleanroom.baseline.kernel import fetch_kernel
+from cleanroom.baseline.model import (
+    INITRD_FILE,
+    KERNEL_FILE,
+    METADATA_FILE,
+    ROOTFS_FILE,
+    Baseline,
+    Component,
+    digest_of,
+    identity,
+    sha256_file,
+)
+from cleanroom.baseline.proc import Progress, quiet
+from cleanroom.baseline.rootfs import build_rootfs, scratch_parent
+from cleanroom.baseline.spec import (
+    AGENT_DIR,
+    BUILDER_VERSION,
+    BaselineSpec,
+    builder_fingerprint,
+    load_spec,
+    spec_digest,
+)
+from cleanroom.errors import BaselineNotFound, BuildError, DriftError
+from cleanroom.paths import baselines_dir, cache_dir
+
+
+def agent_version(guest: Path = AGENT_DIR / "guest.py") -> str:
+    """``AGENT_VERSION`` of the guest agent, read from its source (not imported)."""
+    try:
+        tree = ast.parse(guest.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as exc:
+        raise BuildError(f"agent: cannot read {guest}: {exc}") from exc
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "AGENT_VERSION" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    raise BuildError(f"agent: {guest} defines no AGENT_VERSION string")
+
+
+def _component(folder: Path, name: str) -> Component:
+    path = folder / name
+    return Component(name=name, size=path.stat().st_size, sha256=sha256_file(path))
+
+
+def _install(out: Path, digest: str) -> None:
+    """Move a finished baseline folder to its content address (idempotent, atomic rename)."""
+    final = baselines_dir() / digest.removeprefix("sha256:")
+    if final.exists():
+        try:
+            store.require_intact(store.load(digest))
+            return  # the same content is already stored and intact: keep it
+        except (DriftError, BaselineNotFound):
+            shutil.rmtree(final)
+    try:
+        os.replace(out, final)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return  # a concurrent build of the same content got there first
+        if exc.errno != errno.EXDEV:
+            raise
+        staging = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        shutil.copytree(out, staging)  # copy2 keeps the recorded mtimes
+        os.replace(staging, final)
+
+
+def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) -> Baseline:
+    started = time.monotonic()
+    kernel = fetch_kernel(spec.kernel.package, progress)
+    out = work / "out"
+    out.mkdir()
+    tree = Path(tempfile.mkdtemp(prefix="cleanroom-rootfs-", dir=scratch_parent()))
+    try:
+        build_rootfs(spec, tree, out / ROOTFS_FILE, progress)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    progress("initramfs", f"{len(kernel.order)} modules")
+    build_initramfs(kernel, out / INITRD_FILE)
+    shutil.copyfile(kernel.vmlinux, out / KERNEL_FILE)
+
+    progress("digest", "hashing components")
+    components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
+    entrypoint = tuple(spec.entrypoint.command)
+    version = agent_version()
+    ident = identity(components, entrypoint, spec.limits, kernel.version, version, sdigest)
+    digest = digest_of(ident)
+    for component in components:
+        (out / component.name).chmod(0o444)
+    baseline = Baseline(
+        digest=digest,
+        path=out,
+        spec_digest=sdigest,
+        name=spec.name,
+        components=components,
+        entrypoint=entrypoint,
+        limits=spec.limits,
+        kernel_version=kernel.version,
+        agent_version=version,
+        spec=spec.canonical(),
+    )
+    data = baseline.to_json()
+    data["built"] = {
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - started, 2),
+        "host": socket.gethostname(),
+        "builder_version": BUILDER_VERSION,
+        "builder_fingerprint": builder_fingerprint(),
+        "mtime_ns": {c.name: (out / c.name).stat().st_mtime_ns for c in components},
+    }
+    (out / METADATA_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _install(out, digest)
+    store.record_spec(sdigest, digest, builder_fingerprint())
+    progress("digest", digest)
+    return store.load(digest)
+
+
+def build(spec_path: Path, progress: Progress = quiet, force: bool = False) -> Baseline:
+    """Build (or find in the cache) the baseline of a ``baseline.toml``; see module docstring."""
+    spec = load_spec(Path(spec_path))
+    sdigest = spec_digest(spec)
+    if not force:
+        cached = store.lookup_spec(sdigest, builder_fingerprint())
+        if cached is not None:
+            try:
+                store.quick_check(cached)
+            except DriftError as exc:
+                progress("cache", f"cached {cached.short} drifted ({exc}); rebuilding")
+            else:
+                progress("cache", f"{spec.name}: already built as {cached.digest}")
+                return cached
+    scratch = cache_dir()
+    scratch.mkdir(parents=True, exist_ok=True)
+    baselines_dir().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    try:
+        return _assemble(spec, sdigest, work, progress)
+    except OSError as exc:
+        raise BuildError(f"build of {spec.name} failed: {exc}") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,31 @@
+#!/bin/busybox sh
+# cleanroom initramfs /init: load the few modules the guest needs, mount the baseline's root
+# filesystem (erofs, read-only) under a tmpfs overlay, and hand PID 1 to the guest agent.
+# Every write of an episode lands in the tmpfs and dies with the VM.
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t sysfs sys /sys
+$B mount -t devtmpfs dev /dev
+for m in $($B cat /lib/modules/order); do
+  $B insmod "/lib/modules/$m.ko" 2>/dev/null || echo "cleanroom-init: insmod $m failed"
+done
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do $B usleep 10000; i=$((i+1)); done
+fail() { echo "cleanroom-init: $*"; echo o > /proc/sysrq-trigger; $B sleep 5; }
+$B mount -t erofs -o ro /dev/vda /lower || fail "cannot mount root image"
+$B mount -t tmpfs -o mode=0755 tmpfs /upper || fail "cannot mount tmpfs"
+$B mkdir -p /upper/data /upper/work
+$B mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work /newroot \
+  || fail "cannot mount overlay"
+$B mount --move /dev /newroot/dev
+$B umount /proc /sys
+# the pseudo file systems the agent and episodes expect (busybox is much cheaper than mount(8))
+$B mount -t proc proc /newroot/proc
+$B mount -t sysfs sysfs /newroot/sys
+$B mount -t tmpfs -o mode=0755 tmpfs /newroot/run
+$B mkdir -p /newroot/dev/pts /newroot/dev/shm
+$B mount -t devpts -o gid=5,mode=620 devpts /newroot/dev/pts
+$B mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
+# a -c launcher, so that guest.py itself is loaded from its compiled .pyc
+exec $B switch_root /newroot /usr/bin/python3 -I -S -c \
+  "import sys; sys.path.insert(0, '/opt/cleanroom/agent'); import guest; guest.main()"

@@ -1,0 +1,132 @@
+"""A built baseline as the rest of cleanroom sees it.
+
+On disk a baseline is one folder ``$CLEANROOM_HOME/baselines/<hex>/`` holding its components and
+``baseline.json``. The digest is the sha256 of the canonical JSON of ``identity()``: every
+component's name, size and sha256, plus the entrypoint, default limits, kernel version and agent
+version. Nothing time- or host-dependent enters it, so the same spec builds to the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanroom.manifest import Limits
+
+FORMAT_VERSION = 1
+METADATA_FILE = "baseline.json"
+KERNEL_FILE = "vmlinux"
+INITRD_FILE = "initrd.cpio"
+ROOTFS_FILE = "rootfs.erofs"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One file of a baseline."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A built, content-addressed baseline (immutable)."""
+
+    digest: str  # "sha256:<hex>"
+    path: Path  # the baseline's folder
+    spec_digest: str
+    name: str
+    components: tuple[Component, ...]
+    entrypoint: tuple[str, ...]
+    limits: Limits
+    kernel_version: str
+    agent_version: str
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def short(self) -> str:
+        return self.digest.removeprefix("sha256:")[:12]
+
+    @property
+    def kernel(self) -> Path:
+        return self.path / KERNEL_FILE
+
+    @property
+    def initrd(self) -> Path:
+        return self.path / INITRD_FILE
+
+    @property
+    def rootfs(self) -> Path:
+        return self.path / ROOTFS_FILE
+
+    def identity(self) -> dict[str, Any]:
+        """Everything the digest covers."""
+        return identity(
+            self.components,
+            self.entrypoint,
+            self.limits,
+            self.kernel_version,
+            self.agent_version,
+            self.spec_digest,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.identity()
+        data.update(digest=self.digest, name=self.name, spec=self.spec)
+        return data
+
+    @classmethod
+    def from_json(cls, path: Path, data: dict[str, Any]) -> Baseline:
+        return cls(
+            digest=data["digest"],
+            path=path,
+            spec_digest=data["spec_digest"],
+            name=data.get("name", ""),
+            components=tuple(Component(**c) for c in data["components"]),
+            entrypoint=tuple(data["entrypoint"]),
+            limits=Limits.model_validate(data["limits"]),
+            kernel_version=data["kernel_version"],
+            agent_version=data["agent_version"],
+            spec=data.get("spec", {}),
+        )
+
+
+def identity(
+    components: tuple[Component, ...],
+    entrypoint: tuple[str, ...],
+    limits: Limits,
+    kernel_version: str,
+    agent_version: str,
+    spec_digest: str,
+) -> dict[str, Any]:
+    """The canonical, digest-covered description of a baseline."""
+    return {
+        "format": FORMAT_VERSION,
+        "components": [
+            {"name": c.name, "size": c.size, "sha256": c.sha256}
+            for c in sorted(components, key=lambda c: c.name)
+        ],
+        "entrypoint": list(entrypoint),
+        "limits": limits.model_dump(mode="json", exclude_none=True),
+        "kernel_version": kernel_version,
+        "agent_version": agent_version,
+        "spec_digest": spec_digest,
+    }
+
+
+def digest_of(identity_json: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON of an identity."""
+    canonical = json.dumps(identity_json, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,269 @@
+"""The root filesystem image (``rootfs.erofs``) of a baseline.
+
+Steps, each reported to the progress callback:
+
+1. ``rootfs``: a Debian tree from ``mmdebstrap`` (suite, variant, packages + python3-minimal),
+   run once per distinct package set and cached as a tarball in
+   ``cache_dir()/rootfs/<key>.tar``; every build extracts that tarball, so builds that share
+   packages share one debootstrap and a rebuild starts from identical bytes.
+2. ``pip``: wheels for the guest's Python (``pyinstall.install_pip``).
+3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/``.
+4. ``compile``: byte-compiled by the guest's own Python, reproducibly
+   (``pyinstall.byte_compile``); the agent is test-imported so a missing module fails the build.
+5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
+   machine-id, logs, apt lists and caches, ``*-old`` files).
+6. ``erofs``: ``mkfs.erofs`` with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a fixed UUID.
+   Ownership is kept as Debian set it (``/etc/shadow`` stays group ``shadow``); the tree is
+   uncompressed (fastest to read under TCG).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from cleanroom.baseline.proc import Progress, quiet, run
+from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
+from cleanroom.baseline.spec import (
+    AGENT_DIR,
+    AGENT_FILES,
+    SKIP_NAMES,
+    SOURCE_DATE_EPOCH,
+    BaselineSpec,
+    BaseSection,
+)
+from cleanroom.errors import BuildError
+from cleanroom.paths import cache_dir
+
+EROFS_UUID = "c1ea4200-0000-4000-8000-000000000001"
+ROOTFS_CACHE_VERSION = "1"
+
+
+def scratch_parent(need_bytes: int = 2 << 30) -> Path:
+    """Where to unpack trees: ``$CLEANROOM_BUILD_TMP``, else ``/dev/shm`` if it has room and
+    allows exec and device nodes (a ~200 MB tar unpacks there in 0.4 s instead of ~10 s on a
+    slow disk), else ``cache_dir()``."""
+    chosen = os.environ.get("CLEANROOM_BUILD_TMP")
+    if chosen:
+        return Path(chosen)
+    shm = Path("/dev/shm")
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        options = [line.split()[3].split(",") for line in mounts if line.split()[1] == str(shm)]
+        usable = bool(options) and not {"noexec", "nodev", "ro"} & set(options[-1])
+        if usable and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need_bytes:
+            return shm
+    except (OSError, IndexError):
+        pass
+    return cache_dir()
+
+
+def guest_path(rootfs: Path, path: str) -> Path:
+    """``path`` (absolute, in the guest) inside ``rootfs``, refusing to leave it via symlinks."""
+    target = rootfs / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    real_root = rootfs.resolve()
+    parent = target.parent.resolve()
+    if parent != real_root and real_root not in parent.parents:
+        raise BuildError(f"files: {path} resolves outside the root filesystem (symlink)")
+    return target
+
+
+# -- debootstrap ----------------------------------------------------------------------------------
+
+
+def base_cache_key(base: BaseSection) -> str:
+    """The rootfs tarball's cache key: suite, variant, sorted packages and the recipe version."""
+    recipe = {
+        "suite": base.suite,
+        "variant": base.variant,
+        "packages": list(base.all_packages()),
+        "epoch": SOURCE_DATE_EPOCH,
+        "version": ROOTFS_CACHE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def debootstrap_tarball(base: BaseSection, progress: Progress = quiet) -> Path:
+    """The cached mmdebstrap tarball for ``base``, running mmdebstrap (~30 s) if absent."""
+    folder = cache_dir() / "rootfs"
+    folder.mkdir(parents=True, exist_ok=True)
+    tarball = folder / f"{base_cache_key(base)}.tar"
+    if tarball.is_file():
+        progress("rootfs", f"cached debootstrap {tarball.name}")
+        return tarball
+    packages = ",".join(base.all_packages())
+    progress("rootfs", f"mmdebstrap {base.variant} {base.suite} +{packages}")
+    partial = folder / f".{tarball.stem}.{os.getpid()}.partial"
+    tmpdir = Path(tempfile.mkdtemp(prefix="cleanroom-mmdebstrap-", dir=scratch_parent()))
+    try:
+        run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--format=tar",
+                f"--variant={base.variant}",
+                f"--include={packages}",
+                '--customize-hook=echo cleanroom > "$1/etc/hostname"',
+                '--customize-hook=: > "$1/etc/resolv.conf"',
+                base.suite,
+                partial,
+            ],
+            "rootfs",
+            env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH), "TMPDIR": str(tmpdir)},
+        )
+        os.replace(partial, tarball)
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return tarball
+
+
+def extract_base(base: BaseSection, rootfs: Path, progress: Progress = quiet) -> None:
+    """Fill the folder ``rootfs`` (created if missing) with the (cached) Debian tree."""
+    tarball = debootstrap_tarball(base, progress)
+    rootfs.mkdir(parents=True, exist_ok=True)
+    progress("rootfs", "extracting")
+    run(
+        ["tar", "-C", rootfs, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xpf", tarball],
+        "rootfs",
+    )
+    rootfs.chmod(0o755)
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def _copy_file(src: str, dst: str) -> None:
+    """Copy content only; 0755 if the source is executable, else 0644 (no host umask)."""
+    shutil.copyfile(src, dst, follow_symlinks=False)
+    if not os.path.islink(dst):
+        os.chmod(dst, 0o755 if os.stat(src).st_mode & 0o111 else 0o644)
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """Copy a folder's contents into ``dest``; new folders get 0755, existing ones keep theirs."""
+    below = (p.relative_to(src) for p in src.rglob("*") if p.is_dir() and not p.is_symlink())
+    folders = [Path("."), *sorted(p for p in below if not SKIP_NAMES.intersection(p.parts))]
+    existing = {r: (dest / r).stat().st_mode & 0o7777 for r in folders if (dest / r).is_dir()}
+    ignore = shutil.ignore_patterns(*SKIP_NAMES, "*.pyc")
+    shutil.copytree(
+        src, dest, symlinks=True, ignore=ignore, copy_function=_copy_file, dirs_exist_ok=True
+    )
+    for rel in folders:
+        (dest / rel).chmod(existing.get(rel, 0o755))
+
+
+def copy_files(spec: BaselineSpec, rootfs: Path, progress: Progress = quiet) -> None:
+    """Copy each ``[[files]]`` entry (a folder's contents, or one file) to its ``dest``."""
+    for src, entry in spec.sources():
+        progress("files", f"{entry.src} -> {entry.dest}")
+        dest = guest_path(rootfs, entry.dest)
+        if src.is_dir() and not src.is_symlink():
+            _copy_tree(src, dest)
+        elif dest.is_dir() and not dest.is_symlink():
+            raise BuildError(f"files: {entry.dest} is a folder in the image; give a file path")
+        else:
+            dest.unlink(missing_ok=True)
+            _copy_file(str(src), str(dest))
+
+
+def install_agent(rootfs: Path) -> None:
+    """Copy the guest agent (guest.py, protocol.py) to ``/opt/cleanroom/agent``."""
+    dest = rootfs / AGENT_DEST
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in AGENT_FILES:
+        source = AGENT_DIR / name
+        if not source.is_file():
+            raise BuildError(f"files: the guest agent file {source} is missing")
+        _copy_file(str(source), str(dest / name))
+    for folder in (dest, dest.parent):
+        folder.chmod(0o755)
+
+
+# -- scrub ----------------------------------------------------------------------------------------
+
+
+def _user_id(rootfs: Path, name: str) -> int:
+    """The uid of a user in the tree's /etc/passwd (0 if absent)."""
+    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and fields[0] == name and fields[2].isdigit():
+            return int(fields[2])
+    return 0
+
+
+def scrub(rootfs: Path) -> None:
+    """Remove or fix everything host- or time-dependent, and make the folders the guest needs."""
+    for name, content in (("hostname", b"cleanroom\n"), ("resolv.conf", b""), ("machine-id", b"")):
+        path = rootfs / "etc" / name
+        path.unlink(missing_ok=True)
+        path.write_bytes(content)
+        path.chmod(0o644)
+    if not (rootfs / "etc" / "environment").exists():
+        (rootfs / "etc" / "environment").write_bytes(b"")
+        (rootfs / "etc" / "environment").chmod(0o644)
+    for pattern in (
+        "var/lib/apt/lists/*",
+        "var/cache/apt/*.bin",
+        "var/cache/apt/archives/*.deb",
+        "var/cache/ldconfig/aux-cache",
+        "var/lib/dpkg/*-old",
+        "var/cache/debconf/*-old",
+        "tmp/*",
+        "var/tmp/*",
+        "run/*",
+    ):
+        for path in rootfs.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                if path.name != "partial":
+                    shutil.rmtree(path)
+            else:
+                path.unlink()
+    apt_uid = _user_id(rootfs, "_apt")
+    for partial in ("var/cache/apt/archives/partial", "var/lib/apt/lists/partial"):
+        if (rootfs / partial).is_dir():  # apt leaves these root- or _apt-owned, by host
+            os.chown(rootfs / partial, apt_uid, 0)
+            (rootfs / partial).chmod(0o700)
+    for log in (rootfs / "var" / "log").rglob("*"):
+        if log.is_file() and not log.is_symlink():
+            log.write_bytes(b"")  # keep the file (owner, mode), drop what it says
+    for folder, mode in (("root", 0o700), ("tmp", 0o1777), ("var/tmp", 0o1777)):
+        (rootfs / folder).mkdir(parents=True, exist_ok=True)
+        (rootfs / folder).chmod(mode)
+    (rootfs / "run" / "cleanroom").mkdir(parents=True, exist_ok=True)
+    (rootfs / "run" / "cleanroom").chmod(0o755)
+
+
+# -- erofs ----------------------------------------------------------------------------------------
+
+
+def make_erofs(rootfs: Path, out: Path, progress: Progress = quiet) -> None:
+    """Pack ``rootfs`` into a read-only erofs image with fixed timestamps and UUID."""
+    progress("erofs", "mkfs.erofs")
+    run(
+        ["mkfs.erofs", "--quiet", f"-T{SOURCE_DATE_EPOCH}", f"-U{EROFS_UUID}", out, rootfs],
+        "erofs",
+    )
+
+
+def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress = quiet) -> None:
+    """Every step above: an empty folder ``tree`` becomes the image at ``out``.
+
+    Runs under umask 022 (restored after), so no host umask reaches the image's modes.
+    """
+    previous = os.umask(0o022)
+    try:
+        extract_base(spec.base, tree, progress)
+        install_pip(spec.pip.packages, tree, progress)
+        copy_files(spec, tree, progress)
+        install_agent(tree)
+        byte_compile(tree, spec, progress)
+        scrub(tree)
+        make_erofs(tree, out, progress)
+    finally:
+        os.umask(previous)

@@ -1,0 +1,251 @@
+"""The baseline spec (``baseline.toml``): what a baseline is built from.
+
+``load_spec(path)`` validates the whole file and raises one ``SpecError`` naming the file and every
+bad field (``files.0.dest: must be an absolute path``). ``spec_digest(spec)`` is the build cache
+key: it covers the spec's canonical JSON, the content (and exec bit) of every file it copies in,
+the guest agent, the initramfs ``/init`` and ``BUILDER_VERSION``; change any of them and the
+baseline is rebuilt. ``builder_fingerprint()`` (the builder's source) is checked beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import stat
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from cleanroom.errors import SpecError
+from cleanroom.manifest import Limits
+
+BUILDER_VERSION = "1"
+"""Bump when the builder's output changes for the same inputs (invalidates every cached build)."""
+SOURCE_DATE_EPOCH = 1_700_000_000
+"""Every timestamp in the image (2023-11-14). Not 0: zip cannot store dates before 1980, and a
+shadow ``lastchg`` of 0 would force a password change."""
+BUILDER_SOURCES = (
+    "builder.py",
+    "initramfs.py",
+    "kernel.py",
+    "model.py",
+    "pyinstall.py",
+    "rootfs.py",
+    "spec.py",
+)
+"""The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached
+build, not in the spec digest: editing the builder makes the next ``build`` rebuild (seconds,
+with the download caches) instead of trusting a stale cache, yet a rebuild that yields the same
+bytes keeps the same baseline digest."""
+
+ALWAYS_PACKAGES = ("libpython3-stdlib", "python3-minimal")
+"""Always installed: the guest agent needs Python and its standard library (json is not in
+python3-minimal)."""
+AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
+AGENT_FILES = ("guest.py", "protocol.py")
+INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
+SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+"""Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+DEB_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+RESERVED_DESTS = ("/proc", "/sys", "/dev", "/run", "/opt/cleanroom")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseSection(_Section):
+    """The Debian root filesystem (built with mmdebstrap)."""
+
+    suite: str = Field(default="bookworm", pattern=r"^[a-z][a-z0-9-]*$")
+    variant: Literal["minbase", "essential", "apt", "required", "important", "standard"] = "minbase"
+    packages: list[str] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _debian_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not DEB_RE.match(name):
+                raise ValueError(f"{name!r} is not a Debian package name (name or name=version)")
+        return value
+
+    def all_packages(self) -> tuple[str, ...]:
+        """The packages to include: the spec's plus ``ALWAYS_PACKAGES``, sorted, no repeats."""
+        return tuple(sorted(set(self.packages) | set(ALWAYS_PACKAGES)))
+
+
+class PipSection(_Section):
+    """Python packages installed (as wheels for the guest's Python) at build time."""
+
+    packages: list[str] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        for req in value:
+            if not req.strip() or req.lstrip().startswith("-"):
+                raise ValueError(f"{req!r} is not a requirement (options are not allowed)")
+        return value
+
+
+class FileEntry(_Section):
+    """A file or folder copied into the root filesystem."""
+
+    src: str = Field(min_length=1, description="relative to the spec file's folder")
+    dest: str = Field(min_length=2, description="absolute path inside the guest")
+
+    @field_validator("dest")
+    @classmethod
+    def _absolute_and_safe(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if not path.is_absolute():
+            raise ValueError("must be an absolute path")
+        if ".." in path.parts:
+            raise ValueError("must not contain '..'")
+        for reserved in RESERVED_DESTS:
+            if path == PurePosixPath(reserved) or PurePosixPath(reserved) in path.parents:
+                raise ValueError(f"must not be under {reserved} (reserved by cleanroom)")
+        return str(path)
+
+
+class EntrypointSection(_Section):
+    """The command the guest agent runs for each episode."""
+
+    command: list[str] = Field(min_length=1)
+
+
+class KernelSection(_Section):
+    """The Debian package the guest kernel comes from."""
+
+    package: str = Field(default="linux-image-cloud-amd64", pattern=r"^linux-image-[a-z0-9.+-]+$")
+
+
+class BaselineSpec(_Section):
+    """A validated ``baseline.toml``; ``folder`` is where relative ``files.src`` resolve."""
+
+    name: str
+    base: BaseSection = Field(default_factory=BaseSection)
+    pip: PipSection = Field(default_factory=PipSection)
+    files: list[FileEntry] = Field(default_factory=list)
+    entrypoint: EntrypointSection
+    limits: Limits = Field(default_factory=Limits)
+    kernel: KernelSection = Field(default_factory=KernelSection)
+
+    _folder: Path = PrivateAttr(default=Path("."))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError("must be 1-63 of a-z, 0-9, '.', '_', '-', starting alphanumeric")
+        return value
+
+    @property
+    def folder(self) -> Path:
+        return self._folder
+
+    def canonical(self) -> dict[str, Any]:
+        """The spec as plain JSON data (what ``baseline.json`` records under ``spec``)."""
+        return self.model_dump(mode="json")
+
+    def sources(self) -> Iterator[tuple[Path, FileEntry]]:
+        """Each files entry with its source resolved against the spec's folder."""
+        for entry in self.files:
+            yield (self.folder / entry.src).resolve(), entry
+
+
+def _describe(error: ValidationError) -> list[str]:
+    return [
+        f"{'.'.join(str(p) for p in item['loc']) or '(spec)'}: {item['msg']}"
+        for item in error.errors()
+    ]
+
+
+def load_spec(path: Path) -> BaselineSpec:
+    """Read and validate a ``baseline.toml``; SpecError names the file and every bad field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise SpecError(f"{path}: no such spec file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from exc
+    try:
+        spec = BaselineSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n".join(f"  {p}" for p in _describe(exc))
+        raise SpecError(f"{path}: invalid baseline spec\n{problems}") from exc
+    spec._folder = path.resolve().parent
+    missing = [
+        f"  files.{i}.src: {entry.src!r} does not exist (looked in {spec.folder})"
+        for i, (src, entry) in enumerate(spec.sources())
+        if not src.exists()
+    ]
+    if missing:
+        raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
+    return spec
+
+
+def walk_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every file or symlink under ``root`` as (relative posix path, path), sorted, skipping
+    host caches (``SKIP_NAMES``, ``*.pyc``). A single file yields itself as ``("", root)``."""
+    if not root.is_dir() or root.is_symlink():
+        yield "", root
+        return
+    entries: list[tuple[str, Path]] = []
+    for child in root.rglob("*"):
+        rel = child.relative_to(root)
+        if SKIP_NAMES.intersection(rel.parts) or child.suffix == ".pyc":
+            continue
+        if child.is_symlink() or child.is_file():
+            entries.append((rel.as_posix(), child))
+    yield from sorted(entries)
+
+
+def _hash_file_into(h: Any, label: str, path: Path) -> None:
+    """Feed one file (name, kind, exec bit, content or link target) into a hash."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        kind, body = "link", str(path.readlink()).encode()
+    else:
+        kind = "exec" if info.st_mode & 0o111 else "file"
+        body = path.read_bytes()
+    h.update(f"{label}\0{kind}\0{len(body)}\0".encode())
+    h.update(hashlib.sha256(body).digest())
+
+
+def spec_digest(spec: BaselineSpec) -> str:
+    """The build cache key of a spec: ``sha256:<hex>`` (see the module docstring)."""
+    h = hashlib.sha256()
+    h.update(f"cleanroom-baseline-spec\0{BUILDER_VERSION}\0".encode())
+    h.update(json.dumps(spec.canonical(), sort_keys=True, separators=(",", ":")).encode())
+    for index, (src, entry) in enumerate(spec.sources()):
+        for rel, path in walk_files(src):
+            _hash_file_into(h, f"files.{index}:{entry.dest}:{rel}", path)
+    for name in AGENT_FILES:
+        _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
+    _hash_file_into(h, "init.sh", INIT_SCRIPT)
+    return "sha256:" + h.hexdigest()
+
+
+def _fingerprint() -> str:
+    h = hashlib.sha256(f"cleanroom-builder\0{BUILDER_VERSION}\0".encode())
+    for name in BUILDER_SOURCES:
+        _hash_file_into(h, name, INIT_SCRIPT.parent / name)
+    return h.hexdigest()[:16]
+
+
+_FINGERPRINT = _fingerprint()  # at import: the code this process runs, even if files change later
+
+
+def builder_fingerprint() -> str:
+    """A hash of the builder's own source (``BUILDER_SOURCES``) as this process loaded it."""
+    return _FINGERPRINT

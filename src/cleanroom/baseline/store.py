@@ -1,0 +1,196 @@
+"""The local baseline store: find, list and check built baselines.
+
+Layout (under ``baselines_dir()``)::
+
+    <hex>/                 one immutable baseline: vmlinux, initrd.cpio, rootfs.erofs,
+                           baseline.json (identity + digest + name + spec + "built" facts)
+    by-spec/<hex>          spec digest -> baseline digest and builder fingerprint (build cache)
+
+References accepted by ``resolve``: a full digest ``sha256:<64 hex>``, a unique hex prefix of at
+least 6 characters (with or without ``sha256:``), or the path of a ``baseline.toml`` that was
+already built (``resolve_or_build`` also builds it).
+
+Checks: ``verify`` re-hashes every component and recomputes the digest (slow, exact);
+``quick_check`` compares sizes and the mtimes recorded at build time, re-hashing only a
+component whose mtime moved (cheap, run before every use); ``require_intact`` is ``verify``
+that raises. Both raise/return in terms of component names, e.g. ``rootfs.erofs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from cleanroom.baseline.model import METADATA_FILE, Baseline, digest_of, sha256_file
+from cleanroom.baseline.proc import Progress, quiet
+from cleanroom.errors import BaselineNotFound, DriftError
+from cleanroom.paths import baselines_dir
+
+MIN_PREFIX = 6
+HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+
+def by_spec_dir() -> Path:
+    return baselines_dir() / "by-spec"
+
+
+def metadata(baseline: Baseline) -> dict[str, Any]:
+    """The baseline's ``baseline.json`` as stored (includes the ``built`` facts)."""
+    data: dict[str, Any] = json.loads((baseline.path / METADATA_FILE).read_text())
+    return data
+
+
+def load(digest: str) -> Baseline:
+    """The stored baseline with this full digest; BaselineNotFound if absent."""
+    hex_digest = digest.removeprefix("sha256:")
+    folder = baselines_dir() / hex_digest
+    meta = folder / METADATA_FILE
+    if len(hex_digest) != 64 or not HEX_RE.match(hex_digest) or not meta.is_file():
+        raise BaselineNotFound(f"no baseline {digest} in {baselines_dir()}")
+    try:
+        baseline = Baseline.from_json(folder, json.loads(meta.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DriftError(f"sha256:{hex_digest}", [METADATA_FILE]) from exc
+    if baseline.digest != f"sha256:{hex_digest}":
+        raise DriftError(f"sha256:{hex_digest}", [METADATA_FILE])
+    return baseline
+
+
+def list_baselines() -> list[Baseline]:
+    """Every readable baseline in the store, newest build first."""
+    root = baselines_dir()
+    found: list[tuple[float, Baseline]] = []
+    if not root.is_dir():
+        return []
+    for folder in root.iterdir():
+        if len(folder.name) != 64 or not HEX_RE.match(folder.name):
+            continue
+        try:
+            baseline = load(folder.name)
+        except (BaselineNotFound, DriftError):
+            continue
+        found.append(((folder / METADATA_FILE).stat().st_mtime, baseline))
+    return [b for _, b in sorted(found, key=lambda item: (-item[0], item[1].digest))]
+
+
+def lookup_spec(spec_digest: str, fingerprint: str | None = None) -> Baseline | None:
+    """The baseline last built from a spec digest, if it is still in the store (and, when
+    ``fingerprint`` is given, was built by that version of the builder)."""
+    link = by_spec_dir() / spec_digest.removeprefix("sha256:")
+    try:
+        digest, _, built_by = link.read_text().partition("\n")
+        if fingerprint is not None and built_by.strip() != fingerprint:
+            return None
+        return load(digest.strip())
+    except (OSError, BaselineNotFound, DriftError):
+        return None
+
+
+def record_spec(spec_digest: str, digest: str, fingerprint: str = "") -> None:
+    """Remember (atomically) that ``spec_digest`` built ``digest`` with builder ``fingerprint``."""
+    folder = by_spec_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / spec_digest.removeprefix("sha256:")
+    tmp = folder / f".{link.name}.{os.getpid()}.tmp"
+    tmp.write_text(f"{digest}\n{fingerprint}\n")
+    os.replace(tmp, link)
+
+
+def _looks_like_spec(ref: str) -> bool:
+    return ref.endswith(".toml") or os.sep in ref or Path(ref).is_file()
+
+
+def resolve(ref: str) -> Baseline:
+    """A baseline by full digest, unique hex prefix (>= 6) or already-built spec path."""
+    hex_ref = ref.strip().removeprefix("sha256:").lower()
+    if HEX_RE.match(hex_ref) and len(hex_ref) == 64:
+        return load(hex_ref)
+    if HEX_RE.match(hex_ref) and not Path(ref).exists():
+        if len(hex_ref) < MIN_PREFIX:
+            raise BaselineNotFound(
+                f"{ref!r}: a digest prefix needs at least {MIN_PREFIX} hex digits"
+            )
+        root = baselines_dir()
+        names = sorted(p.name for p in root.glob(f"{hex_ref}*")) if root.is_dir() else []
+        names = [n for n in names if len(n) == 64]
+        if len(names) > 1:
+            shown = ", ".join(n[:12] for n in names[:5])
+            raise BaselineNotFound(f"{ref!r} is ambiguous: matches {len(names)} ({shown})")
+        if not names:
+            raise BaselineNotFound(f"no baseline matches {ref!r} in {root}")
+        return load(names[0])
+    if _looks_like_spec(ref):
+        from cleanroom.baseline.spec import load_spec, spec_digest
+
+        found = lookup_spec(spec_digest(load_spec(Path(ref))))
+        if found is None:
+            raise BaselineNotFound(f"{ref} has not been built; run: cleanroom baseline build {ref}")
+        return found
+    raise BaselineNotFound(f"{ref!r} is neither a digest, a digest prefix nor a spec file")
+
+
+def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
+    """Like ``resolve``, but a spec file that was not built yet is built now."""
+    if _looks_like_spec(ref) and Path(ref).is_file():
+        from cleanroom.baseline.builder import build
+
+        return build(Path(ref), progress=progress)
+    return resolve(ref)
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def verify(baseline: Baseline) -> list[str]:
+    """Names of components (or ``baseline.json``) that no longer match; empty when intact.
+
+    Works on any baseline folder (a copy elsewhere too): it checks content, not location.
+    """
+    drifted: list[str] = []
+    for component in baseline.components:
+        path = baseline.path / component.name
+        try:
+            size = path.stat().st_size
+            ok = size == component.size and sha256_file(path) == component.sha256
+        except OSError:
+            ok = False
+        if not ok:
+            drifted.append(component.name)
+    if digest_of(baseline.identity()) != baseline.digest:
+        drifted.append(METADATA_FILE)
+    return sorted(set(drifted))
+
+
+def require_intact(baseline: Baseline) -> None:
+    """``verify``, raising DriftError naming the drifted files."""
+    drifted = verify(baseline)
+    if drifted:
+        raise DriftError(baseline.digest, drifted)
+
+
+def quick_check(baseline: Baseline) -> None:
+    """Cheap drift check (sizes, recorded mtimes; re-hash only what moved); DriftError if not."""
+    try:
+        recorded: dict[str, int] = metadata(baseline).get("built", {}).get("mtime_ns", {})
+    except (OSError, ValueError, AttributeError):
+        recorded = {}  # no build facts: re-hash everything (the digest check still applies)
+    drifted: list[str] = []
+    for component in baseline.components:
+        path = baseline.path / component.name
+        try:
+            info = path.stat()
+        except OSError:
+            drifted.append(component.name)
+            continue
+        if info.st_size != component.size or (
+            recorded.get(component.name) != info.st_mtime_ns
+            and sha256_file(path) != component.sha256
+        ):
+            drifted.append(component.name)
+    if digest_of(baseline.identity()) != baseline.digest:
+        drifted.append(METADATA_FILE)
+    if drifted:
+        raise DriftError(baseline.digest, sorted(set(drifted)))

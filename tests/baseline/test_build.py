@@ -1,0 +1,194 @@
+"""A real build of the tiny baseline, then the store: cache, reproducibility, drift, resolve.
+
+Marked ``build``: the first run on a machine downloads the kernel and runs mmdebstrap (~1 min);
+later runs reuse ``.cache/test-home``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline import store
+from cleanroom.baseline.builder import agent_version, build
+from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.rootfs import scratch_parent
+from cleanroom.baseline.spec import load_spec, spec_digest
+from cleanroom.errors import BaselineNotFound, BuildError, DriftError
+
+from .conftest import TINY_SPEC, clone_baseline
+
+pytestmark = pytest.mark.build
+
+
+def test_the_tiny_baseline_is_complete(tiny: Baseline) -> None:
+    assert tiny.name == "tiny"
+    assert tiny.path == store.baselines_dir() / tiny.digest.removeprefix("sha256:")
+    assert {c.name for c in tiny.components} == {"vmlinux", "initrd.cpio", "rootfs.erofs"}
+    assert tiny.kernel.read_bytes()[:4] == b"\x7fELF"
+    assert tiny.entrypoint == ("python3", "/opt/tiny/entry.py")
+    assert tiny.limits.timeout_s == 30 and tiny.limits.memory_mib == 256
+    assert tiny.agent_version == agent_version()
+    assert tiny.spec_digest == spec_digest(load_spec(TINY_SPEC))
+    built = store.metadata(tiny)["built"]
+    assert set(built["mtime_ns"]) == {"vmlinux", "initrd.cpio", "rootfs.erofs"}
+
+
+def test_a_second_build_comes_from_the_cache_and_force_rebuilds_the_same(tiny: Baseline) -> None:
+    steps: list[str] = []
+    again = build(TINY_SPEC, progress=lambda step, detail: steps.append(step))
+    assert again == tiny
+    assert steps == ["cache"]
+
+    steps.clear()
+    rebuilt = build(TINY_SPEC, progress=lambda step, detail: steps.append(step), force=True)
+    assert rebuilt.digest == tiny.digest  # byte-identical components
+    assert {"kernel", "rootfs", "files", "compile", "erofs", "initramfs", "digest"} <= set(steps)
+    assert store.verify(rebuilt) == []
+
+
+def test_a_builder_change_rebuilds_to_the_same_digest(
+    tiny: Baseline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cleanroom.baseline import builder
+
+    monkeypatch.setattr(builder, "builder_fingerprint", lambda: "another-builder")
+    steps: list[str] = []
+    rebuilt = build(TINY_SPEC, progress=lambda step, detail: steps.append(step))
+    assert "rootfs" in steps  # not served from the cache...
+    assert rebuilt.digest == tiny.digest  # ...and the same bytes keep the same digest
+    monkeypatch.undo()
+    assert build(TINY_SPEC, force=True).digest == tiny.digest
+
+
+def test_a_failed_build_leaves_no_scratch(tiny: Baseline, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cleanroom.baseline import builder
+
+    seen: list[Path] = []
+
+    def broken(spec: object, tree: Path, out: Path, progress: object) -> None:
+        (tree / "half-done").write_text("x")
+        (out.parent / "partial").write_text("x")
+        seen.extend([tree, out.parent])
+        raise BuildError("rootfs: simulated failure")
+
+    monkeypatch.setattr(builder, "build_rootfs", broken)
+    with pytest.raises(BuildError, match="simulated"):
+        build(TINY_SPEC, force=True)
+    assert seen and not any(p.exists() for p in seen)
+    assert store.resolve(tiny.digest) == tiny  # the stored baseline is untouched
+
+
+def test_the_image_holds_the_files_the_agent_and_no_host_state(tiny: Baseline) -> None:
+    with tempfile.TemporaryDirectory(dir=scratch_parent()) as tmp:
+        subprocess.run(
+            ["fsck.erofs", f"--extract={tmp}", str(tiny.rootfs)], check=True, capture_output=True
+        )
+        root = Path(tmp)
+        entry = root / "opt" / "tiny" / "entry.py"
+        assert entry.read_bytes() == TINY_SPEC.parent.joinpath("files", "entry.py").read_bytes()
+        assert entry.stat().st_mode & 0o777 == 0o644
+        agent = root / "opt" / "cleanroom" / "agent"
+        assert {p.name for p in agent.iterdir()} >= {"guest.py", "protocol.py", "__pycache__"}
+        assert list((agent / "__pycache__").glob("protocol.cpython-3*.pyc"))
+        assert (root / "etc" / "hostname").read_text() == "cleanroom\n"
+        assert (root / "etc" / "machine-id").read_bytes() == b""
+        assert (root / "etc" / "resolv.conf").read_bytes() == b""
+        assert (root / "etc" / "environment").exists()
+        assert (root / "run" / "cleanroom").is_dir()
+        assert (root / "tmp").stat().st_mode & 0o7777 == 0o1777
+        assert (root / "root").is_dir()
+        assert (root / "usr" / "lib" / "python3.11" / "json" / "__init__.py").is_file()
+        assert not list((root / "var" / "lib" / "apt" / "lists").glob("*_Packages"))
+
+
+def test_verify_is_clean_and_a_flipped_byte_is_named(
+    tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.verify(tiny) == []
+    store.quick_check(tiny)
+    store.require_intact(tiny)
+
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    clone_baseline(tiny, tmp_path / "home", copy=("rootfs.erofs",))
+    copy = store.resolve(tiny.digest)
+    assert copy.path.is_relative_to(tmp_path)
+    assert store.verify(copy) == []
+    store.quick_check(copy)
+
+    with copy.rootfs.open("r+b") as f:
+        f.seek(4096 * 7 + 3)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert store.verify(copy) == ["rootfs.erofs"]
+    with pytest.raises(DriftError, match=r"rootfs\.erofs") as caught:
+        store.require_intact(copy)
+    assert caught.value.drifted == ["rootfs.erofs"]
+    with pytest.raises(DriftError, match=r"rootfs\.erofs"):
+        store.quick_check(copy)  # same size, new mtime: re-hashed
+
+    os.truncate(copy.rootfs, 4096)
+    with pytest.raises(DriftError, match=r"rootfs\.erofs"):
+        store.quick_check(copy)
+    copy.rootfs.unlink()
+    assert store.verify(copy) == ["rootfs.erofs"]
+    assert store.verify(tiny) == []  # the original was never touched
+
+
+def test_edited_metadata_is_drift(
+    tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    folder = clone_baseline(tiny, tmp_path / "home")
+    meta = folder / "baseline.json"
+    meta.write_text(meta.read_text().replace('"timeout_s": 30.0', '"timeout_s": 3000.0'))
+    loaded = store.resolve(tiny.digest)
+    assert store.verify(loaded) == ["baseline.json"]
+    with pytest.raises(DriftError, match=r"baseline\.json"):
+        store.quick_check(loaded)
+
+
+def test_resolve_by_digest_prefix_and_spec(
+    tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hexd = tiny.digest.removeprefix("sha256:")
+    assert store.resolve(tiny.digest) == tiny
+    assert store.resolve(hexd) == tiny
+    assert store.resolve(hexd[:6]) == tiny
+    assert store.resolve("sha256:" + hexd[:10]) == tiny
+    assert store.resolve(str(TINY_SPEC)) == tiny
+    assert store.resolve_or_build(str(TINY_SPEC)) == tiny
+    assert tiny in store.list_baselines()
+
+    with pytest.raises(BaselineNotFound, match=r"at least 6 hex digits"):
+        store.resolve(hexd[:5])
+    absent = "0" * 64 if not hexd.startswith("0") else "f" * 64
+    with pytest.raises(BaselineNotFound):
+        store.resolve("sha256:" + absent)
+    with pytest.raises(BaselineNotFound):
+        store.resolve(absent[:8])
+    with pytest.raises(BaselineNotFound):
+        store.resolve("not-a-digest")
+
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "empty"))
+    assert store.list_baselines() == []
+    with pytest.raises(BaselineNotFound, match="not been built"):
+        store.resolve(str(TINY_SPEC))
+    with pytest.raises(BaselineNotFound):
+        store.resolve(hexd[:12])
+
+
+def test_an_ambiguous_prefix_is_refused(
+    tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    clone_baseline(tiny, tmp_path / "home")
+    twin = tmp_path / "home" / "baselines" / (tiny.path.name[:8] + "0" * 56)
+    twin.mkdir()
+    with pytest.raises(BaselineNotFound, match="ambiguous"):
+        store.resolve(tiny.path.name[:8])

@@ -1,0 +1,136 @@
+"""Entrypoint of the ``tiny`` test baseline (standard library only).
+
+Reads ``/run/cleanroom/manifest.json`` and acts on ``manifest["task"]["mode"]``:
+
+- ``ok`` (default): prints to stdout and stderr, writes the artifact ``out/hello.txt`` and
+  ``result.json`` with ``reward = seed * 0.5``.
+- ``fail``: prints to stderr and exits 3 (no result).
+- ``sleep``: sleeps ``task["seconds"]`` (default 3600), then behaves like ``ok``.
+- ``write``: writes a canary (the episode id) to every path in ``task["paths"]``, and reports in
+  ``info["seen"]`` which of ``task["probe"]`` exist (each with its content if a file): proves
+  one episode never sees another's files.
+- ``big``: writes the artifact ``out/big.bin`` of ``task["bytes"]`` bytes.
+- ``noresult``: exits 0 without writing result.json.
+- ``panic``: crashes the guest kernel (sysrq ``c``).
+- ``kill-agent``: SIGKILLs the guest agent (its channel closes).
+- ``garbage``: writes junk straight into the agent's control port (an untrusted guest).
+- ``evil-artifact``: writes a well-formed FILE frame naming ``../../escape`` into the port.
+
+``CLEANROOM_DIR`` (set by the agent) locates ``/run/cleanroom``.
+"""
+
+import json
+import os
+import sys
+import time
+
+ROOT = os.environ.get("CLEANROOM_DIR", "/run/cleanroom")
+
+
+def write_result(reward, info):
+    tmp = ROOT + "/result.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"reward": reward, "terminated": True, "info": info}, f)
+    os.replace(tmp, ROOT + "/result.json")
+
+
+def probe(path):
+    if os.path.isfile(path):
+        with open(path, errors="replace") as f:
+            return f.read(200)
+    return os.path.exists(path)
+
+
+def control_port():
+    """The agent's virtio-serial port, opened for writing (as any root process in the guest can)."""
+    base = "/sys/class/virtio-ports"
+    for entry in os.listdir(base):
+        with open(f"{base}/{entry}/name") as f:
+            if f.read().strip() == "ctl":
+                return open(f"/dev/{entry}", "wb", buffering=0)
+    raise RuntimeError("no control port")
+
+
+def panic():
+    with open("/proc/sysrq-trigger", "w") as f:
+        f.write("c")
+    return 1
+
+
+def kill_agent():
+    os.kill(os.getppid(), 9)
+    time.sleep(60)
+    return 1
+
+
+def garbage():
+    control_port().write(b"\x00\xffNOT A FRAME" * 1000)
+    time.sleep(60)
+    return 1
+
+
+def evil_artifact():
+    header = json.dumps({"name": "../../escape", "offset": 0, "eof": True, "kind": "artifact"})
+    raw = header.encode()
+    body = b"pwned"
+    frame = b"CR" + bytes([8]) + len(raw).to_bytes(4, "big") + len(body).to_bytes(4, "big")
+    control_port().write(frame + raw + body)
+    time.sleep(60)
+    return 1
+
+
+CHAOS = {
+    "panic": panic,
+    "kill-agent": kill_agent,
+    "garbage": garbage,
+    "evil-artifact": evil_artifact,
+}
+
+
+def main():
+    with open(ROOT + "/manifest.json") as f:
+        manifest = json.load(f)
+    task = manifest.get("task") or {}
+    mode = task.get("mode", "ok")
+    seed = manifest.get("seed", 0)
+    episode = manifest.get("episode_id", "?")
+    os.makedirs(ROOT + "/out", exist_ok=True)
+    info = {"mode": mode, "episode_id": episode, "seed": seed}
+
+    if mode in CHAOS:
+        return CHAOS[mode]()
+    if mode == "noresult":
+        print("tiny: exiting without a result", flush=True)
+        return 0
+    if mode == "fail":
+        print(f"tiny: failing on purpose ({episode})", file=sys.stderr, flush=True)
+        return 3
+    if mode == "sleep":
+        time.sleep(float(task.get("seconds", 3600)))
+    elif mode == "write":
+        for path in task.get("paths", []):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(episode)
+        info["seen"] = {p: probe(p) for p in task.get("probe", []) if os.path.exists(p)}
+    elif mode == "big":
+        size = int(task.get("bytes", 0))
+        with open(ROOT + "/out/big.bin", "wb") as f:
+            block = b"x" * (1 << 20)
+            while size > 0:
+                f.write(block[: min(size, len(block))])
+                size -= len(block)
+    elif mode != "ok":
+        print(f"tiny: unknown mode {mode!r}", file=sys.stderr, flush=True)
+        return 2
+
+    with open(ROOT + "/out/hello.txt", "w") as f:
+        f.write(f"hello from {episode}\n")
+    print(f"tiny: stdout {episode} seed={seed}", flush=True)
+    print(f"tiny: stderr {episode}", file=sys.stderr, flush=True)
+    write_result(seed * 0.5, info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
