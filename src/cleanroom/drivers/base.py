@@ -1,0 +1,198 @@
+"""The driver protocol: create an environment, talk to its agent, destroy it, prove it is gone.
+
+Like an httpx transport, a driver is small: ``create`` returns a ready ``Env`` (or raises and
+leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent check,
+``exists`` and ``list_owned`` look at the host itself (processes, run folders), not at memory.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
+from cleanroom.baseline.model import Baseline
+from cleanroom.manifest import ResolvedLimits
+
+
+def new_env_id() -> str:
+    """A fresh, unguessable environment id."""
+    return "env-" + secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who created an environment: the reaper destroys envs whose owner is gone."""
+
+    controller_id: str
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    """Everything a driver needs to create one environment."""
+
+    env_id: str
+    baseline: Baseline
+    limits: ResolvedLimits
+    owner: Owner
+    hard_deadline_s: float  # the host kills the env after this, even if the controller is gone
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    env_id: str
+    driver: str
+    accelerator: str  # "kvm", "tcg", "none", ...
+    isolation: str  # "hardware-vm", "emulated-vm", "userspace-kernel", "none"
+    pid: int | None
+    run_dir: Path | None
+    created_at: float
+    ready_s: float  # create -> agent ready
+
+
+@dataclass(frozen=True)
+class DestroyReport:
+    env_id: str
+    confirmed_absent: bool
+    attempts: int
+    elapsed_ms: float
+    detail: str = ""
+
+
+class Env:
+    """A live environment with a connected agent. ``aclose()`` destroys it (idempotent)."""
+
+    def __init__(self, driver: Driver, info: EnvInfo, session: AgentSession) -> None:
+        self.driver = driver
+        self.info = info
+        self.session = session
+        self._closed: DestroyReport | None = None
+
+    @property
+    def env_id(self) -> str:
+        return self.info.env_id
+
+    @property
+    def hello(self) -> dict[str, Any]:
+        return self.session.hello
+
+    async def exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
+        return await self.session.exec(argv, **kwargs)
+
+    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        await self.session.put(path, data, mode)
+
+    async def get(self, path: str) -> bytes:
+        return await self.session.get(path)
+
+    async def run_episode(
+        self, request: dict[str, Any], staging: Path, *, quota_bytes: int
+    ) -> EpisodeOutput:
+        return await self.session.run_episode(request, staging, quota_bytes=quota_bytes)
+
+    def alive(self) -> bool:
+        """Is the environment's process still running?"""
+        return self.driver.alive(self.env_id)
+
+    def diagnostics(self) -> dict[str, bytes]:
+        """Whatever can still be read about the env (e.g. console tail), for export."""
+        return self.driver.diagnostics(self.env_id)
+
+    async def aclose(self) -> DestroyReport:
+        if self._closed is None:
+            await self.session.aclose()
+            self._closed = await self.driver.destroy(self.env_id)
+        return self._closed
+
+    async def __aenter__(self) -> Env:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Driver(abc.ABC):
+    """A backend that creates and destroys environments."""
+
+    name: str = "abstract"
+    capabilities: frozenset[str] = frozenset()
+
+    @abc.abstractmethod
+    async def create(self, request: EnvRequest) -> Env:
+        """Create an env and wait for its agent; on any failure destroy what exists, then raise."""
+
+    @abc.abstractmethod
+    async def destroy(self, env_id: str) -> DestroyReport:
+        """Destroy an env and confirm it absent. Idempotent: an absent env reports confirmed."""
+
+    @abc.abstractmethod
+    def exists(self, env_id: str) -> bool:
+        """Does anything of this env remain on the host (process, run folder, socket)?"""
+
+    @abc.abstractmethod
+    def list_owned(self) -> list[str]:
+        """Env ids of every env of this driver found on the host (for reaping)."""
+
+    def alive(self, env_id: str) -> bool:
+        return self.exists(env_id)
+
+    def owner_of(self, env_id: str) -> dict[str, Any] | None:
+        """The owner record the driver left on the host for this env, if any."""
+        return None
+
+    def diagnostics(self, env_id: str) -> dict[str, bytes]:
+        return {}
+
+    def describe(self) -> dict[str, str]:
+        """Driver and accelerator facts for provenance."""
+        return {"driver": self.name}
+
+
+def write_owner(run_dir: Path, request: EnvRequest, driver: str) -> None:
+    """Leave who owns this env in its run folder, for a reaper in another process."""
+    import json
+
+    owner = {
+        "env_id": request.env_id,
+        "driver": driver,
+        "controller_id": request.owner.controller_id,
+        "pid": request.owner.pid,
+        "host": request.owner.host,
+        "created_at": time.time(),
+        "hard_deadline_s": request.hard_deadline_s,
+        "labels": request.labels,
+    }
+    (run_dir / "owner.json").write_text(json.dumps(owner))
+
+
+def read_owner(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        data = json.loads((run_dir / "owner.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def confirm_gone(driver: Driver, env_id: str, window_s: float = 2.0) -> bool:
+    """Poll ``exists`` until it is false or the window ends."""
+    import asyncio
+
+    end = time.monotonic() + window_s
+    delay = 0.001
+    while driver.exists(env_id):
+        if time.monotonic() > end:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True

@@ -1,0 +1,129 @@
+"""The fake driver: the real guest agent as a plain host process. No isolation at all.
+
+Shipped like httpx's MockTransport: for fast tests of the controller and for trying the API
+without QEMU. The agent, its protocol and the host session are the real ones; only the VM is
+missing. ``/run/cleanroom`` is relocated to ``<run_dir>/root/run/cleanroom`` and entrypoints run
+on the host, so a baseline used with it should name a host command as its entrypoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cleanroom import paths
+from cleanroom.agent import guest
+from cleanroom.agent.session import AgentSession
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import (
+    DestroyReport,
+    Driver,
+    Env,
+    EnvInfo,
+    EnvRequest,
+    read_owner,
+    write_owner,
+)
+from cleanroom.errors import LaunchError
+
+
+class FakeDriver(Driver):
+    name = "fake"
+    capabilities = frozenset({"exec", "files"})
+
+    def __init__(self, *, run_root: Path | None = None, ready_timeout_s: float = 10.0) -> None:
+        self.run_root = run_root or paths.run_dir() / self.name
+        self.ready_timeout_s = ready_timeout_s
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+
+    def describe(self) -> dict[str, str]:
+        return {"driver": self.name, "accelerator": "none", "isolation": "none"}
+
+    def run_dir(self, env_id: str) -> Path:
+        return self.run_root / env_id
+
+    async def create(self, request: EnvRequest) -> Env:
+        run_dir = self.run_dir(request.env_id)
+        run_dir.mkdir(parents=True, mode=0o700)
+        write_owner(run_dir, request, self.name)
+        sock_path = run_dir / "ctl.sock"
+        connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if not connected.done():
+                connected.set_result((reader, writer))
+
+        server = await asyncio.start_unix_server(on_connect, str(sock_path), limit=1 << 22)
+        started = time.monotonic()
+        env = {
+            **os.environ,
+            "CLEANROOM_AGENT_SOCKET": str(sock_path),
+            "CLEANROOM_GUEST_ROOT": str(run_dir / "root"),
+        }
+        argv = [sys.executable, guest.__file__, hostproc.marker(request.env_id)]
+        proc = await asyncio.create_subprocess_exec(
+            *hostproc.supervised(argv, request.hard_deadline_s),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._procs[request.env_id] = proc
+        try:
+            reader, writer = await asyncio.wait_for(connected, self.ready_timeout_s)
+            session = AgentSession(reader, writer)
+            await asyncio.wait_for(session.wait_hello(), self.ready_timeout_s)
+        except BaseException as exc:
+            await asyncio.shield(self.destroy(request.env_id))
+            if isinstance(exc, Exception):
+                raise LaunchError(f"fake agent did not start: {exc!r}") from exc
+            raise
+        finally:
+            server.close()
+        info = EnvInfo(
+            env_id=request.env_id,
+            driver=self.name,
+            accelerator="none",
+            isolation="none",
+            pid=proc.pid,
+            run_dir=run_dir,
+            created_at=time.time(),
+            ready_s=time.monotonic() - started,
+        )
+        return Env(self, info, session)
+
+    async def destroy(self, env_id: str) -> DestroyReport:
+        start = time.perf_counter()
+        proc = self._procs.pop(env_id, None)
+        if proc is not None and proc.returncode is None:
+            hostproc.kill_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        pids = hostproc.pids_with_marker(env_id)
+        hostproc.kill_pids(pids, signal.SIGKILL)
+        await hostproc.wait_gone(pids, 2.0)
+        hostproc.remove_tree(self.run_dir(env_id))
+        gone = not self.exists(env_id)
+        return DestroyReport(env_id, gone, 1, (time.perf_counter() - start) * 1000)
+
+    def exists(self, env_id: str) -> bool:
+        return self.run_dir(env_id).exists() or bool(hostproc.pids_with_marker(env_id))
+
+    def alive(self, env_id: str) -> bool:
+        proc = self._procs.get(env_id)
+        return proc is not None and proc.returncode is None
+
+    def owner_of(self, env_id: str) -> dict[str, Any] | None:
+        return read_owner(self.run_dir(env_id))
+
+    def list_owned(self) -> list[str]:
+        found: set[str] = set()
+        with contextlib.suppress(FileNotFoundError):
+            found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
+        return sorted(found)

@@ -1,0 +1,117 @@
+"""Host process helpers shared by drivers: find env processes by marker, kill, wait, supervise.
+
+Every env process carries a marker in its command line (``cleanroom-<env_id>``), so the host
+itself, not the controller's memory, answers "is anything of this env still running?".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+MARKER_PREFIX = "cleanroom-"
+ENV_ID_RE = re.compile(rb"cleanroom-(env-[0-9a-f]{16})")
+
+
+def marker(env_id: str) -> str:
+    return MARKER_PREFIX + env_id
+
+
+def _cmdlines() -> list[tuple[int, bytes]]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                out.append((int(entry.name), f.read()))
+        except OSError:
+            continue
+    return out
+
+
+def pids_with_marker(env_id: str) -> list[int]:
+    """Live (non-zombie) processes whose command line names this env."""
+    needle = marker(env_id).encode()
+    return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
+
+
+def env_ids_running() -> set[str]:
+    """Env ids of every cleanroom env process on this host."""
+    found: set[str] = set()
+    for pid, cmd in _cmdlines():
+        if pid == os.getpid():
+            continue
+        match = ENV_ID_RE.search(cmd)
+        if match:
+            found.add(match.group(1).decode())
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """True if the pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_pids(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+async def wait_gone(pids: list[int], timeout_s: float) -> bool:
+    """Wait until none of ``pids`` is alive (zombies of other parents count as gone)."""
+    end = time.monotonic() + timeout_s
+    delay = 0.0005
+    while any(pid_alive(p) for p in pids):
+        if time.monotonic() > end:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    return True
+
+
+def supervised(argv: list[str], deadline_s: float) -> list[str]:
+    """Wrap argv so it dies with its parent and, at the latest, after ``deadline_s``.
+
+    ``setpriv --pdeathsig KILL`` makes the kernel kill the process when its parent dies;
+    ``timeout -s KILL`` is a host-side hard deadline that needs no controller. Chained, a
+    SIGKILLed controller takes ``timeout`` with it, which takes the VM with it.
+    """
+    return [
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "timeout",
+        "--signal=KILL",
+        f"{max(deadline_s, 1.0):.0f}s",
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        *argv,
+    ]
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a run folder; missing is fine."""
+    import shutil
+
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
