@@ -1,0 +1,457 @@
+"""The audit ledger: runs, episode attempts, environments and events in one SQLite file.
+
+WAL mode, ``synchronous=NORMAL``, a 5 s busy timeout; one connection guarded by a lock, so an
+asyncio controller (and its worker threads) can share a ``Ledger``. Times are unix seconds.
+An environment's row is written (``env_intent``) *before* its VM exists; ``env_created`` and
+``env_ready`` refuse an env with no intent (destroy steps log an ``env_unknown`` event instead of
+failing the cleanup path); an env is live until its absence is confirmed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cleanroom import paths
+from cleanroom.errors import LedgerError
+
+SCHEMA_VERSION = 1
+QUEUED = "PENDING"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY, created REAL NOT NULL, finished REAL, status TEXT NOT NULL,
+        controller_id TEXT, host TEXT, pid INTEGER, baseline TEXT, driver TEXT,
+        parallel INTEGER, meta TEXT NOT NULL DEFAULT '{}')""",
+    """CREATE TABLE IF NOT EXISTS episodes (
+        run_id TEXT NOT NULL, episode_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+        state TEXT NOT NULL, outcome TEXT, verdict TEXT, reward REAL, error TEXT, env_id TEXT,
+        queued_at REAL NOT NULL, started_at REAL, ended_at REAL,
+        PRIMARY KEY (run_id, episode_id, attempt))""",
+    """CREATE TABLE IF NOT EXISTS envs (
+        env_id TEXT PRIMARY KEY, run_id TEXT, episode_id TEXT, attempt INTEGER, driver TEXT,
+        accelerator TEXT, owner_controller TEXT, owner_pid INTEGER, owner_host TEXT,
+        intent_at REAL NOT NULL, created_at REAL, ready_at REAL, pid INTEGER, run_dir TEXT,
+        destroy_started_at REAL, destroyed_at REAL, confirmed_absent_at REAL, cleanup_ms REAL,
+        destroy_attempts INTEGER, state TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS envs_by_run ON envs (run_id)",
+    "CREATE INDEX IF NOT EXISTS envs_live ON envs (env_id) WHERE confirmed_absent_at IS NULL",
+    """CREATE TABLE IF NOT EXISTS events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id TEXT, episode_id TEXT,
+        env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}')""",
+    "CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind)",
+)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    created: float
+    finished: float | None
+    status: str
+    controller_id: str | None
+    host: str | None
+    pid: int | None
+    baseline: str | None
+    driver: str | None
+    parallel: int | None
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    run_id: str
+    episode_id: str
+    attempt: int
+    state: str
+    outcome: str | None
+    verdict: str | None
+    reward: float | None
+    error: str | None
+    env_id: str | None
+    queued_at: float
+    started_at: float | None
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
+class EnvRow:
+    env_id: str
+    run_id: str | None
+    episode_id: str | None
+    attempt: int | None
+    driver: str | None
+    accelerator: str | None
+    owner_controller: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    intent_at: float
+    created_at: float | None
+    ready_at: float | None
+    pid: int | None
+    run_dir: str | None
+    destroy_started_at: float | None
+    destroyed_at: float | None
+    confirmed_absent_at: float | None
+    cleanup_ms: float | None
+    destroy_attempts: int | None
+    state: str
+
+    @property
+    def live(self) -> bool:
+        """Not confirmed absent: it may still exist on the host."""
+        return self.confirmed_absent_at is None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    ts: float
+    run_id: str | None
+    episode_id: str | None
+    env_id: str | None
+    kind: str
+    data: dict[str, Any]
+
+
+_LATEST = (
+    "attempt = (SELECT MAX(attempt) FROM episodes AS e2 "
+    "WHERE e2.run_id = episodes.run_id AND e2.episode_id = episodes.episode_id)"
+)
+
+
+class Ledger:
+    """The audit ledger. Use as a context manager, or call ``close()`` (idempotent)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or paths.ledger_path()
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=5.0, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"cannot open the ledger at {self.path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        self._conn: sqlite3.Connection | None = conn
+        try:
+            self._setup(conn)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        with self._op("open"):
+            conn.execute("PRAGMA busy_timeout = 5000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise LedgerError(f"{self.path}: WAL mode refused (journal_mode={mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise LedgerError(
+                        f"{self.path}: schema version {version} is newer than this cleanroom "
+                        f"({SCHEMA_VERSION}); upgrade cleanroom"
+                    )
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _op(self, name: str) -> Iterator[sqlite3.Connection]:
+        """Run one ledger operation under the lock, mapping sqlite3 errors to LedgerError."""
+        with self._lock:
+            if self._conn is None:
+                raise LedgerError(f"ledger {name}: the ledger is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise LedgerError(f"ledger {name} failed ({self.path}): {exc}") from exc
+
+    def _write(self, name: str, sql: str, args: tuple[Any, ...], *, must_hit: str = "") -> int:
+        """Execute one statement; with ``must_hit``, touching no row is a LedgerError."""
+        with self._op(name) as conn:
+            count = conn.execute(sql, args).rowcount
+        if must_hit and count == 0:
+            raise LedgerError(f"ledger {name}: {must_hit}")
+        return count
+
+    def _rows(self, name: str, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._op(name) as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run_id: str,
+        *,
+        controller_id: str,
+        baseline: str,
+        driver: str,
+        parallel: int,
+        meta: dict[str, Any],
+    ) -> None:
+        """Record a new run, or take over an existing one (a resumed run: new owner fields)."""
+        now, host, pid = time.time(), socket.gethostname(), os.getpid()
+        resumed = self.get_run(run_id)
+        self._write(
+            "start_run",
+            "INSERT INTO runs (run_id, created, status, controller_id, host, pid, baseline, "
+            "driver, parallel, meta) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET status = 'running', finished = NULL, "
+            "controller_id = excluded.controller_id, host = excluded.host, pid = excluded.pid, "
+            "parallel = excluded.parallel",
+            (run_id, now, controller_id, host, pid, baseline, driver, parallel, _dumps(meta)),
+        )
+        if resumed is not None:
+            self.event(
+                "run_resumed",
+                run_id=run_id,
+                previous_controller=resumed.controller_id,
+                previous_status=resumed.status,
+                controller_id=controller_id,
+            )
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        self._write(
+            "finish_run",
+            "UPDATE runs SET finished = ?, status = ? WHERE run_id = ?",
+            (time.time(), status, run_id),
+            must_hit=f"no run {run_id!r}",
+        )
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        rows = self._rows("get_run", "SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def list_runs(self) -> list[RunRow]:
+        """Every run, newest first."""
+        return [
+            _run(r) for r in self._rows("list_runs", "SELECT * FROM runs ORDER BY created DESC")
+        ]
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    def next_attempt(self, run_id: str, episode_id: str) -> int:
+        """1 + the highest attempt recorded for this episode (1 if none)."""
+        sql = (
+            "SELECT COALESCE(MAX(attempt), 0) + 1 FROM episodes WHERE run_id = ? AND episode_id = ?"
+        )
+        return int(self._rows("next_attempt", sql, (run_id, episode_id))[0][0])
+
+    def episode_queued(self, run_id: str, episode_id: str, attempt: int) -> None:
+        self._write(
+            "episode_queued",
+            "INSERT INTO episodes (run_id, episode_id, attempt, state, queued_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (run_id, episode_id, attempt, QUEUED, time.time()),
+        )
+
+    def episode_state(
+        self, run_id: str, episode_id: str, attempt: int, state: str, env_id: str | None = None
+    ) -> None:
+        """Move an attempt to ``state``; the first state after queued sets ``started_at``."""
+        now = time.time()
+        self._write(
+            "episode_state",
+            "UPDATE episodes SET state = ?, env_id = COALESCE(?, env_id), started_at = "
+            "COALESCE(started_at, CASE WHEN ? != ? THEN ? END) "
+            "WHERE run_id = ? AND episode_id = ? AND attempt = ?",
+            (state, env_id, state, QUEUED, now, run_id, episode_id, attempt),
+            must_hit=f"no queued attempt {run_id}/{episode_id}#{attempt}",
+        )
+
+    def episode_finished(
+        self,
+        run_id: str,
+        episode_id: str,
+        attempt: int,
+        *,
+        outcome: str,
+        verdict: str | None = None,
+        reward: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        self._write(
+            "episode_finished",
+            "UPDATE episodes SET state = 'CLOSED', outcome = ?, verdict = ?, reward = ?, "
+            "error = ?, ended_at = ? WHERE run_id = ? AND episode_id = ? AND attempt = ?",
+            (outcome, verdict, reward, error, time.time(), run_id, episode_id, attempt),
+            must_hit=f"no queued attempt {run_id}/{episode_id}#{attempt}",
+        )
+
+    def episodes(self, run_id: str, *, all_attempts: bool = False) -> list[EpisodeRow]:
+        """The latest attempt of each episode (or every attempt), in queue order."""
+        where = "run_id = ?" if all_attempts else f"run_id = ? AND {_LATEST}"
+        sql = f"SELECT * FROM episodes WHERE {where} ORDER BY queued_at, episode_id, attempt"
+        return [EpisodeRow(**dict(r)) for r in self._rows("episodes", sql, (run_id,))]
+
+    def outcome_counts(self, run_id: str) -> dict[str, int]:
+        """Outcome -> count over each episode's latest attempt ("unfinished" if none yet)."""
+        sql = (
+            "SELECT COALESCE(outcome, 'unfinished'), COUNT(*) FROM episodes "
+            f"WHERE run_id = ? AND {_LATEST} GROUP BY 1 ORDER BY 1"
+        )
+        return {r[0]: r[1] for r in self._rows("outcome_counts", sql, (run_id,))}
+
+    # -- environments -----------------------------------------------------------------------
+
+    def env_intent(
+        self,
+        env_id: str,
+        *,
+        run_id: str,
+        episode_id: str,
+        attempt: int,
+        driver: str,
+        owner_controller: str,
+        owner_pid: int,
+        owner_host: str,
+    ) -> None:
+        """Record that ``env_id`` is about to be created. Must precede the VM process."""
+        self._write(
+            "env_intent",
+            "INSERT INTO envs (env_id, run_id, episode_id, attempt, driver, owner_controller, "
+            "owner_pid, owner_host, intent_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent')",
+            (
+                env_id,
+                run_id,
+                episode_id,
+                attempt,
+                driver,
+                owner_controller,
+                owner_pid,
+                owner_host,
+                time.time(),
+            ),
+        )
+
+    def _env_update(
+        self, name: str, env_id: str, sets: str, args: tuple[Any, ...], *, strict: bool = True
+    ) -> None:
+        """Update an env's row. No row: LedgerError if ``strict``, else an ``env_unknown`` event
+        (destroy steps must not fail the controller's cleanup path; an env with no intent was
+        never created by a controller)."""
+        missing = f"no intent recorded for env {env_id!r}"
+        sql = f"UPDATE envs SET {sets} WHERE env_id = ?"
+        if not self._write(name, sql, (*args, env_id), must_hit=missing if strict else ""):
+            self.event("env_unknown", env_id=env_id, operation=name)
+
+    def env_created(self, env_id: str, *, pid: int, run_dir: str, accelerator: str) -> None:
+        self._env_update(
+            "env_created",
+            env_id,
+            "state = 'created', created_at = ?, pid = ?, run_dir = ?, accelerator = ?",
+            (time.time(), pid, run_dir, accelerator),
+        )
+
+    def env_ready(self, env_id: str) -> None:
+        self._env_update("env_ready", env_id, "state = 'ready', ready_at = ?", (time.time(),))
+
+    def env_destroy_started(self, env_id: str) -> None:
+        self._env_update(
+            "env_destroy_started",
+            env_id,
+            "state = 'destroying', destroy_started_at = COALESCE(destroy_started_at, ?)",
+            (time.time(),),
+            strict=False,
+        )
+
+    def env_destroyed(
+        self, env_id: str, *, confirmed_absent: bool, cleanup_ms: float, attempts: int
+    ) -> None:
+        """Record a destroy's end; only a confirmed absence makes the env no longer live."""
+        now = time.time()
+        self._env_update(
+            "env_destroyed",
+            env_id,
+            "state = ?, destroyed_at = ?, confirmed_absent_at = COALESCE(confirmed_absent_at, ?), "
+            "cleanup_ms = ?, destroy_attempts = ?",
+            (
+                "absent" if confirmed_absent else "leaked",
+                now,
+                now if confirmed_absent else None,
+                cleanup_ms,
+                attempts,
+            ),
+            strict=False,
+        )
+
+    def get_env(self, env_id: str) -> EnvRow | None:
+        rows = self._rows("get_env", "SELECT * FROM envs WHERE env_id = ?", (env_id,))
+        return EnvRow(**dict(rows[0])) if rows else None
+
+    def envs(self, run_id: str | None = None, live_only: bool = False) -> list[EnvRow]:
+        """Environments (of one run, or all); ``live_only``: not yet confirmed absent."""
+        clauses = (["run_id = ?"] if run_id is not None else []) + (
+            ["confirmed_absent_at IS NULL"] if live_only else []
+        )
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        args = (run_id,) if run_id is not None else ()
+        sql = f"SELECT * FROM envs {where} ORDER BY intent_at, env_id"
+        return [EnvRow(**dict(r)) for r in self._rows("envs", sql, args)]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def event(
+        self,
+        kind: str,
+        *,
+        run_id: str | None = None,
+        episode_id: str | None = None,
+        env_id: str | None = None,
+        **data: Any,
+    ) -> None:
+        self._write(
+            "event",
+            "INSERT INTO events (ts, run_id, episode_id, env_id, kind, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (time.time(), run_id, episode_id, env_id, kind, _dumps(data)),
+        )
+
+    def events(self, run_id: str | None, kind: str | None = None) -> list[EventRow]:
+        """Events of a run (``None``: events with no run), optionally of one kind, in order."""
+        sql = "SELECT * FROM events WHERE run_id IS ?" + (" AND kind = ?" if kind else "")
+        args = (run_id, kind) if kind else (run_id,)
+        rows = self._rows("events", sql + " ORDER BY id", args)
+        return [EventRow(**{**dict(r), "data": json.loads(r["data"])}) for r in rows]
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def _run(row: sqlite3.Row) -> RunRow:
+    return RunRow(**{**dict(row), "meta": json.loads(row["meta"])})

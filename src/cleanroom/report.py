@@ -1,0 +1,191 @@
+"""Run reports: what happened to every episode, as data (``run_report_json``) or as rich tables.
+
+Reads only the ledger and the store it is given. The ledger gives outcomes, attempts, errors and
+each environment's cleanup; the store's result records add policy, verdict and phase timings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from cleanroom.ledger import EnvRow, EpisodeRow, Ledger
+from cleanroom.record import Outcome
+from cleanroom.store import Store
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+ERROR_WIDTH = 60
+PHASES = ("queue_s", "provision_s", "run_s", "collect_s", "verify_s", "export_s", "destroy_s")
+_STYLE = {"completed": "green", "episode_error": "yellow", "timeout": "yellow"}
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0 <= q <= 100) by linear interpolation between closest ranks.
+
+    The rank is ``q/100 * (n - 1)`` over the sorted values (numpy's default, Excel's
+    PERCENTILE.INC): p0 is the minimum, p100 the maximum, p50 the median. Raises ValueError
+    for no values or q out of range.
+    """
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100 or math.isnan(q):
+        raise ValueError(f"percentile q must be within [0, 100], not {q}")
+    rank = q / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _policy(record: dict[str, Any] | None) -> str:
+    policy = (record or {}).get("policy")
+    if isinstance(policy, dict) and policy.get("id"):
+        return f"{policy['id']}@{policy.get('version', '0')}"
+    return "(unknown)"
+
+
+def _timings(record: dict[str, Any] | None, env: EnvRow | None) -> dict[str, float]:
+    """Phase durations in seconds: the record's ``*_s`` timings, plus destroy_s from the ledger."""
+    raw = (record or {}).get("timings")
+    phases = {
+        k: float(v)
+        for k, v in (raw.items() if isinstance(raw, dict) else ())
+        if k.endswith("_s") and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    if env is not None and env.cleanup_ms is not None:
+        phases["destroy_s"] = env.cleanup_ms / 1000
+    return phases
+
+
+def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) -> dict[str, Any]:
+    reward = ep.reward if ep.reward is not None else (record or {}).get("reward")
+    verdict = ep.verdict if ep.verdict is not None else (record or {}).get("verdict")
+    wall = ep.ended_at - ep.started_at if ep.ended_at and ep.started_at else None
+    return {
+        "episode_id": ep.episode_id,
+        "attempt": ep.attempt,
+        "state": ep.state,
+        "outcome": ep.outcome,
+        "reward": reward,
+        "verdict": verdict,
+        "error": ep.error,
+        "policy": _policy(record),
+        "env_id": ep.env_id,
+        "cleanup_ms": env.cleanup_ms if env else None,
+        "confirmed_absent": (env.confirmed_absent_at is not None) if env else None,
+        "durable": record is not None,
+        "wall_s": wall,
+        "timings": _timings(record, env),
+    }
+
+
+def _phase_rank(phase: str) -> tuple[int, str]:
+    return (PHASES.index(phase) if phase in PHASES else len(PHASES), phase)
+
+
+def _summary(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rewards: dict[str, list[float]] = {}
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        if isinstance(row["reward"], int | float):
+            rewards.setdefault(row["policy"], []).append(float(row["reward"]))
+        for phase, seconds in row["timings"].items():
+            phases.setdefault(phase, []).append(seconds)
+    envs = [r for r in rows if r["confirmed_absent"] is not None]
+    return {
+        "episodes": len(rows),
+        "outcomes": {**dict.fromkeys(OUTCOMES, 0), **counts},
+        "rewards": {p: {"n": len(v), "mean": sum(v) / len(v)} for p, v in rewards.items()},
+        "phases": {
+            p: {"n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95)}
+            for p, v in sorted(phases.items(), key=lambda kv: _phase_rank(kv[0]))
+        },
+        "envs": {
+            "total": len(envs),
+            "confirmed_absent": sum(1 for r in envs if r["confirmed_absent"]),
+        },
+    }
+
+
+def run_report_json(run_id: str, ledger: Ledger, store: Store | None = None) -> dict[str, Any]:
+    """Everything known about a run as JSON-ready data: run, summary, one entry per episode."""
+    run = ledger.get_run(run_id)
+    envs = {e.env_id: e for e in ledger.envs(run_id)}
+    records = {r.get("episode_id"): r for r in store.list_records(run_id)} if store else {}
+    rows = [
+        _episode(ep, envs.get(ep.env_id or ""), records.get(ep.episode_id))
+        for ep in ledger.episodes(run_id)
+    ]
+    return {
+        "run_id": run_id,
+        "run": None if run is None else asdict(run),
+        "summary": _summary(ledger.outcome_counts(run_id), rows),
+        "episodes": rows,
+    }
+
+
+def _outcome_text(outcome: str | None, state: str) -> Text:
+    if outcome is None:
+        return Text(state.lower(), style="dim")
+    return Text(outcome, style=_STYLE.get(outcome, "red"))
+
+
+def summary_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Table:
+    """Counts per outcome, mean reward per policy, p50/p95 per phase, envs confirmed absent."""
+    report = run_report_json(run_id, ledger, store)
+    summary, run = report["summary"], report["run"]
+    title = f"run {run_id}" + (f" ({run['status']})" if run else " (not in the ledger)")
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("n", justify="right")
+    table.add_column("value", justify="right")
+    for outcome, n in summary["outcomes"].items():
+        table.add_row(_outcome_text(outcome, "") if n else Text(outcome, style="dim"), str(n), "")
+    table.add_section()
+    for policy, stats in summary["rewards"].items():
+        table.add_row(f"mean reward {policy}", str(stats["n"]), f"{stats['mean']:.4g}")
+    table.add_section()
+    for phase, stats in summary["phases"].items():
+        value = f"p50 {stats['p50']:.3f}s  p95 {stats['p95']:.3f}s"
+        table.add_row(phase, str(stats["n"]), value)
+    envs = summary["envs"]
+    leaked = envs["total"] - envs["confirmed_absent"]
+    table.add_section()
+    table.add_row(
+        "envs confirmed absent",
+        f"{envs['confirmed_absent']}/{envs['total']}",
+        Text("all" if not leaked else f"{leaked} NOT confirmed", style="red" if leaked else ""),
+    )
+    return table
+
+
+def episodes_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Table:
+    """One row per episode (its latest attempt): outcome, reward, verdict, cleanup, error."""
+    table = Table(title=f"episodes of {run_id}")
+    for name in ("episode", "attempt", "outcome", "reward", "verdict", "cleanup ms", "absent"):
+        table.add_column(
+            name, justify="right" if name in ("attempt", "reward", "cleanup ms") else "left"
+        )
+    table.add_column("error", overflow="fold")
+    for row in run_report_json(run_id, ledger, store)["episodes"]:
+        absent = row["confirmed_absent"]
+        error = row["error"] or ""
+        table.add_row(
+            row["episode_id"],
+            str(row["attempt"]),
+            _outcome_text(row["outcome"], row["state"]),
+            f"{row['reward']:.4g}" if isinstance(row["reward"], int | float) else "",
+            "" if row["verdict"] is None else str(row["verdict"]),
+            "" if row["cleanup_ms"] is None else f"{row['cleanup_ms']:.1f}",
+            Text(
+                "-" if absent is None else "yes" if absent else "NO",
+                "red" if absent is False else "",
+            ),
+            error if len(error) <= ERROR_WIDTH else error[: ERROR_WIDTH - 1] + "…",
+        )
+    return table

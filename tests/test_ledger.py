@@ -1,0 +1,226 @@
+"""The audit ledger: WAL, intent before create, attempts, live envs, error mapping."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom import paths
+from cleanroom.errors import LedgerError
+from cleanroom.ledger import SCHEMA_VERSION, Ledger
+
+RUN = "run-1"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(tmp_path / "ledger.db") as led:
+        led.start_run(
+            RUN,
+            controller_id="ctl-a",
+            baseline="sha256:" + "0" * 64,
+            driver="fake",
+            parallel=2,
+            meta={"episodes": 3},
+        )
+        yield led
+
+
+def _intent(led: Ledger, env_id: str, run_id: str = RUN, episode_id: str = "e1") -> None:
+    led.env_intent(
+        env_id,
+        run_id=run_id,
+        episode_id=episode_id,
+        attempt=1,
+        driver="fake",
+        owner_controller="ctl-a",
+        owner_pid=123,
+        owner_host="h",
+    )
+
+
+def test_wal_mode_synchronous_normal_and_schema_version(ledger: Ledger) -> None:
+    ledger.event("hello", run_id=RUN)
+    other = sqlite3.connect(ledger.path)
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert other.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        other.close()
+    assert Path(str(ledger.path) + "-wal").exists()
+    # synchronous and busy_timeout are per connection: ask the ledger's own connection
+    assert ledger._rows("t", "PRAGMA synchronous")[0][0] == 1  # NORMAL
+    assert ledger._rows("t", "PRAGMA busy_timeout")[0][0] == 5000
+
+
+def test_default_path_is_under_cleanroom_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    with Ledger() as led:
+        assert led.path == paths.ledger_path()
+    assert paths.ledger_path().exists()
+
+
+def test_env_intent_row_exists_before_created(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="no intent"):
+        ledger.env_created("env-x", pid=1, run_dir="/r", accelerator="tcg")
+    assert ledger.get_env("env-x") is None
+
+    _intent(ledger, "env-a")
+    row = ledger.get_env("env-a")
+    assert row is not None and row.state == "intent" and row.live
+    assert row.created_at is None and row.pid is None
+    ledger.env_created("env-a", pid=4242, run_dir="/run/env-a", accelerator="tcg")
+    ledger.env_ready("env-a")
+    row = ledger.get_env("env-a")
+    assert row is not None and row.created_at is not None and row.ready_at is not None
+    assert row.intent_at <= row.created_at <= row.ready_at
+    assert (row.pid, row.accelerator, row.state) == (4242, "tcg", "ready")
+
+
+def test_destroy_of_an_env_without_intent_is_an_event_not_a_crash(ledger: Ledger) -> None:
+    ledger.env_destroy_started("env-never")
+    ledger.env_destroyed("env-never", confirmed_absent=True, cleanup_ms=1.0, attempts=1)
+    assert ledger.get_env("env-never") is None
+    unknown = ledger.events(None, kind="env_unknown")
+    assert [e.data["operation"] for e in unknown] == ["env_destroy_started", "env_destroyed"]
+
+
+def test_duplicate_env_id_is_refused_with_the_operation_named(ledger: Ledger) -> None:
+    _intent(ledger, "env-a")
+    with pytest.raises(LedgerError, match="env_intent"):
+        _intent(ledger, "env-a")
+
+
+def test_live_only_means_not_confirmed_absent(ledger: Ledger) -> None:
+    ledger.start_run("run-2", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
+    for env_id in ("env-gone", "env-leaked", "env-intent"):
+        _intent(ledger, env_id)
+    _intent(ledger, "env-other-run", run_id="run-2")
+    for env_id, confirmed in (("env-gone", True), ("env-leaked", False)):
+        ledger.env_destroy_started(env_id)
+        ledger.env_destroyed(env_id, confirmed_absent=confirmed, cleanup_ms=4.5, attempts=2)
+
+    live = {e.env_id for e in ledger.envs(live_only=True)}
+    assert live == {"env-leaked", "env-intent", "env-other-run"}
+    assert {e.env_id for e in ledger.envs(RUN, live_only=True)} == {"env-leaked", "env-intent"}
+    assert len(ledger.envs(RUN)) == 3
+    gone = ledger.get_env("env-gone")
+    leaked = ledger.get_env("env-leaked")
+    assert gone is not None and gone.state == "absent" and gone.confirmed_absent_at is not None
+    assert gone.cleanup_ms == 4.5 and gone.destroy_attempts == 2
+    assert leaked is not None and leaked.state == "leaked" and leaked.destroyed_at is not None
+
+
+def test_next_attempt_increments(ledger: Ledger) -> None:
+    assert ledger.next_attempt(RUN, "e1") == 1
+    ledger.episode_queued(RUN, "e1", 1)
+    assert ledger.next_attempt(RUN, "e1") == 2
+    ledger.episode_queued(RUN, "e1", 2)
+    assert ledger.next_attempt(RUN, "e1") == 3
+    assert ledger.next_attempt(RUN, "e2") == 1
+    assert ledger.next_attempt("run-other", "e1") == 1
+
+
+def test_outcome_counts_and_episodes_use_the_latest_attempt(ledger: Ledger) -> None:
+    ledger.episode_queued(RUN, "a", 1)
+    ledger.episode_finished(RUN, "a", 1, outcome="infra_error", error="boom")
+    ledger.episode_queued(RUN, "a", 2)
+    ledger.episode_finished(RUN, "a", 2, outcome="completed", reward=1.0)
+    ledger.episode_queued(RUN, "b", 1)
+    ledger.episode_finished(RUN, "b", 1, outcome="completed", reward=0.5, verdict="pass")
+    ledger.episode_queued(RUN, "c", 1)
+
+    assert ledger.outcome_counts(RUN) == {"completed": 2, "unfinished": 1}
+    latest = {(e.episode_id, e.attempt) for e in ledger.episodes(RUN)}
+    assert latest == {("a", 2), ("b", 1), ("c", 1)}
+    assert len(ledger.episodes(RUN, all_attempts=True)) == 4
+    b = next(e for e in ledger.episodes(RUN) if e.episode_id == "b")
+    assert (b.state, b.reward, b.verdict, b.ended_at is not None) == ("CLOSED", 0.5, "pass", True)
+
+
+def test_episode_state_sets_started_at_once_and_needs_a_queued_attempt(ledger: Ledger) -> None:
+    ledger.episode_queued(RUN, "e1", 1)
+    (row,) = ledger.episodes(RUN)
+    assert row.state == "PENDING" and row.started_at is None
+    ledger.episode_state(RUN, "e1", 1, "PROVISIONING", env_id="env-a")
+    (first,) = ledger.episodes(RUN)
+    ledger.episode_state(RUN, "e1", 1, "RUNNING")
+    (second,) = ledger.episodes(RUN)
+    assert first.started_at is not None and second.started_at == first.started_at
+    assert (second.state, second.env_id) == ("RUNNING", "env-a")
+    with pytest.raises(LedgerError, match="no queued attempt"):
+        ledger.episode_state(RUN, "e1", 7, "RUNNING")
+
+
+def test_resumed_run_takes_new_owner_and_keeps_created(ledger: Ledger) -> None:
+    before = ledger.get_run(RUN)
+    assert before is not None and before.status == "running" and before.meta == {"episodes": 3}
+    ledger.finish_run(RUN, "cancelled")
+    ledger.start_run(RUN, controller_id="ctl-b", baseline="x", driver="fake", parallel=4, meta={})
+    after = ledger.get_run(RUN)
+    assert after is not None
+    assert (after.controller_id, after.parallel, after.status) == ("ctl-b", 4, "running")
+    assert after.created == before.created and after.finished is None
+    (resumed,) = ledger.events(RUN, kind="run_resumed")
+    assert resumed.data["previous_controller"] == "ctl-a"
+    assert resumed.data["previous_status"] == "cancelled"
+    with pytest.raises(LedgerError, match="no run"):
+        ledger.finish_run("nope", "completed")
+
+
+def test_events_and_list_runs(ledger: Ledger) -> None:
+    ledger.event("export_failed", run_id=RUN, episode_id="e1", error="ENOSPC", n=3)
+    ledger.event("env_leaked", run_id=RUN, env_id="env-a", detail="pid 7")
+    ledger.event("reaped", env_id="env-z")
+    (failed,) = ledger.events(RUN, kind="export_failed")
+    assert failed.data == {"error": "ENOSPC", "n": 3} and failed.episode_id == "e1"
+    assert [e.kind for e in ledger.events(RUN)] == ["export_failed", "env_leaked"]
+    assert [e.kind for e in ledger.events(None)] == ["reaped"]
+    ledger.start_run("run-2", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
+    assert [r.run_id for r in ledger.list_runs()] == ["run-2", RUN]
+
+
+def test_close_is_idempotent_and_data_persists(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.db")
+    led.start_run(RUN, controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
+    led.close()
+    led.close()
+    with pytest.raises(LedgerError, match="closed"):
+        led.get_run(RUN)
+    with Ledger(tmp_path / "l.db") as again:
+        assert again.get_run(RUN) is not None
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    Ledger(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(LedgerError, match="newer"):
+        Ledger(path)
+
+
+def test_unopenable_path_is_a_ledger_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(LedgerError):
+        Ledger(tmp_path / "file" / "ledger.db")
+
+
+def test_concurrent_writers_from_threads(ledger: Ledger) -> None:
+    def work(n: int) -> None:
+        for i in range(50):
+            ledger.event("tick", run_id=RUN, worker=n, i=i)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ledger.events(RUN, kind="tick")) == 400
