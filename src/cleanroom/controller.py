@@ -1,0 +1,470 @@
+"""The controller: runs manifests on fresh environments and owns the ledger and the store.
+
+For each episode (at most ``parallel`` at once): ledger intent -> create env -> RUN -> collect
+-> export (artifacts and logs, then the record, last and atomically) -> destroy in a ``finally``
+shielded from cancellation, with its own deadline -> confirm absent -> ledger. Every episode
+ends with exactly one ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanroom import paths
+from cleanroom.agent.session import EpisodeOutput
+from cleanroom.baseline import store as baseline_store
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.errors import (
+    CleanroomError,
+    EnvCrashed,
+    LaunchError,
+    ProtocolError,
+    StoreError,
+)
+from cleanroom.export import export_attempt, export_episode
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.reaper import reap
+from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.store import Store
+
+EventHook = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    parallel: int = 2
+    cleanup_window_s: float = 30.0
+    boot_timeout_s: float = 120.0
+    collect_grace_s: float = 30.0
+    staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
+
+
+@dataclass
+class EpisodeResult:
+    episode_id: str
+    attempt: int
+    outcome: Outcome
+    reward: float | None = None
+    error: str | None = None
+    record: dict[str, Any] | None = None
+    destroy: DestroyReport | None = None
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # already durable (resumed run)
+    leaked_envs: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for e in self.episodes:
+            out[e.outcome.value] = out.get(e.outcome.value, 0) + 1
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.leaked_envs and all(e.outcome == Outcome.COMPLETED for e in self.episodes)
+
+
+def new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+class Controller:
+    """Runs batches of manifests; one instance per process is plenty."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        ledger: Ledger,
+        store: Store,
+        *,
+        options: RunOptions | None = None,
+        on_event: EventHook | None = None,
+    ) -> None:
+        self.driver = driver
+        self.ledger = ledger
+        self.store = store
+        self.options = options or RunOptions()
+        self.controller_id = "ctl-" + secrets.token_hex(6)
+        self.owner = Owner(self.controller_id)
+        self._on_event = on_event
+
+    def _staging_root(self) -> Path:
+        return self.options.staging_dir or paths.home() / "staging"
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, data)
+
+    async def run(
+        self, manifests: list[Manifest], baseline: Baseline, *, run_id: str | None = None
+    ) -> RunResult:
+        """Run every manifest not yet durable in ``run_id``; returns when all have ended."""
+        baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
+        reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
+        if reaped.destroyed or reaped.failed:
+            self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
+        run_id = run_id or new_run_id()
+        result = RunResult(run_id)
+        self.ledger.start_run(
+            run_id,
+            controller_id=self.controller_id,
+            baseline=baseline.digest,
+            driver=self.driver.name,
+            parallel=self.options.parallel,
+            meta={"episodes": len(manifests)},
+        )
+        todo = []
+        for manifest in manifests:
+            if self.store.get_record(run_id, manifest.episode_id) is not None:
+                result.skipped.append(manifest.episode_id)
+                continue
+            attempt = self.ledger.next_attempt(run_id, manifest.episode_id)
+            self.ledger.episode_queued(run_id, manifest.episode_id, attempt)
+            todo.append((manifest, attempt))
+        self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
+        gate = asyncio.Semaphore(self.options.parallel)
+        status = "failed"
+        try:
+            async with asyncio.TaskGroup() as group:
+                for manifest, attempt in todo:
+                    group.create_task(
+                        self._guarded(gate, run_id, manifest, attempt, baseline, result)
+                    )
+            status = "completed"
+        except BaseException:
+            status = "cancelled"
+            raise
+        finally:
+            result.leaked_envs = [
+                e.episode_id
+                for e in result.episodes
+                if e.destroy and not e.destroy.confirmed_absent
+            ]
+            shutil.rmtree(self._staging_root() / run_id, ignore_errors=True)
+            self.ledger.finish_run(run_id, status)
+            self._emit("run_finished", run_id=run_id, status=status)
+        return result
+
+    async def _guarded(
+        self,
+        gate: asyncio.Semaphore,
+        run_id: str,
+        manifest: Manifest,
+        attempt: int,
+        baseline: Baseline,
+        result: RunResult,
+    ) -> None:
+        queued = time.monotonic()
+        async with gate:
+            episode = await self.run_episode(
+                run_id, manifest, attempt, baseline, queue_s=time.monotonic() - queued
+            )
+        result.episodes.append(episode)
+
+    async def run_episode(
+        self,
+        run_id: str,
+        manifest: Manifest,
+        attempt: int,
+        baseline: Baseline,
+        queue_s: float = 0.0,
+    ) -> EpisodeResult:
+        """One episode, start to confirmed-absent. Never raises except CancelledError."""
+        eid = manifest.episode_id
+        limits = manifest.limits.merged_over(baseline.limits)
+        env_id = new_env_id()
+        clock = _Clock(queue_s)
+        staging = self._staging_root() / run_id / eid / str(attempt)
+        outcome: Outcome = Outcome.INFRA_ERROR
+        error: str | None = "not started"
+        output: EpisodeOutput | None = None
+        env: Env | None = None
+        episode = EpisodeResult(eid, attempt, outcome)
+        self._emit("episode_started", episode_id=eid, attempt=attempt, env_id=env_id)
+        cancelled = False
+        try:
+            self.ledger.episode_state(run_id, eid, attempt, "PROVISIONING", env_id=env_id)
+            self.ledger.env_intent(
+                env_id,
+                run_id=run_id,
+                episode_id=eid,
+                attempt=attempt,
+                driver=self.driver.name,
+                owner_controller=self.owner.controller_id,
+                owner_pid=self.owner.pid,
+                owner_host=self.owner.host,
+            )
+            baseline_store.quick_check(baseline)
+            env = await self.driver.create(self._request(env_id, baseline, limits, run_id, eid))
+            clock.lap("provision_s")
+            self.ledger.env_created(
+                env_id,
+                pid=env.info.pid or 0,
+                run_dir=str(env.info.run_dir or ""),
+                accelerator=env.info.accelerator,
+            )
+            self.ledger.env_ready(env_id)
+            self.ledger.episode_state(run_id, eid, attempt, "RUNNING", env_id=env_id)
+            outcome, error, output = await self._run_in_env(
+                env, manifest, baseline, limits, staging
+            )
+            clock.lap("run_s")
+        except asyncio.CancelledError:
+            cancelled = True
+            outcome, error = Outcome.CANCELLED, "cancelled by the controller (Ctrl-C or SIGTERM)"
+        except LaunchError as exc:
+            outcome, error = Outcome.INFRA_ERROR, f"launch failed: {exc}"
+        except CleanroomError as exc:
+            outcome, error = Outcome.INFRA_ERROR, f"{type(exc).__name__}: {exc}"
+        except OSError as exc:
+            outcome, error = Outcome.INFRA_ERROR, f"host error: {exc}"
+        try:
+            await asyncio.shield(
+                self._finish(
+                    run_id,
+                    manifest,
+                    attempt,
+                    baseline,
+                    env,
+                    env_id,
+                    staging,
+                    clock,
+                    outcome,
+                    error,
+                    output,
+                    episode,
+                )
+            )
+        except asyncio.CancelledError:
+            cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        return episode
+
+    async def _finish(
+        self,
+        run_id: str,
+        manifest: Manifest,
+        attempt: int,
+        baseline: Baseline,
+        env: Env | None,
+        env_id: str,
+        staging: Path,
+        clock: _Clock,
+        outcome: Outcome,
+        error: str | None,
+        output: EpisodeOutput | None,
+        episode: EpisodeResult,
+    ) -> None:
+        """Export the evidence, destroy the env, write the ledger. Runs shielded."""
+        eid = manifest.episode_id
+        try:
+            self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
+            diagnostics = env.diagnostics() if env is not None else {}
+            facts = {**self.driver.describe(), **(_env_facts(env) if env else {})}
+            try:
+                if outcome.final and output is not None:
+                    record = export_episode(
+                        self.store,
+                        run_id,
+                        manifest,
+                        attempt,
+                        baseline,
+                        facts,
+                        env_id,
+                        outcome,
+                        error,
+                        output,
+                        diagnostics,
+                        clock,
+                    )
+                    episode.record = record
+                    episode.reward = record.get("reward")
+                    self.ledger.episode_state(run_id, eid, attempt, "DURABLE", env_id=env_id)
+                else:
+                    export_attempt(
+                        self.store,
+                        run_id,
+                        manifest,
+                        attempt,
+                        env_id,
+                        outcome,
+                        error,
+                        output,
+                        diagnostics,
+                    )
+            except StoreError as exc:
+                outcome, error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
+                self.ledger.event("export_failed", run_id=run_id, episode_id=eid, error=str(exc))
+        finally:
+            self.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
+            episode.destroy = await self._destroy(env, env_id, run_id, eid, attempt)
+            shutil.rmtree(staging, ignore_errors=True)
+            episode.outcome, episode.error = outcome, error
+            self.ledger.episode_finished(
+                run_id, eid, attempt, outcome=outcome.value, reward=episode.reward, error=error
+            )
+            self._emit(
+                "episode_finished",
+                episode_id=eid,
+                attempt=attempt,
+                outcome=outcome.value,
+                reward=episode.reward,
+                error=error,
+                cleanup_ms=episode.destroy.elapsed_ms if episode.destroy else None,
+            )
+
+    async def _run_in_env(
+        self,
+        env: Env,
+        manifest: Manifest,
+        baseline: Baseline,
+        limits: ResolvedLimits,
+        staging: Path,
+    ) -> tuple[Outcome, str | None, EpisodeOutput | None]:
+        request = {
+            "manifest": manifest.guest_view(),
+            "entrypoint": list(baseline.entrypoint),
+            "timeout_s": limits.timeout_s,
+            "env": {
+                "CLEANROOM_EPISODE_ID": manifest.episode_id,
+                "CLEANROOM_SEED": str(manifest.seed),
+            },
+        }
+        quota = limits.output_quota_mib * 1024 * 1024
+        try:
+            output = await asyncio.wait_for(
+                env.run_episode(request, staging, quota_bytes=quota),
+                limits.timeout_s + self.options.collect_grace_s,
+            )
+        except TimeoutError:
+            return Outcome.TIMEOUT, f"no answer from the guest within {limits.timeout_s}s", None
+        except EnvCrashed as exc:
+            return Outcome.ENV_CRASHED, str(exc), None
+        except ProtocolError as exc:
+            return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", None
+        if output.exit.timed_out:
+            return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
+        if output.exit.exit_code != 0:
+            how = (
+                f"exit code {output.exit.exit_code}"
+                if output.exit.signal is None
+                else f"signal {output.exit.signal}"
+            )
+            return Outcome.EPISODE_ERROR, f"entrypoint failed ({how})", output
+        problem = parse_guest_result(output.result_raw).problem
+        if problem is not None:
+            return Outcome.EPISODE_ERROR, problem, output
+        return Outcome.COMPLETED, None, output
+
+    def _request(
+        self, env_id: str, baseline: Baseline, limits: ResolvedLimits, run_id: str, eid: str
+    ) -> EnvRequest:
+        o = self.options
+        deadline = o.boot_timeout_s + limits.timeout_s + o.collect_grace_s + o.cleanup_window_s
+        return EnvRequest(
+            env_id=env_id,
+            baseline=baseline,
+            limits=limits,
+            owner=self.owner,
+            hard_deadline_s=deadline,
+            labels={"run_id": run_id, "episode_id": eid},
+        )
+
+    async def _destroy(
+        self, env: Env | None, env_id: str, run_id: str, eid: str, attempt: int
+    ) -> DestroyReport:
+        """Destroy with retries inside the cleanup window; alert if anything remains."""
+        self.ledger.env_destroy_started(env_id)
+        start = time.monotonic()
+        attempts, delay = 0, 0.05
+        report = DestroyReport(env_id, False, 0, 0.0, "not attempted")
+        while time.monotonic() - start < self.options.cleanup_window_s:
+            attempts += 1
+            try:
+                remaining = self.options.cleanup_window_s - (time.monotonic() - start)
+                coro = (
+                    env.aclose()
+                    if env is not None and attempts == 1
+                    else self.driver.destroy(env_id)
+                )
+                report = await asyncio.wait_for(coro, max(remaining, 0.1))
+            except (TimeoutError, CleanroomError, OSError) as exc:
+                report = DestroyReport(env_id, False, attempts, 0.0, f"{type(exc).__name__}: {exc}")
+            if report.confirmed_absent:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        elapsed_ms = (time.monotonic() - start) * 1000
+        report = DestroyReport(env_id, report.confirmed_absent, attempts, elapsed_ms, report.detail)
+        self.ledger.env_destroyed(
+            env_id,
+            confirmed_absent=report.confirmed_absent,
+            cleanup_ms=elapsed_ms,
+            attempts=attempts,
+        )
+        if not report.confirmed_absent:
+            self.ledger.event(
+                "env_leaked", run_id=run_id, episode_id=eid, env_id=env_id, detail=report.detail
+            )
+            self._emit("alert", message=f"env {env_id} still present after cleanup window")
+        with contextlib.suppress(StoreError):
+            self.store.put_bytes(
+                run_id, eid, f"attempts/{attempt}/destroy.json", _destroy_json(report)
+            )
+        return report
+
+
+class _Clock:
+    """Phase timings of one episode, in seconds."""
+
+    def __init__(self, queue_s: float) -> None:
+        self.phases: dict[str, float] = {"queue_s": round(queue_s, 6)}
+        self.started_at = time.time()
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = round(now - self._last, 6)
+        self._last = now
+
+
+def _env_facts(env: Env) -> dict[str, Any]:
+    return {
+        "accelerator": env.info.accelerator,
+        "isolation": env.info.isolation,
+        "kernel": env.hello.get("kernel"),
+        "agent_version": env.hello.get("agent_version"),
+        "guest_boot_s": env.hello.get("boot_time_s"),
+    }
+
+
+def _destroy_json(report: DestroyReport) -> bytes:
+    import json
+
+    return json.dumps(
+        {
+            "env_id": report.env_id,
+            "confirmed_absent": report.confirmed_absent,
+            "attempts": report.attempts,
+            "cleanup_ms": round(report.elapsed_ms, 3),
+            "detail": report.detail,
+            "pid": os.getpid(),
+        },
+        indent=1,
+    ).encode()

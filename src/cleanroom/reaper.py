@@ -1,0 +1,113 @@
+"""Reconcile and reap: destroy environments whose owner (a controller process) is gone.
+
+Two sources, because either can be incomplete after a crash: the ledger (env rows never
+confirmed absent) and the host (what the driver finds: processes, run folders). An env is an
+orphan when its owner process is not alive on this host, or is a different process that reused
+the pid (it started after the env's intent was written). Orphans are destroyed and confirmed;
+their episodes, if they have no durable record and no outcome, are marked ``infra_error``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import Driver
+from cleanroom.ledger import EnvRow, Ledger
+from cleanroom.record import Outcome
+from cleanroom.store import Store
+
+CONTROLLER_LOST = "controller lost: its environment was reaped"
+
+
+@dataclass
+class ReapReport:
+    destroyed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # still present: an alert
+    episodes_marked: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def _start_time(pid: int) -> float | None:
+    """Unix time at which ``pid`` started, or None if it is not running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def owner_alive(host: str | None, pid: int | None, since: float | None) -> bool:
+    """Is the owning controller still running? (Other hosts' owners are assumed alive.)"""
+    if host is not None and host != socket.gethostname():
+        return True
+    if pid is None or not hostproc.pid_alive(pid):
+        return False
+    started = _start_time(pid)
+    return started is None or since is None or started <= since + 1.0
+
+
+def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:
+    found: dict[str, EnvRow | None] = {}
+    for row in ledger.envs(live_only=True):
+        if row.driver == driver.name and not owner_alive(
+            row.owner_host, row.owner_pid, row.intent_at
+        ):
+            found[row.env_id] = row
+    for env_id in driver.list_owned():
+        if env_id in found:
+            continue
+        known = ledger.get_env(env_id)
+        owner = driver.owner_of(env_id)
+        if known is not None:
+            alive = owner_alive(known.owner_host, known.owner_pid, known.intent_at)
+        elif owner is not None:
+            alive = owner_alive(owner.get("host"), owner.get("pid"), owner.get("created_at"))
+        else:
+            alive = False  # no owner anywhere: nobody will ever clean it up
+        if not alive:
+            found[env_id] = known
+    return found
+
+
+async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> ReapReport:
+    """Destroy every orphaned env of ``driver``; mark their unfinished episodes."""
+    report = ReapReport()
+    for env_id, row in sorted(_orphans(driver, ledger).items()):
+        result = await driver.destroy(env_id)
+        if row is not None:
+            ledger.env_destroyed(
+                env_id,
+                confirmed_absent=result.confirmed_absent,
+                cleanup_ms=result.elapsed_ms,
+                attempts=result.attempts,
+            )
+        ledger.event(
+            "env_reaped" if result.confirmed_absent else "env_leaked",
+            run_id=row.run_id if row else None,
+            episode_id=row.episode_id if row else None,
+            env_id=env_id,
+            cleanup_ms=result.elapsed_ms,
+        )
+        (report.destroyed if result.confirmed_absent else report.failed).append(env_id)
+        if row is None or not (row.run_id and row.episode_id and row.attempt):
+            continue
+        if _mark_lost(ledger, store, row.run_id, row.episode_id, row.attempt):
+            report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
+    return report
+
+
+def _mark_lost(ledger: Ledger, store: Store | None, run_id: str, eid: str, attempt: int) -> bool:
+    if store is not None and store.get_record(run_id, eid) is not None:
+        return False  # durable: the evidence survived the controller
+    rows = [r for r in ledger.episodes(run_id, all_attempts=True) if r.episode_id == eid]
+    if any(r.attempt == attempt and r.outcome is not None for r in rows):
+        return False
+    ledger.episode_finished(
+        run_id, eid, attempt, outcome=Outcome.INFRA_ERROR, error=CONTROLLER_LOST
+    )
+    return True

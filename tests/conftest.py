@@ -1,0 +1,77 @@
+"""Shared fixtures.
+
+``CLEANROOM_HOME`` points at ``.cache/test-home`` in the checkout for the whole session, so the
+kernel download, the rootfs cache and the tiny baseline are built once and reused by later runs
+(the folder is gitignored). Tests that need their own ledger or store make them in tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_HOME = ROOT / ".cache" / "test-home"
+TINY_SPEC = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
+TINY_ENTRY = ROOT / "tests" / "baselines" / "tiny" / "files" / "entry.py"
+
+os.environ.setdefault("CLEANROOM_HOME", str(TEST_HOME))
+
+
+def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
+    """A baseline for the fake driver: the tiny entry script run by the host's Python.
+
+    The script is a component (hard-linked into the baseline folder), so drift tests work.
+    """
+    from cleanroom.baseline.model import Baseline, Component, digest_of, identity, sha256_file
+    from cleanroom.manifest import Limits
+
+    entry = tmp / "entry" / "entry.py"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TINY_ENTRY, entry)
+    component = Component("entry.py", entry.stat().st_size, sha256_file(entry))
+    ident = identity(
+        (component,),
+        (sys.executable, str(entry)),
+        Limits(timeout_s=30),
+        "host",
+        "0.1.0",
+        "sha256:" + "0" * 64,
+    )
+    digest = digest_of(ident)
+    folder = tmp / "baselines" / digest.removeprefix("sha256:")
+    folder.mkdir(parents=True)
+    os.link(entry, folder / "entry.py")
+    baseline = Baseline(
+        digest,
+        folder,
+        ident["spec_digest"],
+        "fake",
+        (component,),
+        tuple(ident["entrypoint"]),
+        Limits(timeout_s=30),
+        "host",
+        "0.1.0",
+    )
+    (folder / "baseline.json").write_text(json.dumps(baseline.to_json()))
+    return baseline
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
+    """The tiny test baseline, built once (minutes on a fresh machine) and cached."""
+    from cleanroom.baseline.store import resolve_or_build
+
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
+    yield resolve_or_build(str(TINY_SPEC), progress=lambda step, detail: print(step, detail))
+
+
+if False:  # pragma: no cover - typing only
+    from cleanroom.baseline.model import Baseline

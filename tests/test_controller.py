@@ -1,0 +1,206 @@
+"""Controller lifecycle with the fake driver: the real agent and protocol, no VM (fast).
+
+Every path must end with exactly one outcome, a destroyed env confirmed absent in the ledger,
+and a durable record only for final outcomes. The same paths run on real VMs in tests/vm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import Env, EnvRequest
+from cleanroom.drivers.fake import FakeDriver
+from cleanroom.errors import DriftError, ExportError, LaunchError
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
+
+from .conftest import make_fake_baseline
+
+
+def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:
+    limits = task.pop("limits", {})
+    return Manifest.model_validate(
+        {"episode_id": eid, "seed": seed, "policy": {"id": "p"}, "task": task, "limits": limits}
+    )
+
+
+class Harness:
+    def __init__(self, tmp: Path, driver: FakeDriver | None = None) -> None:
+        self.tmp = tmp
+        self.ledger = Ledger(tmp / "ledger.db")
+        self.store = LocalStore(tmp / "store")
+        self.driver = driver or FakeDriver(run_root=tmp / "run")
+        self.baseline = make_fake_baseline(tmp)
+        self.ctl = Controller(
+            self.driver,
+            self.ledger,
+            self.store,
+            options=RunOptions(parallel=2, cleanup_window_s=5, staging_dir=tmp / "staging"),
+        )
+
+    def assert_all_destroyed(self, run_id: str) -> None:
+        envs = self.ledger.envs(run_id=run_id)
+        assert envs
+        for env in envs:
+            assert env.confirmed_absent_at is not None, env
+            assert not self.driver.exists(env.env_id)
+            assert not hostproc.pids_with_marker(env.env_id)
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path)
+    yield harness
+    harness.ledger.close()
+
+
+async def test_completed_episode_is_durable_then_destroyed(h: Harness) -> None:
+    result = await h.ctl.run([manifest("a", seed=4)], h.baseline, run_id="r1")
+    [episode] = result.episodes
+    assert episode.outcome is Outcome.COMPLETED, episode.error
+    record = h.store.get_record("r1", "a")
+    assert record is not None and record["reward"] == 2.0
+    assert record["provenance"]["baseline"] == h.baseline.digest
+    assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
+    assert episode.destroy is not None and episode.destroy.confirmed_absent
+    h.assert_all_destroyed("r1")
+    [row] = h.ledger.envs(run_id="r1")
+    assert row.intent_at is not None and row.created_at is not None
+    assert row.intent_at <= row.created_at <= (row.confirmed_absent_at or 0)
+
+
+async def test_each_failure_path_gets_exactly_one_outcome(h: Harness) -> None:
+    batch = [
+        manifest("fail", mode="fail"),
+        manifest("sleep", mode="sleep", seconds=60, limits={"timeout_s": 1}),
+        manifest("quota", mode="big", bytes=3 * 1024 * 1024, limits={"output_quota_mib": 1}),
+        manifest("bad-mode", mode="unknown"),
+    ]
+    result = await h.ctl.run(batch, h.baseline, run_id="r2")
+    outcomes = {e.episode_id: e.outcome for e in result.episodes}
+    assert outcomes == {
+        "fail": Outcome.EPISODE_ERROR,
+        "sleep": Outcome.TIMEOUT,
+        "quota": Outcome.EPISODE_ERROR,
+        "bad-mode": Outcome.EPISODE_ERROR,
+    }
+    quota = next(e for e in result.episodes if e.episode_id == "quota")
+    assert quota.error is not None and "QuotaExceeded" in quota.error
+    fail = h.store.get_record("r2", "fail")
+    assert fail is not None and fail["exit"]["code"] == 3
+    stderr = Path(h.store.episode_uri("r2", "fail").removeprefix("file://")) / "logs/stderr.log"
+    assert b"failing on purpose" in stderr.read_bytes()
+    assert len(h.ledger.episodes("r2")) == 4
+    h.assert_all_destroyed("r2")
+
+
+async def test_store_failure_is_export_failed_never_success(h: Harness) -> None:
+    def refuse(*args: object, **kwargs: object) -> bool:
+        raise ExportError("disk full (simulated)")
+
+    h.store.put_record = refuse  # type: ignore[method-assign]
+    result = await h.ctl.run([manifest("x")], h.baseline, run_id="r3")
+    assert result.episodes[0].outcome is Outcome.EXPORT_FAILED
+    assert h.ledger.outcome_counts("r3") == {"export_failed": 1}
+    h.assert_all_destroyed("r3")
+
+
+async def test_launch_failure_is_infra_error(h: Harness) -> None:
+    class Broken(FakeDriver):
+        async def create(self, request: EnvRequest) -> Env:
+            raise LaunchError("no capacity (simulated)")
+
+    h.ctl.driver = Broken(run_root=h.tmp / "run")
+    result = await h.ctl.run([manifest("x")], h.baseline, run_id="r4")
+    assert result.episodes[0].outcome is Outcome.INFRA_ERROR
+    assert h.store.get_record("r4", "x") is None
+
+
+async def test_env_killed_mid_episode_is_env_crashed(h: Harness) -> None:
+    async def killer() -> None:
+        while True:  # kill the env's processes once it is running the episode
+            await asyncio.sleep(0.05)
+            for env in h.ledger.envs(run_id="r5"):
+                if env.ready_at is not None:
+                    for pid in hostproc.pids_with_marker(env.env_id):
+                        os.kill(pid, signal.SIGKILL)
+
+    task = asyncio.create_task(killer())
+    try:
+        result = await h.ctl.run([manifest("x", mode="sleep", seconds=30)], h.baseline, run_id="r5")
+    finally:
+        task.cancel()
+    assert result.episodes[0].outcome is Outcome.ENV_CRASHED
+    assert h.store.get_record("r5", "x") is None  # not final: runs again on resume
+    h.assert_all_destroyed("r5")
+
+
+async def test_cancel_destroys_every_running_env(h: Harness) -> None:
+    batch = [manifest(f"s{i}", mode="sleep", seconds=60) for i in range(3)]
+    run = asyncio.create_task(h.ctl.run(batch, h.baseline, run_id="r6"))
+    while len([e for e in h.ledger.envs(run_id="r6") if e.ready_at]) < 2:
+        await asyncio.sleep(0.05)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    rows = h.ledger.episodes("r6")
+    started = [r for r in rows if r.outcome is not None]
+    assert {r.outcome for r in started} == {"cancelled"} and len(started) == 2
+    h.assert_all_destroyed("r6")
+    assert h.driver.list_owned() == []
+    assert h.ledger.get_run("r6").status == "cancelled"  # type: ignore[union-attr]
+
+
+async def test_resume_skips_durable_and_reruns_the_rest(h: Harness) -> None:
+    def refuse_b(run_id: str, episode_id: str, record: dict[str, Any]) -> bool:
+        if episode_id == "b":
+            raise ExportError("simulated")
+        return real(run_id, episode_id, record)
+
+    real = h.store.put_record
+    h.store.put_record = refuse_b  # type: ignore[method-assign]
+    first = await h.ctl.run([manifest("a"), manifest("b")], h.baseline, run_id="r7")
+    assert first.counts() == {"completed": 1, "export_failed": 1}
+    h.store.put_record = real  # type: ignore[method-assign]
+    second = await h.ctl.run([manifest("a"), manifest("b")], h.baseline, run_id="r7")
+    assert second.skipped == ["a"]
+    [b] = second.episodes
+    assert (b.episode_id, b.attempt, b.outcome) == ("b", 2, Outcome.COMPLETED)
+    record = h.store.get_record("r7", "b")
+    assert record is not None and record["attempt"] == 2
+    third = await h.ctl.run([manifest("a"), manifest("b")], h.baseline, run_id="r7")
+    assert third.episodes == [] and sorted(third.skipped) == ["a", "b"]
+
+
+async def test_drifted_baseline_refuses_the_run_by_name(h: Harness) -> None:
+    entry = h.baseline.path / "entry.py"
+    entry.write_text(entry.read_text() + "\n# tampered\n")
+    with pytest.raises(DriftError, match=r"entry\.py"):
+        await h.ctl.run([manifest("x")], h.baseline, run_id="r8")
+    assert h.ledger.envs(run_id="r8") == []
+
+
+async def test_parallel_limit_is_respected(h: Harness) -> None:
+    peak = 0
+    live = 0
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        nonlocal peak, live
+        live += {"episode_started": 1, "episode_finished": -1}.get(kind, 0)
+        peak = max(peak, live)
+
+    h.ctl._on_event = on_event
+    result = await h.ctl.run([manifest(f"e{i}") for i in range(5)], h.baseline, run_id="r9")
+    assert result.counts() == {"completed": 5}
+    assert peak == 2

@@ -1,0 +1,86 @@
+"""Reaping: envs whose controller is gone are destroyed; live owners' envs are left alone."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+from cleanroom.drivers.fake import FakeDriver
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import ResolvedLimits
+from cleanroom.reaper import reap
+from cleanroom.store import LocalStore
+
+from .conftest import make_fake_baseline
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        yield ledger
+
+
+async def _create(driver: FakeDriver, ledger: Ledger, tmp: Path, owner: Owner, eid: str) -> str:
+    env_id = new_env_id()
+    ledger.start_run(
+        "r", controller_id=owner.controller_id, baseline="b", driver="fake", parallel=1, meta={}
+    )
+    ledger.episode_queued("r", eid, 1)
+    ledger.env_intent(
+        env_id,
+        run_id="r",
+        episode_id=eid,
+        attempt=1,
+        driver="fake",
+        owner_controller=owner.controller_id,
+        owner_pid=owner.pid,
+        owner_host=owner.host,
+    )
+    request = EnvRequest(env_id, make_fake_baseline(tmp / eid), ResolvedLimits(), owner, 60)
+    env = await driver.create(request)
+    await env.session.aclose()
+    return env_id
+
+
+async def test_orphans_are_reaped_and_their_episodes_marked(tmp_path: Path, ledger: Ledger) -> None:
+    driver = FakeDriver(run_root=tmp_path / "run")
+    orphan = await _create(driver, ledger, tmp_path, Owner("gone", pid=dead_pid()), "lost")
+    mine = await _create(driver, ledger, tmp_path, Owner("alive"), "live")
+    stray = tmp_path / "run" / new_env_id()
+    stray.mkdir()  # a run folder with no owner at all (crash during create)
+    try:
+        report = await reap(driver, ledger, LocalStore(tmp_path / "store"))
+        assert sorted(report.destroyed) == sorted([orphan, stray.name])
+        assert not driver.exists(orphan) and not stray.exists()
+        assert driver.exists(mine)  # its controller (this process) is alive
+        assert report.episodes_marked == [("r", "lost", 1)]
+        rows = {r.episode_id: r for r in ledger.episodes("r")}
+        assert rows["lost"].outcome == "infra_error"
+        assert rows["live"].outcome is None
+        row = ledger.get_env(orphan)
+        assert row is not None and row.confirmed_absent_at is not None
+    finally:
+        await driver.destroy(mine)
+
+
+async def test_reused_pid_does_not_count_as_the_owner(tmp_path: Path, ledger: Ledger) -> None:
+    import os
+    import time
+
+    from cleanroom.reaper import owner_alive
+
+    assert owner_alive(None, os.getpid(), time.time())
+    # this process started before now, so a record claiming it was written a day ago means the
+    # pid was reused by us after the real owner died
+    assert not owner_alive(None, os.getpid(), time.time() - 86400 * 365)
+    assert not owner_alive(None, dead_pid(), time.time())
