@@ -1,0 +1,220 @@
+"""The ``cleanroom`` command line (typer + rich).
+
+Exit codes of ``run``: 0 every episode reached a final outcome and every env was confirmed
+absent; 1 some episode ended in infra_error / env_crashed / export_failed; 2 bad input
+(manifest, baseline, drift, config); 3 an env was still present after the cleanup window;
+130 cancelled (Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from cleanroom import paths
+from cleanroom.baseline.cli import baseline_app
+from cleanroom.controller import RunOptions, RunResult
+from cleanroom.errors import CleanroomError
+from cleanroom.ledger import Ledger
+from cleanroom.progress import RunProgress
+from cleanroom.store import open_store
+
+app = typer.Typer(
+    help="A fresh, disposable microVM per RL episode: pinned baselines, durable evidence, "
+    "proven destruction.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(baseline_app, name="baseline")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(exc: CleanroomError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    return typer.Exit(2)
+
+
+@app.command()
+def run(
+    manifests: Annotated[Path, typer.Argument(help="JSON Lines file, one manifest per line")],
+    baseline: Annotated[str, typer.Option(help="baseline digest, unique prefix, or a spec .toml")],
+    parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+    run_id: Annotated[str | None, typer.Option(help="resume (or name) this run")] = None,
+    driver: Annotated[str, typer.Option(help="qemu | fake | auto")] = "qemu",
+    cleanup_window: Annotated[float, typer.Option(help="seconds to confirm an env gone")] = 30.0,
+) -> None:
+    """Run every manifest in a fresh environment; print a summary."""
+    from cleanroom.api import arun
+    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.manifest import load_manifests
+
+    try:
+        items = load_manifests(manifests)
+        progress = RunProgress(err)
+        resolved = resolve_or_build(baseline, progress=progress.build_step)
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    options = RunOptions(parallel=parallel, cleanup_window_s=cleanup_window)
+
+    async def main() -> RunResult:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        with progress:
+            return await arun(
+                items,
+                baseline=resolved,
+                store=store,
+                run_id=run_id,
+                driver=driver,
+                options=options,
+                on_event=progress.on_event,
+            )
+
+    try:
+        result = asyncio.run(main())
+    except KeyboardInterrupt:
+        err.print("[yellow]cancelled[/]: every running env was destroyed; see `cleanroom status`")
+        raise typer.Exit(130) from None
+    except asyncio.CancelledError:
+        err.print("[yellow]cancelled[/] (SIGTERM): every running env was destroyed")
+        raise typer.Exit(130) from None
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    _print_run(result.run_id, store)
+    if result.leaked_envs:
+        err.print(
+            f"[bold red]ALERT[/]: envs still present for {result.leaked_envs}; run `cleanroom reap`"
+        )
+        raise typer.Exit(3)
+    if any(not e.outcome.final for e in result.episodes):
+        raise typer.Exit(1)
+
+
+def _print_run(run_id: str, store: str | None) -> None:
+    from cleanroom.report import episodes_table, summary_table
+
+    with Ledger() as ledger:
+        st = open_store(store)
+        out.print(episodes_table(run_id, ledger, st))
+        out.print(summary_table(run_id, ledger, st))
+    out.print(f"run id: [bold]{run_id}[/]   store: {st.run_uri(run_id)}")
+
+
+@app.command()
+def status(
+    run_id: Annotated[str, typer.Argument(help="the run to show")],
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """Counts per outcome and one row per episode of a run."""
+    with Ledger() as ledger:
+        if ledger.get_run(run_id) is None:
+            err.print(f"[red]error:[/] no run {run_id!r} in {paths.ledger_path()}")
+            raise typer.Exit(2)
+    _print_run(run_id, store)
+
+
+@app.command()
+def runs() -> None:
+    """List runs, newest first."""
+    from rich.table import Table
+
+    table = Table("run id", "status", "driver", "baseline", "episodes")
+    with Ledger() as ledger:
+        for r in ledger.list_runs():
+            counts = ledger.outcome_counts(r.run_id)
+            table.add_row(
+                r.run_id,
+                r.status or "",
+                r.driver or "",
+                (r.baseline or "")[:19],
+                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            )
+    out.print(table)
+
+
+@app.command()
+def ps(driver: Annotated[str, typer.Option(help="qemu | fake")] = "qemu") -> None:
+    """Live environments: what the ledger says, and what the host really has."""
+    import time
+
+    from rich.table import Table
+
+    from cleanroom.drivers import get_driver
+
+    on_host = set(get_driver(driver).list_owned())
+    table = Table("env id", "age", "episode", "run", "owner pid", "on host")
+    with Ledger() as ledger:
+        rows = ledger.envs(live_only=True)
+    for row in rows:
+        age = time.time() - (row.intent_at or time.time())
+        table.add_row(
+            row.env_id,
+            f"{age:.0f}s",
+            row.episode_id or "",
+            row.run_id or "",
+            str(row.owner_pid or ""),
+            "yes" if row.env_id in on_host else "no",
+        )
+    for env_id in sorted(on_host - {r.env_id for r in rows}):
+        table.add_row(env_id, "?", "(not in ledger)", "", "", "yes")
+    out.print(table)
+
+
+@app.command()
+def reap(
+    driver: Annotated[str, typer.Option(help="qemu | fake")] = "qemu",
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """Destroy every env whose controller is gone; mark its unfinished episode infra_error."""
+    from cleanroom.drivers import get_driver
+    from cleanroom.reaper import reap as reap_orphans
+
+    with Ledger() as ledger:
+        report = asyncio.run(reap_orphans(get_driver(driver), ledger, open_store(store)))
+    for env_id in report.destroyed:
+        out.print(f"reaped {env_id} (confirmed absent)")
+    for run_id, eid, attempt in report.episodes_marked:
+        out.print(f"marked {run_id}/{eid} attempt {attempt} infra_error (controller lost)")
+    if report.failed:
+        err.print(f"[bold red]ALERT[/]: still present after destroy: {', '.join(report.failed)}")
+        raise typer.Exit(3)
+    if not report.destroyed:
+        out.print("nothing to reap")
+
+
+@app.command()
+def inspect(
+    episode_id: Annotated[str, typer.Argument(help="episode id")],
+    run_id: Annotated[str | None, typer.Option(help="the run (default: latest with it)")] = None,
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """Print an episode's durable result record (with its provenance)."""
+    st = open_store(store)
+    with Ledger() as ledger:
+        candidates = [run_id] if run_id else [r.run_id for r in ledger.list_runs()]
+    for rid in candidates:
+        record: dict[str, Any] | None = st.get_record(rid, episode_id)
+        if record is not None:
+            out.print_json(json.dumps(record))
+            return
+    err.print(f"[red]error:[/] no durable record for {episode_id!r}")
+    raise typer.Exit(2)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    try:
+        app()
+    except CleanroomError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)

@@ -1,0 +1,102 @@
+"""Live progress of a run (and of a baseline build) on the terminal.
+
+On a TTY: a rich progress bar with done / running / queued / failed counts and an ETA. In CI
+(``CI=true``) or when stderr is not a terminal: one plain line per event, nothing animated.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+FAILED = {"episode_error", "timeout", "cancelled", "env_crashed", "infra_error", "export_failed"}
+
+
+class RunProgress:
+    """Receives controller events; renders them live or as plain lines."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = console.is_terminal and os.environ.get("CI", "").lower() not in ("1", "true")
+        self.total = self.done = self.running = self.failed = 0
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._start = time.monotonic()
+
+    def __enter__(self) -> RunProgress:
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]episodes"),
+                BarColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def build_step(self, step: str, detail: str) -> None:
+        """Progress callback of a baseline build."""
+        self.console.print(f"[dim]baseline[/] {step}: {detail}", highlight=False)
+
+    def _line(self, text: str) -> None:
+        elapsed = time.monotonic() - self._start
+        self.console.print(f"[dim]{elapsed:7.1f}s[/] {text}", highlight=False)
+
+    def _refresh(self) -> None:
+        queued = self.total - self.done - self.running
+        desc = (
+            f"{self.done}/{self.total} done · {self.running} running · {queued} queued · "
+            f"{self.failed} failed"
+        )
+        if self._progress is not None:
+            self._progress.update(
+                self._task, total=self.total, completed=self.done, description=desc
+            )
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "run_started":
+            self.total = data["total"]
+            skipped = f" ({data['skipped']} already durable, skipped)" if data["skipped"] else ""
+            self._line(f"run {data['run_id']}: {self.total} episodes{skipped}")
+        elif kind == "episode_started":
+            self.running += 1
+            if not self.live:
+                self._line(
+                    f"start  {data['episode_id']} (attempt {data['attempt']}) on {data['env_id']}"
+                )
+        elif kind == "episode_finished":
+            self.running -= 1
+            self.done += 1
+            self.failed += data["outcome"] in FAILED
+            reward = "" if data.get("reward") is None else f" reward={data['reward']:g}"
+            cleanup = (
+                ""
+                if data.get("cleanup_ms") is None
+                else f" destroyed in {data['cleanup_ms']:.0f} ms"
+            )
+            line = f"{data['outcome']:<13} {data['episode_id']}{reward}{cleanup}"
+            if data.get("error") and data["outcome"] != "completed":
+                line += f" [dim]({str(data['error'])[:120]})[/]"
+            if self._progress is not None:
+                self._progress.console.print(line, highlight=False)
+            else:
+                self._line(line)
+        elif kind == "alert":
+            self._line(f"[bold red]ALERT[/] {data['message']}")
+        self._refresh()
