@@ -1,0 +1,34 @@
+# cleanroom developer tasks. Every target sets up (or checks) .venv first; see scripts/setup.sh.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: all setup demo test lint bench clean distclean
+
+all: test
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/cleanroom run examples/cartpole/manifests.jsonl --baseline examples/cartpole/baseline.toml --parallel 2
+
+test: setup
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/lifecycle.py
+
+# Build and cache leftovers; keeps .venv (distclean removes it too).
+clean:
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache bench/tmp src/*.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
