@@ -1,0 +1,30 @@
+"""The chaos suite prints a fault x result table at the end of the session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+FAULT_TABLE: list[tuple[str, str, str]] = []  # (fault, expected, observed)
+
+
+def record_fault(fault: str, expected: str, observed: str) -> None:
+    FAULT_TABLE.append((fault, expected, observed))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FAULT_TABLE:
+        return
+    tr = terminalreporter
+    tr.section("chaos: fault x result")
+    width = max(len(f) for f, _, _ in FAULT_TABLE)
+    tr.write_line(f"{'fault':<{width}}  {'expected':<32} observed")
+    for fault, expected, observed in FAULT_TABLE:
+        mark = "ok " if expected == observed else "BAD"
+        tr.write_line(f"{fault:<{width}}  {expected:<32} {observed}  [{mark}]")
+
+
+@pytest.fixture
+def fault_table() -> Any:
+    return record_fault

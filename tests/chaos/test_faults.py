@@ -1,0 +1,285 @@
+"""Chaos on real VMs: inject a fault, then check the invariants that must survive it.
+
+After every fault: each episode has exactly one outcome, no durable record is lost or doubled,
+and no QEMU process, run folder or socket of the run remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom import paths
+from cleanroom.baseline.model import Baseline
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.errors import ExportError
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.store import LocalStore
+
+from .conftest import record_fault
+
+pytestmark = pytest.mark.vm
+
+
+def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:
+    limits = task.pop("limits", {})
+    return Manifest.model_validate(
+        {"episode_id": eid, "seed": seed, "policy": {"id": "chaos"}, "task": task, "limits": limits}
+    )
+
+
+class Rig:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.ledger = Ledger(tmp / "ledger.db")
+        self.store = LocalStore(tmp / "store")
+        self.driver = QemuDriver()
+        self.ctl = Controller(
+            self.driver,
+            self.ledger,
+            self.store,
+            options=RunOptions(parallel=2, cleanup_window_s=30, staging_dir=tmp / "staging"),
+        )
+
+    def invariants(self, run_id: str) -> None:
+        rows = self.ledger.episodes(run_id)
+        assert all(r.outcome is not None for r in rows), rows
+        for env in self.ledger.envs(run_id=run_id):
+            assert env.confirmed_absent_at is not None, env
+            assert not self.driver.exists(env.env_id)
+        records = list((self.tmp / "store" / "runs" / run_id / "episodes").glob("*/result.json"))
+        assert len(records) == len({p.parent.name for p in records})
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path)
+    yield rig
+    rig.ledger.close()
+
+
+async def test_guest_side_faults(rig: Rig, tiny_baseline: Baseline) -> None:
+    """Panic, a killed agent, garbage on the channel, an escaping artifact, a hang."""
+    batch = [
+        manifest("panic", mode="panic"),
+        manifest("kill-agent", mode="kill-agent"),
+        manifest("garbage", mode="garbage"),
+        manifest("evil", mode="evil-artifact"),
+        manifest("hang", mode="sleep", seconds=600, limits={"timeout_s": 3}),
+        manifest("control", mode="ok"),
+    ]
+    result = await rig.ctl.run(batch, tiny_baseline, run_id="chaos-guest")
+    got = {e.episode_id: e for e in result.episodes}
+    expected = {
+        "panic": "env_crashed",
+        "kill-agent": "env_crashed",
+        "garbage": "episode_error",
+        "evil": "episode_error",
+        "hang": "timeout",
+        "control": "completed",
+    }
+    for eid, want in expected.items():
+        record_fault(f"guest: {eid}", want, got[eid].outcome.value)
+    assert {k: v.outcome.value for k, v in got.items()} == expected
+    assert "ProtocolError" in (got["garbage"].error or "")
+    assert "UnsafePath" in (got["evil"].error or "")
+    assert not (rig.tmp / "escape").exists() and not (rig.tmp / "staging" / "escape").exists()
+    panic_logs = rig.tmp / "store/runs/chaos-guest/episodes/panic/attempts/1/logs/console.log"
+    assert b"Kernel panic" in panic_logs.read_bytes()
+    rig.invariants("chaos-guest")
+
+
+async def test_qemu_sigkilled_mid_episode(rig: Rig, tiny_baseline: Baseline) -> None:
+    async def killer() -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            for env in rig.ledger.envs(run_id="chaos-kill"):
+                if env.ready_at is not None and env.pid:
+                    os.killpg(env.pid, signal.SIGKILL)
+                    return
+
+    task = asyncio.create_task(killer())
+    result = await rig.ctl.run(
+        [manifest("victim", mode="sleep", seconds=120)], tiny_baseline, run_id="chaos-kill"
+    )
+    task.cancel()
+    record_fault("SIGKILL of QEMU", "env_crashed", result.episodes[0].outcome.value)
+    assert result.episodes[0].outcome.value == "env_crashed"
+    rig.invariants("chaos-kill")
+
+
+async def test_store_that_raises(rig: Rig, tiny_baseline: Baseline) -> None:
+    def broken(*a: object, **k: object) -> bool:
+        raise ExportError("simulated backend outage")
+
+    rig.store.put_record = broken  # type: ignore[method-assign]
+    result = await rig.ctl.run([manifest("x", mode="ok")], tiny_baseline, run_id="chaos-store")
+    record_fault("store raises on write", "export_failed", result.episodes[0].outcome.value)
+    assert result.episodes[0].outcome.value == "export_failed"
+    rig.invariants("chaos-store")
+
+
+async def test_full_disk_under_the_store(rig: Rig, tiny_baseline: Baseline) -> None:
+    mnt = rig.tmp / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        rig.ctl.store = store = LocalStore(mnt)
+        ok = manifest("fits", mode="ok")
+        big = manifest("too-big", mode="big", bytes=4 * 1024 * 1024)
+        first = await rig.ctl.run([ok], tiny_baseline, run_id="chaos-disk")
+        second = await rig.ctl.run([big], tiny_baseline, run_id="chaos-disk")
+        record_fault("full disk under the store", "export_failed", second.episodes[0].outcome.value)
+        assert first.episodes[0].outcome.value == "completed"
+        assert second.episodes[0].outcome.value == "export_failed"
+        assert "ENOSPC" in (second.episodes[0].error or "")
+        assert store.get_record("chaos-disk", "fits") is not None  # earlier evidence intact
+        assert store.get_record("chaos-disk", "too-big") is None
+        rig.invariants("chaos-disk")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# -- the controller itself dies --------------------------------------------------------------------
+
+
+def _write_manifests(path: Path, items: list[Manifest]) -> None:
+    path.write_text("".join(json.dumps(m.model_dump(mode="json")) + "\n" for m in items))
+
+
+def _cli(args: list[str], tmp: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cleanroom", *args, "--store", str(tmp / "store")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "CI": "true"},
+    )
+
+
+def _wait_running(run_id: str, count: int, timeout_s: float = 120) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with Ledger() as ledger:
+            if len([e for e in ledger.envs(run_id=run_id) if e.ready_at]) >= count:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{count} envs of {run_id} never became ready")
+
+
+def _no_qemu_of(run_id: str, *, processes_only: bool = False) -> list[str]:
+    """Envs of the run with anything left on the host (or only: with a process left)."""
+    with Ledger() as ledger:
+        envs = ledger.envs(run_id=run_id)
+    driver = QemuDriver()
+    if processes_only:
+        return [e.env_id for e in envs if hostproc.pids_with_marker(e.env_id)]
+    return [e.env_id for e in envs if driver.exists(e.env_id)]
+
+
+def test_sigterm_of_the_controller_cancels_and_cleans(
+    tmp_path: Path, tiny_baseline: Baseline
+) -> None:
+    run_id = f"chaos-term-{os.getpid()}"
+    path = tmp_path / "m.jsonl"
+    _write_manifests(path, [manifest(f"t{i}", mode="sleep", seconds=300) for i in range(3)])
+    proc = _cli(
+        ["run", str(path), "--baseline", tiny_baseline.digest, "--run-id", run_id], tmp_path
+    )
+    _wait_running(run_id, 2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    with Ledger() as ledger:
+        outcomes = {r.episode_id: r.outcome for r in ledger.episodes(run_id)}
+    record_fault(
+        "SIGTERM of the controller",
+        "exit 130, cancelled",
+        f"exit {proc.returncode}, " + ",".join(sorted({str(o) for o in outcomes.values() if o})),
+    )
+    assert proc.returncode == 130, out.decode()
+    assert sorted(o for o in outcomes.values() if o) == ["cancelled", "cancelled"]
+    assert _no_qemu_of(run_id) == []
+
+
+def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Baseline) -> None:
+    run_id = f"chaos-kill9-{os.getpid()}"
+    path = tmp_path / "m.jsonl"
+    items = [
+        manifest("quick", mode="ok"),
+        manifest("slow1", mode="sleep", seconds=8),
+        manifest("slow2", mode="sleep", seconds=8),
+    ]
+    _write_manifests(path, items)
+    proc = _cli(
+        [
+            "run",
+            str(path),
+            "--baseline",
+            tiny_baseline.digest,
+            "--run-id",
+            run_id,
+            "--parallel",
+            "3",
+        ],
+        tmp_path,
+    )
+    store = LocalStore(tmp_path / "store")
+    end = time.monotonic() + 180
+    while store.get_record(run_id, "quick") is None and time.monotonic() < end:
+        time.sleep(0.1)
+    killed_at = time.monotonic()
+    proc.kill()
+    proc.wait()
+    while _no_qemu_of(run_id, processes_only=True) and time.monotonic() - killed_at < 10:
+        time.sleep(0.01)
+    deadman_s = time.monotonic() - killed_at
+    assert _no_qemu_of(run_id, processes_only=True) == [], "VMs outlived their controller"
+    # restart with the same run id: the lost attempts are reaped and run again
+    again = _cli(
+        [
+            "run",
+            str(path),
+            "--baseline",
+            tiny_baseline.digest,
+            "--run-id",
+            run_id,
+            "--parallel",
+            "3",
+        ],
+        tmp_path,
+    )
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out.decode()
+    with Ledger() as ledger:
+        latest = {r.episode_id: (r.attempt, r.outcome) for r in ledger.episodes(run_id)}
+        every = ledger.episodes(run_id, all_attempts=True)
+    assert latest["quick"] == (1, "completed")  # durable before the kill: not rerun
+    assert latest["slow1"][1] == latest["slow2"][1] == "completed"
+    lost = [r for r in every if r.attempt == 1 and r.episode_id != "quick"]
+    assert {r.outcome for r in lost} == {"infra_error"}
+    records = list((tmp_path / "store" / "runs" / run_id / "episodes").glob("*/result.json"))
+    assert sorted(p.parent.name for p in records) == ["quick", "slow1", "slow2"]
+    assert _no_qemu_of(run_id) == []  # the restart reaped the run folders too
+    assert all(
+        json.loads(p.read_text())["labels"].get("run_id") != run_id
+        for p in paths.run_dir().glob("qemu/env-*/owner.json")
+    )
+    record_fault(
+        "SIGKILL of the controller + resume",
+        "no VM left, resumed",
+        f"VMs gone in {deadman_s * 1000:.0f} ms, resumed",
+    )
+    assert hostproc.env_ids_running().isdisjoint({r.env_id for r in every if r.env_id})
