@@ -34,7 +34,7 @@ from cleanroom.errors import (
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.reaper import reap
+from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome, parse_guest_result
 from cleanroom.store import Store
 
@@ -130,7 +130,9 @@ class Controller:
         )
         todo = []
         for manifest in manifests:
-            if self.store.get_record(run_id, manifest.episode_id) is not None:
+            durable = self.store.get_record(run_id, manifest.episode_id)
+            if durable is not None:
+                reconcile_durable(self.ledger, durable)  # e.g. the last controller died after it
                 result.skipped.append(manifest.episode_id)
                 continue
             attempt = self.ledger.next_attempt(run_id, manifest.episode_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Driver
@@ -101,11 +102,33 @@ async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> Re
     return report
 
 
+def reconcile_durable(ledger: Ledger, record: dict[str, Any]) -> bool:
+    """Give the ledger the outcome of a durable record whose attempt it never saw finish."""
+    run_id, eid, attempt = record["run_id"], record["episode_id"], record["attempt"]
+    if _has_outcome(ledger, run_id, eid, attempt) is not False:
+        return False
+    error = (record.get("error") or {}).get("message")
+    ledger.episode_finished(
+        run_id, eid, attempt, outcome=record["outcome"], reward=record.get("reward"), error=error
+    )
+    ledger.event("episode_reconciled", run_id=run_id, episode_id=eid, attempt=attempt)
+    return True
+
+
+def _has_outcome(ledger: Ledger, run_id: str, eid: str, attempt: int) -> bool | None:
+    """True/False for a known attempt, None if the ledger has no such attempt."""
+    for row in ledger.episodes(run_id, all_attempts=True):
+        if row.episode_id == eid and row.attempt == attempt:
+            return row.outcome is not None
+    return None
+
+
 def _mark_lost(ledger: Ledger, store: Store | None, run_id: str, eid: str, attempt: int) -> bool:
-    if store is not None and store.get_record(run_id, eid) is not None:
-        return False  # durable: the evidence survived the controller
-    rows = [r for r in ledger.episodes(run_id, all_attempts=True) if r.episode_id == eid]
-    if any(r.attempt == attempt and r.outcome is not None for r in rows):
+    record = store.get_record(run_id, eid) if store is not None else None
+    if record is not None:  # durable: the evidence survived the controller
+        reconcile_durable(ledger, record)
+        return False
+    if _has_outcome(ledger, run_id, eid, attempt) is not False:
         return False
     ledger.episode_finished(
         run_id, eid, attempt, outcome=Outcome.INFRA_ERROR, error=CONTROLLER_LOST

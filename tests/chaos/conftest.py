@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-FAULT_TABLE: list[tuple[str, str, str]] = []  # (fault, expected, observed)
+FAULT_TABLE: list[tuple[str, str, str, str]] = []  # (fault, expected, observed, detail)
 
 
-def record_fault(fault: str, expected: str, observed: str) -> None:
-    FAULT_TABLE.append((fault, expected, observed))
+def record_fault(fault: str, expected: str, observed: str, detail: str = "") -> None:
+    FAULT_TABLE.append((fault, expected, observed, detail))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -18,11 +18,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     tr = terminalreporter
     tr.section("chaos: fault x result")
-    width = max(len(f) for f, _, _ in FAULT_TABLE)
-    tr.write_line(f"{'fault':<{width}}  {'expected':<32} observed")
-    for fault, expected, observed in FAULT_TABLE:
+    width = max(len(row[0]) for row in FAULT_TABLE)
+    tr.write_line(f"{'fault':<{width}}  {'expected':<24} {'observed':<24} ok?  detail")
+    for fault, expected, observed, detail in FAULT_TABLE:
         mark = "ok " if expected == observed else "BAD"
-        tr.write_line(f"{fault:<{width}}  {expected:<32} {observed}  [{mark}]")
+        tr.write_line(f"{fault:<{width}}  {expected:<24} {observed:<24} {mark}  {detail}")
 
 
 @pytest.fixture

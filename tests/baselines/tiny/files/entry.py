@@ -42,12 +42,21 @@ def probe(path):
 
 
 def control_port():
-    """The agent's virtio-serial port, opened for writing (as any root process in the guest can)."""
-    base = "/sys/class/virtio-ports"
-    for entry in os.listdir(base):
-        with open(f"{base}/{entry}/name") as f:
-            if f.read().strip() == "ctl":
-                return open(f"/dev/{entry}", "wb", buffering=0)
+    """The agent's own channel, stolen with pidfd_getfd (as any root process in the guest can).
+
+    A virtio port opens only once, so a compromised guest has to take the agent's descriptor.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    agent = os.getppid()
+    for fd in os.listdir(f"/proc/{agent}/fd"):
+        if os.readlink(f"/proc/{agent}/fd/{fd}").startswith("/dev/vport"):
+            pidfd = libc.syscall(434, agent, 0)  # pidfd_open
+            stolen = libc.syscall(438, pidfd, int(fd), 0)  # pidfd_getfd
+            if pidfd < 0 or stolen < 0:
+                raise OSError(ctypes.get_errno(), "pidfd_getfd failed")
+            return os.fdopen(stolen, "wb", buffering=0)
     raise RuntimeError("no control port")
 
 
