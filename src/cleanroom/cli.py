@@ -34,7 +34,7 @@ app = typer.Typer(
 )
 app.add_typer(baseline_app, name="baseline")
 err = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 
 
 def _fail(exc: CleanroomError) -> typer.Exit:

@@ -194,13 +194,20 @@ class QemuDriver(Driver):
         session = AgentSession(reader, writer)
         hello_task = asyncio.ensure_future(session.wait_hello())
         exit_task = asyncio.ensure_future(live.proc.wait())
-        done, _ = await asyncio.wait({hello_task, exit_task}, return_when=asyncio.FIRST_COMPLETED)
-        if hello_task not in done:
-            hello_task.cancel()
+        try:
+            done, _ = await asyncio.wait(
+                {hello_task, exit_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if hello_task not in done:
+                raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
+            hello_task.result()
+        except BaseException:
             await session.aclose()
-            raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
-        exit_task.cancel()
-        hello_task.result()
+            raise
+        finally:
+            for task in (hello_task, exit_task):
+                task.cancel()
+            await asyncio.gather(hello_task, exit_task, return_exceptions=True)
         return session
 
     async def destroy(self, env_id: str) -> DestroyReport:
