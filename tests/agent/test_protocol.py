@@ -13,7 +13,7 @@ from cleanroom.agent.protocol import BadFrame, Kind, TooLarge, encode, read_fram
 def test_round_trip_header_and_body() -> None:
     data = encode(Kind.FILE, {"name": "a/b.txt", "offset": 0, "eof": True}, b"\x00\xffbytes")
     frame = read_frame(io.BytesIO(data))
-    assert frame.kind is Kind.FILE
+    assert frame.kind == Kind.FILE
     assert frame.header == {"name": "a/b.txt", "offset": 0, "eof": True}
     assert frame.body == b"\x00\xffbytes"
 

@@ -142,7 +142,7 @@ class AgentSession:
         return Frame(kind, header, body)
 
     async def _send(
-        self, kind: Kind, header: dict[str, Any] | None = None, body: bytes = b""
+        self, kind: int, header: dict[str, Any] | None = None, body: bytes = b""
     ) -> None:
         try:
             self._writer.write(protocol.encode(kind, header, body))
@@ -154,7 +154,7 @@ class AgentSession:
         """Wait for the agent's HELLO (no silence timeout: the caller bounds the boot)."""
         frame = await self._read_frame()
         if frame.kind != Kind.HELLO:
-            raise ProtocolError(f"expected HELLO, got {frame.kind.name}")
+            raise ProtocolError(f"expected HELLO, got {protocol.kind_name(frame.kind)}")
         self.hello = frame.header
         return self.hello
 
@@ -167,7 +167,7 @@ class AgentSession:
             await self._send(Kind.PING, {"t": start})
             frame = await self._read()
             if frame.kind != Kind.PONG:
-                raise ProtocolError(f"expected PONG, got {frame.kind.name}")
+                raise ProtocolError(f"expected PONG, got {protocol.kind_name(frame.kind)}")
             return time.perf_counter() - start
 
     async def exec(
@@ -195,14 +195,14 @@ class AgentSession:
                 elif frame.kind == Kind.DONE:
                     return result
                 else:
-                    raise ProtocolError(f"unexpected {frame.kind.name} during exec")
+                    raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during exec")
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         async with self._lock:
             await self._send(Kind.PUT, {"path": path, "mode": mode}, data)
             frame = await self._read()
             if frame.kind != Kind.OK:
-                raise ProtocolError(f"expected OK, got {frame.kind.name}")
+                raise ProtocolError(f"expected OK, got {protocol.kind_name(frame.kind)}")
 
     async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
         async with self._lock:
@@ -219,7 +219,7 @@ class AgentSession:
                 elif frame.kind == Kind.DONE:
                     return bytes(data)
                 else:
-                    raise ProtocolError(f"unexpected {frame.kind.name} during get")
+                    raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during get")
 
     async def shutdown(self) -> None:
         """Ask the guest to power off (best effort; destroy does not depend on it)."""
@@ -291,7 +291,9 @@ class _EpisodeCollector:
                     elif frame.kind == Kind.DONE:
                         break
                     else:
-                        raise ProtocolError(f"unexpected {frame.kind.name} during an episode")
+                        raise ProtocolError(
+                            f"unexpected {protocol.kind_name(frame.kind)} during an episode"
+                        )
             finally:
                 for fd, _ in self.files.values():
                     os.close(fd)

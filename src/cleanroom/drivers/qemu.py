@@ -37,7 +37,8 @@ CONSOLE_TAIL_BYTES = 64 * 1024
 GRACE_S = 0.1
 GUEST_CMDLINE = (
     "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable tsc_early_khz={khz} "
-    "cryptomgr.notests random.trust_cpu=on mitigations=off nokaslr 8250.nr_uarts=1"
+    "cryptomgr.notests random.trust_cpu=on mitigations=off nokaslr 8250.nr_uarts=1 "
+    "initcall_blacklist=init_kprobe_trace,load_system_certificate_list"
 )
 
 
