@@ -1,0 +1,130 @@
+"""The command line, end to end with the fake driver (real agent, real controller, no VM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cleanroom.drivers import hostproc
+from cleanroom.ledger import Ledger
+
+from .conftest import make_fake_baseline
+
+
+def cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CLEANROOM_HOME": str(home), "CI": "true"}
+    return subprocess.run(
+        [sys.executable, "-m", "cleanroom", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def write(path: Path, *items: dict[str, object]) -> Path:
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+def ep(eid: str, seed: int = 1, **task: object) -> dict[str, object]:
+    return {"episode_id": eid, "seed": seed, "policy": {"id": "p"}, "task": task}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_run_status_inspect(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    manifests = write(home / "m.jsonl", ep("a", 2), ep("b", 4, mode="fail"))
+    proc = cli(
+        home,
+        "run",
+        str(manifests),
+        "--baseline",
+        baseline.digest[:19],
+        "--driver",
+        "fake",
+        "--run-id",
+        "r1",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "completed" in proc.stdout and "episode_error" in proc.stdout
+    status = cli(home, "status", "r1")
+    assert status.returncode == 0 and "episode_error" in status.stdout
+    record = json.loads(cli(home, "inspect", "a", "--run-id", "r1").stdout)
+    assert record["reward"] == 1.0 and record["provenance"]["baseline"] == baseline.digest
+    assert cli(home, "status", "nope").returncode == 2
+
+
+def test_bad_manifest_is_exit_2_and_nothing_runs(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    manifests = home / "m.jsonl"
+    manifests.write_text('{"episode_id": "a", "seed": -3, "policy": {"id": "p"}}\n')
+    proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
+    assert proc.returncode == 2
+    assert "line 1: seed" in proc.stderr
+    assert not (home / "ledger.db").exists() or Ledger(home / "ledger.db").list_runs() == []
+
+
+def test_unknown_baseline_is_a_clean_error(home: Path) -> None:
+    manifests = write(home / "m.jsonl", ep("a"))
+    proc = cli(home, "run", str(manifests), "--baseline", "sha256:" + "ab" * 32, "--driver", "fake")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "error" in proc.stderr
+
+
+def test_ctrl_c_destroys_everything_and_exits_130(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    manifests = write(home / "m.jsonl", *[ep(f"s{i}", mode="sleep", seconds=120) for i in range(3)])
+    env = {**os.environ, "CLEANROOM_HOME": str(home), "CI": "true"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cleanroom",
+            "run",
+            str(manifests),
+            "--baseline",
+            baseline.digest,
+            "--driver",
+            "fake",
+            "--run-id",
+            "rc",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (home / "ledger.db").exists():
+            with Ledger(home / "ledger.db") as ledger:
+                if len([e for e in ledger.envs(run_id="rc") if e.ready_at]) == 2:
+                    break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    with Ledger(home / "ledger.db") as ledger:
+        envs = ledger.envs(run_id="rc")
+        outcomes = [r.outcome for r in ledger.episodes("rc") if r.outcome]
+    assert len(envs) == 2 and all(e.confirmed_absent_at for e in envs)
+    assert outcomes == ["cancelled", "cancelled"]
+    assert not any(hostproc.pids_with_marker(e.env_id) for e in envs)
+
+
+def test_reap_with_nothing_to_do(home: Path) -> None:
+    proc = cli(home, "reap", "--driver", "fake")
+    assert proc.returncode == 0 and "nothing to reap" in proc.stdout
