@@ -204,3 +204,48 @@ async def test_parallel_limit_is_respected(h: Harness) -> None:
     result = await h.ctl.run([manifest(f"e{i}") for i in range(5)], h.baseline, run_id="r9")
     assert result.counts() == {"completed": 5}
     assert peak == 2
+
+
+async def test_secrets_reach_the_guest_and_no_stored_byte_holds_them(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = "hf_Sup3rSecretTokenValue"
+    monkeypatch.setenv("HF_TOKEN", value)
+    m = Manifest.model_validate(
+        {
+            "episode_id": "s",
+            "seed": 1,
+            "policy": {"id": "p"},
+            "secrets": ["HF_TOKEN"],
+            "task": {"mode": "leak", "secret": "HF_TOKEN"},
+        }
+    )
+    result = await h.ctl.run([m], h.baseline, run_id="rs")
+    assert result.episodes[0].outcome is Outcome.COMPLETED, result.episodes[0].error
+    record = h.store.get_record("rs", "s")
+    assert record is not None
+    assert record["info"]["file_matches"] is True  # the guest really had it, as a file too
+    assert record["info"]["leak"] == "[REDACTED:HF_TOKEN]"
+    assert record["secrets"]["names"] == ["HF_TOKEN"]
+    assert record["secrets"]["redactions"]["HF_TOKEN"] >= 4  # stdout, stderr, artifact, record
+    stored = [p for p in (h.tmp / "store").rglob("*") if p.is_file()]
+    assert stored and not [p for p in stored if value.encode() in p.read_bytes()]
+    assert value.encode() not in (h.tmp / "ledger.db").read_bytes()
+    for wal in h.tmp.glob("ledger.db*"):
+        assert value.encode() not in wal.read_bytes()
+    delivered = h.ledger.events("rs", kind="secrets_delivered")
+    assert delivered and delivered[0].data["names"] == ["HF_TOKEN"]
+
+
+async def test_a_missing_secret_refuses_the_run(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cleanroom.errors import ConfigError
+
+    monkeypatch.delenv("ABSENT_TOKEN", raising=False)
+    m = Manifest.model_validate(
+        {"episode_id": "s", "seed": 1, "policy": {"id": "p"}, "secrets": ["ABSENT_TOKEN"]}
+    )
+    with pytest.raises(ConfigError, match="ABSENT_TOKEN"):
+        await h.ctl.run([m], h.baseline, run_id="rs2")
+    assert h.ledger.envs(run_id="rs2") == []

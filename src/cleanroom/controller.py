@@ -26,6 +26,7 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import (
     CleanroomError,
+    DriftError,
     EnvCrashed,
     LaunchError,
     ProtocolError,
@@ -36,6 +37,8 @@ from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
+from cleanroom.secrets import resolve as resolve_secrets
 from cleanroom.store import Store
 
 EventHook = Callable[[str, dict[str, Any]], None]
@@ -94,8 +97,10 @@ class Controller:
         *,
         options: RunOptions | None = None,
         on_event: EventHook | None = None,
+        secret_provider: SecretProvider | None = None,
     ) -> None:
         self.driver = driver
+        self.secret_provider = secret_provider or EnvSecrets()
         self.ledger = ledger
         self.store = store
         self.options = options or RunOptions()
@@ -114,7 +119,13 @@ class Controller:
         self, manifests: list[Manifest], baseline: Baseline, *, run_id: str | None = None
     ) -> RunResult:
         """Run every manifest not yet durable in ``run_id``; returns when all have ended."""
-        baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
+        try:
+            baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
+        except DriftError as exc:
+            self._emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
+            raise
+        names = sorted({s.name for m in manifests for s in m.secrets})
+        resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
         reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
         if reaped.destroyed or reaped.failed:
             self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
@@ -196,6 +207,7 @@ class Controller:
         error: str | None = "not started"
         output: EpisodeOutput | None = None
         env: Env | None = None
+        redactor: Redactor | None = None
         episode = EpisodeResult(eid, attempt, outcome)
         self._emit("episode_started", episode_id=eid, attempt=attempt, env_id=env_id)
         cancelled = False
@@ -212,6 +224,8 @@ class Controller:
                 owner_host=self.owner.host,
             )
             baseline_store.quick_check(baseline)
+            values = resolve_secrets(self.secret_provider, [s.name for s in manifest.secrets])
+            redactor = Redactor(values)
             env = await self.driver.create(self._request(env_id, baseline, limits, run_id, eid))
             clock.lap("provision_s")
             self.ledger.env_created(
@@ -221,9 +235,18 @@ class Controller:
                 accelerator=env.info.accelerator,
             )
             self.ledger.env_ready(env_id)
+            self._emit("env_ready", episode_id=eid, env_id=env_id, start="cold", **clock.phases)
             self.ledger.episode_state(run_id, eid, attempt, "RUNNING", env_id=env_id)
+            if values:
+                self.ledger.event(
+                    "secrets_delivered",
+                    run_id=run_id,
+                    episode_id=eid,
+                    env_id=env_id,
+                    names=sorted(values),
+                )  # names, never values
             outcome, error, output = await self._run_in_env(
-                env, manifest, baseline, limits, staging
+                env, manifest, baseline, limits, staging, values
             )
             clock.lap("run_s")
         except asyncio.CancelledError:
@@ -232,28 +255,29 @@ class Controller:
         except LaunchError as exc:
             outcome, error = Outcome.INFRA_ERROR, f"launch failed: {exc}"
         except CleanroomError as exc:
+            if isinstance(exc, DriftError):
+                self._emit("drift_refused", episode_id=eid, digest=exc.digest, drifted=exc.drifted)
             outcome, error = Outcome.INFRA_ERROR, f"{type(exc).__name__}: {exc}"
         except OSError as exc:
             outcome, error = Outcome.INFRA_ERROR, f"host error: {exc}"
-        try:
-            await asyncio.shield(
-                self._finish(
-                    run_id,
-                    manifest,
-                    attempt,
-                    baseline,
-                    env,
-                    env_id,
-                    staging,
-                    clock,
-                    outcome,
-                    error,
-                    output,
-                    episode,
-                )
+        finish = asyncio.ensure_future(
+            self._finish(
+                run_id,
+                manifest,
+                attempt,
+                baseline,
+                env,
+                env_id,
+                staging,
+                clock,
+                outcome,
+                error,
+                output,
+                episode,
+                redactor,
             )
-        except asyncio.CancelledError:
-            cancelled = True
+        )
+        cancelled = await _until_done(finish) or cancelled
         if cancelled:
             raise asyncio.CancelledError
         return episode
@@ -272,9 +296,12 @@ class Controller:
         error: str | None,
         output: EpisodeOutput | None,
         episode: EpisodeResult,
+        redactor: Redactor | None,
     ) -> None:
         """Export the evidence, destroy the env, write the ledger. Runs shielded."""
         eid = manifest.episode_id
+        if redactor and error:
+            error = redactor.redact_text(error)  # errors reach the ledger and the terminal
         try:
             self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
             diagnostics = env.diagnostics() if env is not None else {}
@@ -294,6 +321,7 @@ class Controller:
                         output,
                         diagnostics,
                         clock,
+                        redactor,
                     )
                     episode.record = record
                     episode.reward = record.get("reward")
@@ -309,6 +337,7 @@ class Controller:
                         error,
                         output,
                         diagnostics,
+                        redactor,
                     )
             except StoreError as exc:
                 outcome, error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
@@ -329,6 +358,10 @@ class Controller:
                 reward=episode.reward,
                 error=error,
                 cleanup_ms=episode.destroy.elapsed_ms if episode.destroy else None,
+                env_id=env_id,
+                destroy_attempts=episode.destroy.attempts if episode.destroy else None,
+                confirmed_absent=episode.destroy.confirmed_absent if episode.destroy else None,
+                timings=dict(clock.phases),
             )
 
     async def _run_in_env(
@@ -338,7 +371,9 @@ class Controller:
         baseline: Baseline,
         limits: ResolvedLimits,
         staging: Path,
+        secret_values: dict[str, str],
     ) -> tuple[Outcome, str | None, EpisodeOutput | None]:
+        lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
         request = {
             "manifest": manifest.guest_view(),
             "entrypoint": list(baseline.entrypoint),
@@ -346,7 +381,10 @@ class Controller:
             "env": {
                 "CLEANROOM_EPISODE_ID": manifest.episode_id,
                 "CLEANROOM_SEED": str(manifest.seed),
+                **secret_values,
             },
+            "secret_files": secret_values,
+            "secret_lifetimes": lifetimes,
         }
         quota = limits.output_quota_mib * 1024 * 1024
         try:
@@ -424,12 +462,34 @@ class Controller:
             self.ledger.event(
                 "env_leaked", run_id=run_id, episode_id=eid, env_id=env_id, detail=report.detail
             )
-            self._emit("alert", message=f"env {env_id} still present after cleanup window")
+            self._emit(
+                "alert",
+                message=f"env {env_id} still present after cleanup window",
+                env_id=env_id,
+                episode_id=eid,
+            )
         with contextlib.suppress(StoreError):
             self.store.put_bytes(
                 run_id, eid, f"attempts/{attempt}/destroy.json", _destroy_json(report)
             )
         return report
+
+
+async def _until_done(task: asyncio.Future[None]) -> bool:
+    """Await ``task`` to the end, even through repeated cancellation; True if we were cancelled.
+
+    Cleanup must not be abandoned: asyncio.run() cancels every task left when the main task
+    ends, so a cancelled episode keeps waiting here until its env is confirmed destroyed.
+    """
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            return cancelled
+        except asyncio.CancelledError:
+            cancelled = True
+            if task.done():
+                return cancelled
 
 
 class _Clock:

@@ -12,17 +12,53 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cleanroom import __version__
-from cleanroom.agent.session import EpisodeOutput
-from cleanroom.baseline.model import Baseline
+from cleanroom.agent.session import Artifact, EpisodeOutput
+from cleanroom.baseline.model import Baseline, sha256_file
 from cleanroom.errors import ExportError
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome, cleanroom_revision, host_facts, parse_guest_result
+from cleanroom.secrets import Redactor
 from cleanroom.store import Store
 
 if TYPE_CHECKING:
     from cleanroom.controller import _Clock
 
 RECORD_VERSION = 1
+
+
+def redact_output(
+    output: EpisodeOutput | None, diagnostics: dict[str, bytes], redactor: Redactor | None
+) -> dict[str, bytes]:
+    """Replace secret values in everything staged (files in place); return clean diagnostics."""
+    if not redactor:
+        return diagnostics
+    if output is not None:
+        for path in (output.stdout_path, output.stderr_path):
+            if path is not None and path.exists():
+                redactor.file(path)
+        artifacts = []
+        for artifact in output.artifacts:
+            redactor.file(artifact.path)
+            artifacts.append(
+                Artifact(
+                    artifact.name,
+                    artifact.path.stat().st_size,
+                    sha256_file(artifact.path),
+                    artifact.path,
+                )
+            )
+        output.artifacts = artifacts
+        if output.result_raw is not None:
+            output.result_raw = redactor.redact(output.result_raw)
+    return {name: redactor.redact(data) for name, data in diagnostics.items()}
+
+
+def secrets_summary(manifest: Manifest, redactor: Redactor | None) -> dict[str, Any]:
+    """Names and redaction counts only: a value never enters a record."""
+    return {
+        "names": [s.name for s in manifest.secrets],
+        "redactions": dict(redactor.counts) if redactor else {},
+    }
 
 
 def _put_logs(
@@ -58,9 +94,12 @@ def export_episode(
     output: EpisodeOutput,
     diagnostics: dict[str, bytes],
     clock: _Clock,
+    redactor: Redactor | None = None,
 ) -> dict[str, Any]:
     """Write artifacts, logs, then the record. Raises StoreError; returns the record."""
     eid = manifest.episode_id
+    diagnostics = redact_output(output, diagnostics, redactor)
+    error = redactor.redact_text(error) if redactor and error else error
     artifacts = []
     for artifact in output.artifacts:
         stored = store.put_file(run_id, eid, f"artifacts/{artifact.name}", artifact.path)
@@ -94,6 +133,7 @@ def export_episode(
         "error": {"message": error} if error else None,
         "artifacts": artifacts,
         "logs": logs,
+        "secrets": secrets_summary(manifest, redactor),
         "provenance": {
             "baseline": baseline.digest,
             "baseline_name": baseline.name,
@@ -124,9 +164,12 @@ def export_attempt(
     error: str | None,
     output: EpisodeOutput | None,
     diagnostics: dict[str, bytes],
+    redactor: Redactor | None = None,
 ) -> None:
     """Keep the diagnostics of an attempt that did not reach a final outcome."""
     eid = manifest.episode_id
+    diagnostics = redact_output(output, diagnostics, redactor)
+    error = redactor.redact_text(error) if redactor and error else error
     prefix = f"attempts/{attempt}/"
     logs = _put_logs(store, run_id, eid, prefix, output, diagnostics)
     summary = {
@@ -136,5 +179,6 @@ def export_attempt(
         "outcome": outcome.value,
         "error": error,
         "logs": logs,
+        "secrets": secrets_summary(manifest, redactor),
     }
     store.put_bytes(run_id, eid, prefix + "attempt.json", json.dumps(summary, indent=1).encode())

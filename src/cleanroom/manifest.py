@@ -64,6 +64,15 @@ class Policy(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class SecretRef(BaseModel):
+    """A secret an episode needs, by name; its value comes from the controller's provider."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    lifetime_s: float | None = Field(default=None, gt=0, description="removed from the guest after")
+
+
 class Manifest(BaseModel):
     """One episode's unit of work."""
 
@@ -75,7 +84,7 @@ class Manifest(BaseModel):
     policy: Policy
     task: dict[str, Any] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
-    secrets: list[str] = Field(default_factory=list)
+    secrets: list[SecretRef] = Field(default_factory=list)
     network: dict[str, Any] | None = None
     output: str | None = Field(default=None, description="store URL or folder override")
 
@@ -87,6 +96,13 @@ class Manifest(BaseModel):
                 "must be 1-128 characters of letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
+        return value
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
 
     @field_validator("baseline")

@@ -5,12 +5,14 @@ It sets up the guest's pseudo file systems, finds the control port (a virtio-ser
 PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off.
 
 As PID 1 it forks: the parent only reaps orphans and powers off when the agent child ends; the
-child does the work. Outside a VM (the ``local`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
-a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/cleanroom``.
+child does the work. Outside a VM (the ``fake`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
+a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/cleanroom``; the
+``gvisor`` driver sets ``CLEANROOM_AGENT_SOCKET`` too (the agent is PID 1 of the sandbox).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,13 +55,18 @@ def prepare_guest_root() -> None:
 
 
 def power_off() -> None:
-    """Halt the VM at once (the host destroys it anyway; this just makes it quick)."""
-    try:
-        with open("/proc/sysrq-trigger", "w") as trigger:
-            trigger.write("o")
-    except OSError:
-        pass
-    time.sleep(5)
+    """Halt the VM at once (the host destroys it anyway; this just makes it quick).
+
+    In a sandbox (gVisor: the agent reaches the host over ``CLEANROOM_AGENT_SOCKET``) there is
+    no sysrq: PID 1 exiting ends the sandbox, so it just exits.
+    """
+    if not os.environ.get("CLEANROOM_AGENT_SOCKET"):
+        try:
+            with open("/proc/sysrq-trigger", "w") as trigger:
+                trigger.write("o")
+        except OSError:
+            pass
+        time.sleep(5)
     os._exit(0)
 
 
@@ -97,6 +104,7 @@ class Agent:
         self.stream = stream
         self.lock = threading.Lock()
         self.busy = threading.Event()
+        self.worker: threading.Thread | None = None
 
     def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         data = encode(kind, header, body)
@@ -133,11 +141,18 @@ class Agent:
                 self.send(Kind.PONG, {"t": frame.header.get("t")})
             elif frame.kind == Kind.SHUTDOWN:
                 return
-            elif self.busy.is_set():
+            elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:
                 self.busy.set()
-                threading.Thread(target=self.handle, args=(frame,), daemon=True).start()
+                self.worker = threading.Thread(target=self.handle, args=(frame,), daemon=True)
+                self.worker.start()
+
+    def wait_idle(self, timeout_s: float = 2.0) -> bool:
+        """Let a request that has sent its last frame finish (the host may already be ahead)."""
+        if self.worker is not None:
+            self.worker.join(timeout_s)
+        return not self.busy.is_set()
 
     def heartbeat(self) -> None:
         """While a request runs, tell the host we are alive (it treats silence as a crash)."""
@@ -250,19 +265,31 @@ class Agent:
         os.makedirs(root + "/secrets", mode=0o700, exist_ok=True)
         with open(root + "/manifest.json", "w") as f:
             json.dump(header["manifest"], f)
+        secret_paths = []
         for name, value in (header.get("secret_files") or {}).items():
-            fd = os.open(f"{root}/secrets/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            path = f"{root}/secrets/{name}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(value)
+            secret_paths.append(path)
+            lifetime = (header.get("secret_lifetimes") or {}).get(name)
+            if lifetime:
+                timer = threading.Timer(float(lifetime), _remove, args=(path,))
+                timer.daemon = True
+                timer.start()
         env = {"CLEANROOM_DIR": root, **(header.get("env") or {})}
-        self.run_process(
-            {
-                "argv": header["entrypoint"],
-                "env": env,
-                "cwd": header.get("cwd"),
-                "timeout_s": header.get("timeout_s"),
-            }
-        )
+        try:
+            self.run_process(
+                {
+                    "argv": header["entrypoint"],
+                    "env": env,
+                    "cwd": header.get("cwd"),
+                    "timeout_s": header.get("timeout_s"),
+                }
+            )
+        finally:
+            for path in secret_paths:  # a secret lives no longer than the entrypoint
+                _remove(path)
         for dirpath, dirnames, filenames in os.walk(root + "/out", followlinks=False):
             dirnames.sort()
             for filename in sorted(filenames):
@@ -277,6 +304,11 @@ class Agent:
         else:
             self.send(Kind.RESULT, {"present": False})
         self.send(Kind.DONE)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def serve_forever() -> None:

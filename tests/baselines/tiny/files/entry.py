@@ -10,6 +10,8 @@ Reads ``/run/cleanroom/manifest.json`` and acts on ``manifest["task"]["mode"]``:
   ``info["seen"]`` which of ``task["probe"]`` exist (each with its content if a file): proves
   one episode never sees another's files.
 - ``big``: writes the artifact ``out/big.bin`` of ``task["bytes"]`` bytes.
+- ``leak``: prints the secret named ``task["secret"]`` (from its environment variable) to stdout,
+  stderr, an artifact and the result record, and reports whether its file exists.
 - ``noresult``: exits 0 without writing result.json.
 - ``panic``: crashes the guest kernel (sysrq ``c``).
 - ``kill-agent``: SIGKILLs the guest agent (its channel closes).
@@ -108,6 +110,17 @@ def main():
 
     if mode in CHAOS:
         return CHAOS[mode]()
+    if mode == "leak":
+        name = task["secret"]
+        value = os.environ.get(name, "")
+        print(f"stdout leak {value}", flush=True)
+        print(f"stderr leak {value}", file=sys.stderr, flush=True)
+        with open(ROOT + "/out/leak.txt", "w") as f:
+            f.write(f"artifact leak {value}\n")
+        secret_file = ROOT + "/secrets/" + name
+        file_value = open(secret_file).read() if os.path.exists(secret_file) else None
+        write_result(1.0, {"leak": value, "file_matches": file_value == value != ""})
+        return 0
     if mode == "noresult":
         print("tiny: exiting without a result", flush=True)
         return 0
