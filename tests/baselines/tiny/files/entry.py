@@ -12,6 +12,8 @@ Reads ``/run/cleanroom/manifest.json`` and acts on ``manifest["task"]["mode"]``:
 - ``big``: writes the artifact ``out/big.bin`` of ``task["bytes"]`` bytes.
 - ``leak``: prints the secret named ``task["secret"]`` (from its environment variable) to stdout,
   stderr, an artifact and the result record, and reports whether its file exists.
+- ``net``: tries to reach the outside (TCP to addresses in ``task["targets"]``, DNS for
+  ``task["names"]``) and reports each attempt's error, plus the network interfaces it sees.
 - ``noresult``: exits 0 without writing result.json.
 - ``panic``: crashes the guest kernel (sysrq ``c``).
 - ``kill-agent``: SIGKILLs the guest agent (its channel closes).
@@ -62,6 +64,25 @@ def control_port():
     raise RuntimeError("no control port")
 
 
+def probe_network(task):
+    import socket
+
+    attempts = {}
+    for target in task.get("targets", []):
+        host, port = target.rsplit(":", 1)
+        try:
+            with socket.create_connection((host, int(port)), timeout=3):
+                attempts[target] = "connected"
+        except OSError as exc:
+            attempts[target] = f"{type(exc).__name__}: {exc}"
+    for name in task.get("names", []):
+        try:
+            attempts[name] = "resolved " + socket.gethostbyname(name)
+        except OSError as exc:
+            attempts[name] = f"{type(exc).__name__}: {exc}"
+    return {"attempts": attempts, "interfaces": sorted(os.listdir("/sys/class/net"))}
+
+
 def panic():
     with open("/proc/sysrq-trigger", "w") as f:
         f.write("c")
@@ -110,6 +131,9 @@ def main():
 
     if mode in CHAOS:
         return CHAOS[mode]()
+    if mode == "net":
+        write_result(0.0, probe_network(task))
+        return 0
     if mode == "leak":
         name = task["secret"]
         value = os.environ.get(name, "")

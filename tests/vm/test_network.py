@@ -1,0 +1,51 @@
+"""Network is off by default: the VM has no network device, so nothing gets out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.store import LocalStore
+
+pytestmark = pytest.mark.vm
+
+
+async def test_an_episode_cannot_connect_or_resolve(
+    tmp_path: Path, tiny_baseline: Baseline
+) -> None:
+    targets = ["1.1.1.1:53", "10.0.2.2:22", "127.0.0.1:22"]
+    manifest = Manifest.model_validate(
+        {
+            "episode_id": "net",
+            "seed": 1,
+            "policy": {"id": "p"},
+            "task": {"mode": "net", "targets": targets, "names": ["example.com", "localhost.x"]},
+        }
+    )
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ctl = Controller(
+            QemuDriver(),
+            ledger,
+            LocalStore(tmp_path / "store"),
+            options=RunOptions(parallel=1, staging_dir=tmp_path / "staging"),
+        )
+        result = await ctl.run([manifest], tiny_baseline, run_id="net")
+    record = result.episodes[0].record
+    assert record is not None, result.episodes[0].error
+    info = record["info"]
+    assert info["interfaces"] == ["lo"]  # no network device at all
+    assert set(info["attempts"]) == {
+        "1.1.1.1:53",
+        "10.0.2.2:22",
+        "127.0.0.1:22",
+        "example.com",
+        "localhost.x",
+    }
+    for what, outcome in info["attempts"].items():
+        assert not outcome.startswith(("connected", "resolved")), (what, outcome)
