@@ -128,3 +128,30 @@ def test_ctrl_c_destroys_everything_and_exits_130(home: Path) -> None:
 def test_reap_with_nothing_to_do(home: Path) -> None:
     proc = cli(home, "reap", "--driver", "fake")
     assert proc.returncode == 0 and "nothing to reap" in proc.stdout
+
+
+def test_secrets_from_a_file_are_delivered_and_redacted(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    value = "file-secret-0123456789"
+    (home / "vault.env").write_text(f"API_KEY={value}\n")
+    manifests = write(
+        home / "m.jsonl", {**ep("a", mode="leak", secret="API_KEY"), "secrets": ["API_KEY"]}
+    )
+    proc = cli(
+        home,
+        "run",
+        str(manifests),
+        "--baseline",
+        baseline.digest,
+        "--driver",
+        "fake",
+        "--run-id",
+        "rs",
+        "--secrets-from",
+        f"file:{home / 'vault.env'}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert value not in proc.stdout + proc.stderr
+    record = json.loads(cli(home, "inspect", "a", "--run-id", "rs").stdout)
+    assert record["info"]["file_matches"] is True
+    assert record["secrets"]["redactions"]["API_KEY"] >= 4

@@ -17,6 +17,7 @@ from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, load_manifests
+from cleanroom.secrets import provider_from
 from cleanroom.store import open_store
 
 
@@ -30,15 +31,24 @@ async def arun(
     driver: str = "qemu",
     options: RunOptions | None = None,
     on_event: EventHook | None = None,
+    secrets_from: str | None = None,
 ) -> RunResult:
-    """Run manifests (a list, or a JSON Lines file) on fresh environments of ``baseline``."""
+    """Run manifests (a list, or a JSON Lines file) on fresh environments of ``baseline``.
+
+    ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
+    """
     if not isinstance(manifests, list):
         manifests = load_manifests(Path(manifests))
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)
     with Ledger() as ledger:
         controller = Controller(
-            get_driver(driver), ledger, open_store(store), options=opts, on_event=on_event
+            get_driver(driver),
+            ledger,
+            open_store(store),
+            options=opts,
+            on_event=on_event,
+            secret_provider=provider_from(secrets_from),
         )
         return await controller.run(manifests, resolved, run_id=run_id)
 
