@@ -249,3 +249,21 @@ async def test_a_missing_secret_refuses_the_run(
     with pytest.raises(ConfigError, match="ABSENT_TOKEN"):
         await h.ctl.run([m], h.baseline, run_id="rs2")
     assert h.ledger.envs(run_id="rs2") == []
+
+
+async def test_fake_destroy_takes_the_entrypoints_whole_process_tree(h: Harness) -> None:
+    run = asyncio.create_task(
+        h.ctl.run([manifest("bg", mode="sleep", seconds=120)], h.baseline, run_id="rt")
+    )
+    while not [e for e in h.ledger.envs(run_id="rt") if e.ready_at]:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the entrypoint (its own session) is running now
+    [env] = h.ledger.envs(run_id="rt")
+    assert env.pid is not None
+    tree = hostproc.descendants(env.pid)
+    cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in tree]
+    assert any(b"entry.py" in c for c in cmdlines)  # the entrypoint, in its own session
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not [p for p in tree if hostproc.pid_alive(p)]

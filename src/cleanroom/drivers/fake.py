@@ -43,10 +43,23 @@ class FakeDriver(Driver):
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
     def describe(self) -> dict[str, str]:
-        return {"driver": self.name, "accelerator": "none", "isolation": "none"}
+        return {
+            "driver": self.name,
+            "accelerator": "none",
+            "accelerator_version": "none (host process)",
+            "isolation": "none",
+        }
 
     def run_dir(self, env_id: str) -> Path:
         return self.run_root / env_id
+
+    def guest_prefix(self, env_id: str) -> str:
+        """Where this env's ``/`` is on the host (its agent keeps ``/run/cleanroom`` there).
+
+        Checks and verifiers that put files into an env prefix guest paths with this; a VM
+        driver has no such method (the guest's ``/`` is its own).
+        """
+        return str(self.run_dir(env_id) / "root")
 
     async def create(self, request: EnvRequest) -> Env:
         run_dir = self.run_dir(request.env_id)
@@ -102,15 +115,36 @@ class FakeDriver(Driver):
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
         proc = self._procs.pop(env_id, None)
+        killed: list[int] = []
         if proc is not None and proc.returncode is None:
+            killed = await self._kill_tree(proc.pid)
             hostproc.kill_group(proc.pid, signal.SIGKILL)
             await proc.wait()
-        pids = hostproc.pids_with_marker(env_id)
+        pids = killed + hostproc.pids_with_marker(env_id)
         hostproc.kill_pids(pids, signal.SIGKILL)
-        await hostproc.wait_gone(pids, 2.0)
+        tree_gone = await hostproc.wait_gone(pids, 2.0)
         hostproc.remove_tree(self.run_dir(env_id))
-        gone = not self.exists(env_id)
+        gone = tree_gone and not self.exists(env_id)
         return DestroyReport(env_id, gone, 1, (time.perf_counter() - start) * 1000)
+
+    @staticmethod
+    async def _kill_tree(root: int) -> list[int]:
+        """Kill everything below the agent, which is frozen (and a subreaper) meanwhile.
+
+        The entrypoint runs in its own session, so the agent's group is not enough. With the
+        agent stopped nothing new is spawned, and whatever a killed process leaves orphaned is
+        reparented to the (still living) agent, so repeating the sweep catches it too.
+        """
+        hostproc.kill_group(root, signal.SIGSTOP)
+        killed: list[int] = []
+        for _ in range(20):
+            tree = [p for p in hostproc.descendants(root) if hostproc.pid_alive(p)]
+            if not tree:
+                break
+            hostproc.kill_pids(tree, signal.SIGKILL)
+            killed += tree
+            await hostproc.wait_gone(tree, 0.5)
+        return killed
 
     def exists(self, env_id: str) -> bool:
         return self.run_dir(env_id).exists() or bool(hostproc.pids_with_marker(env_id))

@@ -41,15 +41,40 @@ def pids_with_marker(env_id: str) -> list[int]:
     return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
 
 
-def env_ids_running() -> set[str]:
-    """Env ids of every cleanroom env process on this host."""
+def env_ids_running(*needles: bytes) -> set[str]:
+    """Env ids of every cleanroom env process on this host.
+
+    ``needles`` keep only command lines that contain all of them (e.g. ``b"qemu-system"`` and
+    the driver's run folder), so a driver lists its own envs, never another driver's or those
+    of a controller configured with another run folder.
+    """
     found: set[str] = set()
     for pid, cmd in _cmdlines():
-        if pid == os.getpid():
+        if pid == os.getpid() or not all(needle in cmd for needle in needles):
             continue
         match = ENV_ID_RE.search(cmd)
         if match:
             found.add(match.group(1).decode())
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` in the process tree (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
     return found
 
 

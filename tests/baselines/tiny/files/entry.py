@@ -142,7 +142,10 @@ def main():
         with open(ROOT + "/out/leak.txt", "w") as f:
             f.write(f"artifact leak {value}\n")
         secret_file = ROOT + "/secrets/" + name
-        file_value = open(secret_file).read() if os.path.exists(secret_file) else None
+        file_value = None
+        if os.path.exists(secret_file):
+            with open(secret_file) as f:
+                file_value = f.read()
         write_result(1.0, {"leak": value, "file_matches": file_value == value != ""})
         return 0
     if mode == "noresult":
