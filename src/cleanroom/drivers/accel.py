@@ -114,6 +114,33 @@ async def _probe_kvm(baseline: Baseline) -> tuple[bool, str]:
     return True, "guest kernel booted under KVM"
 
 
+def kvm_known_usable() -> bool | None:
+    """A cheap, synchronous answer from what is already known: no probe, no QEMU call.
+
+    True/False when ``CLEANROOM_ACCEL`` forces it, when ``/dev/kvm`` cannot be opened (False),
+    or when the probe cache holds a verdict from this host boot (True if any kernel booted under
+    KVM); None when nothing is known yet (the first qemu env will probe).
+    """
+    forced = os.environ.get("CLEANROOM_ACCEL", "auto").lower()
+    if forced in ("kvm", "tcg"):
+        return forced == "kvm"
+    if not _kvm_openable():
+        return False
+    try:
+        cached = json.loads((paths.home() / "accel-probe.json").read_text())
+        boot = _boot_id()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict):
+        return None
+    verdicts = [
+        bool(v.get("kvm"))
+        for k, v in cached.items()
+        if isinstance(v, dict) and str(k).startswith(boot + "|")
+    ]
+    return any(verdicts) if verdicts else None
+
+
 _lock = asyncio.Lock()
 
 

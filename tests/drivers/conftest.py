@@ -1,0 +1,116 @@
+"""The driver kit: one fixture that hands the conformance suite any driver, ready to use.
+
+``kit`` is parametrized over every driver: ``fake`` (the agent as a host process, with the
+fake baseline), ``gvisor`` and ``qemu`` (the tiny test baseline; marked ``vm``). gVisor is
+skipped, with the reason, when ``runsc`` is missing or cannot run a sandbox here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.drivers.fake import FakeDriver
+from cleanroom.drivers.gvisor import GvisorDriver
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.manifest import ResolvedLimits
+
+from ..conftest import make_fake_baseline
+
+ISOLATION = {"fake": {"none"}, "gvisor": {"userspace-kernel"}}
+ISOLATION["qemu"] = {"hardware-vm", "emulated-vm"}
+# the hard deadline must leave room for the boot: ~6 s for a QEMU guest under TCG here
+DEADLINE_S = {"fake": 4.0, "gvisor": 8.0, "qemu": 18.0}
+
+
+@dataclass
+class Kit:
+    """A driver, a baseline it can run, and what differs between drivers for the tests."""
+
+    name: str
+    driver: Driver
+    baseline: Baseline
+    python: str  # the guest's python (the host's, for the fake driver)
+    scratch: str  # a writable folder in the guest
+    tmp: Path
+    run_root: Path  # the driver's run folders
+    envs: list[Env] = field(default_factory=list)
+
+    @property
+    def deadline_s(self) -> float:
+        return DEADLINE_S[self.name]
+
+    async def create(self, hard_deadline_s: float = 300.0) -> Env:
+        request = EnvRequest(
+            new_env_id(),
+            self.baseline,
+            ResolvedLimits(timeout_s=60, vcpus=1, memory_mib=256),
+            Owner("conformance"),
+            hard_deadline_s=hard_deadline_s,
+        )
+        env = await self.driver.create(request)
+        self.envs.append(env)
+        return env
+
+
+def _gvisor_unusable(tmp: Path) -> str | None:
+    """Why runsc cannot run a sandbox here, or None if it can."""
+    if shutil.which("runsc") is None:
+        return "runsc is not installed (apt-get install runsc)"
+    try:
+        proc = subprocess.run(
+            ["runsc", f"--root={tmp}", "--network=none", "do", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"runsc cannot run here: {exc}"
+    if proc.returncode != 0:
+        return f"runsc cannot run a sandbox here: {proc.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def gvisor_usable(tmp_path_factory: pytest.TempPathFactory) -> None:
+    reason = _gvisor_unusable(tmp_path_factory.mktemp("runsc-probe"))
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("fake"),
+        pytest.param("gvisor", marks=pytest.mark.vm),
+        pytest.param("qemu", marks=pytest.mark.vm),
+    ]
+)
+async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Kit]:
+    name: str = request.param
+    driver: Driver
+    if name == "fake":
+        baseline = make_fake_baseline(tmp_path)
+        driver = FakeDriver(run_root=tmp_path / "run")
+        python, scratch = sys.executable, str(tmp_path / "guest-scratch")
+    else:
+        if name == "gvisor":
+            request.getfixturevalue("gvisor_usable")
+        baseline = request.getfixturevalue("tiny_baseline")
+        if name == "gvisor":
+            driver = GvisorDriver(run_root=tmp_path / "run")
+        else:
+            driver = QemuDriver(run_root=tmp_path / "run")
+        python, scratch = "python3", "/root/conformance"
+    kit = Kit(name, driver, baseline, python, scratch, tmp_path, tmp_path / "run")
+    yield kit
+    for env in kit.envs:  # whatever a failing test left behind
+        await env.aclose()
