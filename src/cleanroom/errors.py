@@ -11,7 +11,8 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── SpecError               a baseline.toml that does not validate
     │   ├── BuildError              a step of the build failed (mmdebstrap, mkfs.erofs, kernel)
     │   ├── BaselineNotFound        no baseline with that digest (or prefix) in the store
-    │   └── DriftError              a stored component no longer matches the digest
+    │   ├── DriftError              a stored component no longer matches the digest
+    │   └── TransferError           a baseline file (export/import) that is unreadable or lies
     ├── DriverError
     │   ├── LaunchError             the environment could not be created / never became ready
     │   ├── EnvCrashed              the environment died or went silent under us
@@ -23,7 +24,9 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     ├── StoreError
     │   ├── ExportError             a durable write failed (disk full, permission, backend)
     │   └── RecordConflict          a second, different record for the same episode
-    └── LedgerError                 the ledger could not be read or written
+    ├── LedgerError                 the ledger could not be read or written
+    ├── VerifierError               a verifier could not produce a verdict (never an outcome)
+    └── CheckError                  a check (isolation, repro) could not run to its end
 """
 
 from __future__ import annotations
@@ -75,6 +78,10 @@ class DriftError(BaselineError):
         super().__init__(f"baseline {digest} has drifted: {', '.join(drifted)}")
 
 
+class TransferError(BaselineError):
+    """A baseline export/import file is unreadable, or a file in it does not match its hash."""
+
+
 class DriverError(CleanroomError):
     """A driver could not do what was asked of an environment."""
 
@@ -121,3 +128,11 @@ class RecordConflict(StoreError):
 
 class LedgerError(CleanroomError):
     """The ledger could not be read or written."""
+
+
+class VerifierError(CleanroomError):
+    """A verifier crashed, timed out or wrote no valid verdict (recorded; the outcome stands)."""
+
+
+class CheckError(CleanroomError):
+    """A check (``cleanroom check isolation`` / ``repro``) could not run to its end."""

@@ -95,8 +95,11 @@ def export_episode(
     diagnostics: dict[str, bytes],
     clock: _Clock,
     redactor: Redactor | None = None,
+    *,
+    verdict: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write artifacts, logs, then the record. Raises StoreError; returns the record."""
+    """Write artifacts, logs, then the record (with the verifier's ``verdict``, if any).
+    Raises StoreError; returns the record."""
     eid = manifest.episode_id
     diagnostics = redact_output(output, diagnostics, redactor)
     error = redactor.redact_text(error) if redactor and error else error
@@ -115,7 +118,7 @@ def export_episode(
         "run_id": run_id,
         "attempt": attempt,
         "outcome": outcome.value,
-        "verdict": None,
+        "verdict": verdict,
         "reward": guest.reward,
         "terminated": guest.terminated,
         "truncated": guest.truncated,
@@ -148,7 +151,12 @@ def export_episode(
             **{k: v for k, v in facts.items() if v is not None},
             "host": host_facts(),
         },
-        "timings": {**clock.phases, "started_at": clock.started_at, "ended_at": time.time()},
+        "timings": {
+            **clock.phases,
+            "started_at": clock.started_at,
+            "ended_at": time.time(),
+            "phases": {name: dict(span) for name, span in clock.spans.items()},
+        },
     }
     store.put_record(run_id, eid, record)
     return record

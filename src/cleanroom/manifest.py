@@ -73,6 +73,24 @@ class SecretRef(BaseModel):
     lifetime_s: float | None = Field(default=None, gt=0, description="removed from the guest after")
 
 
+class VerifierRef(BaseModel):
+    """A deterministic check that turns an episode's artifacts and result into a verdict.
+
+    ``baseline``: the verifier's baseline (digest, unique prefix or built spec path; unset: the
+    episode's own). ``command`` runs with the episode's evidence under
+    ``$CLEANROOM_DIR/input/`` and writes ``$CLEANROOM_DIR/verdict.json``. By default it runs in
+    a fresh env of its own (the episode cannot tamper with its check); ``in_env`` runs it in
+    the episode's env before teardown.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    baseline: str | None = Field(default=None, min_length=1)
+    command: list[str] = Field(min_length=1)
+    in_env: bool = False
+    timeout_s: float = Field(default=300.0, gt=0, le=24 * 3600)
+
+
 class Manifest(BaseModel):
     """One episode's unit of work."""
 
@@ -87,6 +105,7 @@ class Manifest(BaseModel):
     secrets: list[SecretRef] = Field(default_factory=list)
     network: dict[str, Any] | None = None
     output: str | None = Field(default=None, description="store URL or folder override")
+    verifier: VerifierRef | None = None
 
     @field_validator("episode_id")
     @classmethod
@@ -121,12 +140,16 @@ class Manifest(BaseModel):
 
     def digest(self) -> str:
         """A stable digest of this manifest's content (for provenance)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data.get("verifier") is None:
+            data.pop("verifier", None)  # digests of manifests without one stay as they were
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
     def guest_view(self) -> dict[str, Any]:
-        """What the guest sees at /run/cleanroom/manifest.json (no secret values, ever)."""
-        return self.model_dump(mode="json")
+        """What the guest sees at /run/cleanroom/manifest.json (no secret values, ever; not
+        its verifier either: the episode has no business with its check)."""
+        return self.model_dump(mode="json", exclude={"verifier"})
 
 
 def _describe(error: ValidationError) -> list[str]:

@@ -1,4 +1,4 @@
-"""``cleanroom baseline ...``: build, list, inspect and verify baselines.
+"""``cleanroom baseline ...``: build, list, inspect, verify, export and import baselines.
 
 Progress and messages go to stderr; stdout carries only the result (a digest, a table, JSON), so
 ``digest=$(cleanroom baseline build spec.toml | tail -1)`` works. Any ``CleanroomError`` becomes
@@ -116,3 +116,31 @@ def verify_cmd(
             out.print(name, markup=False)
         raise typer.Exit(1)
     out.print(f"intact {digest}", markup=False)
+
+
+@baseline_app.command("export")
+def export_cmd(
+    ref: Annotated[str, typer.Argument(help="digest, digest prefix (6+) or spec path")],
+    file: Annotated[Path, typer.Argument(help="the tar file to write")],
+) -> None:
+    """Write a baseline (re-hashed first) to one tar file: baseline.json + its components."""
+    from cleanroom.baseline.transfer import export_baseline
+
+    with _errors():
+        baseline = export_baseline(ref, file)
+    err.print(f"exported {baseline.name} ({_size(file.stat().st_size)}) to {file}")
+    out.print(baseline.digest, markup=False)
+
+
+@baseline_app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="a tar file written by `baseline export`")],
+) -> None:
+    """Verify every sha256 and the digest, then install (idempotent); print the digest."""
+    from cleanroom.baseline.transfer import import_baseline
+
+    with _errors():
+        result = import_baseline(file)
+    state = "already present" if result.already_present else "imported"
+    err.print(f"{state}: {result.baseline.name} {result.baseline.short}")
+    out.print(result.baseline.digest, markup=False)

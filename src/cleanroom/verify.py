@@ -1,0 +1,311 @@
+"""Verifiers: a deterministic check that turns an episode's evidence into a verdict.
+
+A manifest names its verifier (``Manifest.verifier``: baseline, command, ``in_env``). After an
+episode reaches a final outcome, and before its record is written, the controller asks
+``Verifiers.verify`` for a verdict. The verifier's command sees, under ``$CLEANROOM_DIR/input/``:
+
+    manifest.json     the episode's manifest (as the episode saw it)
+    episode.json      episode_id, seed, outcome, error, exit status, artifacts (name, size, sha256)
+    result.json       the episode's own result.json, if it wrote one
+    artifacts/<name>  every exported artifact, byte for byte
+
+and writes ``$CLEANROOM_DIR/verdict.json``: ``{"pass": bool, "score": number, "details": {...}}``.
+By default it runs in a fresh env of its own, created from the verifier's baseline with only that
+input (the episode cannot tamper with its check); ``in_env: true`` runs it in the episode's env
+before teardown. The verdict lands in the durable record (``record["verdict"]``), apart from the
+outcome: a verifier that crashes, times out or writes no valid verdict gives
+``{"error": ..., "classification": "verifier_error"}`` and leaves the outcome as it was. The
+verifier's stdout and stderr are kept in the store under ``verifier/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from cleanroom.agent.session import EpisodeOutput, ExecResult
+from cleanroom.baseline import store as baseline_store
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.errors import CleanroomError, VerifierError
+from cleanroom.export import redact_output
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest, VerifierRef
+from cleanroom.record import Outcome
+from cleanroom.secrets import Redactor
+from cleanroom.store import Store
+
+VERIFIER_ERROR = "verifier_error"
+VERDICT_MAX = 1024 * 1024
+PUT_CHUNK = 512 * 1024  # below the agent's frame limit; larger files go in parts
+Emit = Callable[..., None]
+
+
+def guest_prefix(driver: Driver, env_id: str) -> str:
+    """Where an env's ``/`` lies on the host for drivers without a VM (fake); else ``""``."""
+    method = getattr(driver, "guest_prefix", None)
+    return str(method(env_id)) if callable(method) else ""
+
+
+def parse_verdict(raw: bytes) -> dict[str, Any]:
+    """Validate a verdict.json; VerifierError says what is wrong with it."""
+    if len(raw) > VERDICT_MAX:
+        raise VerifierError(f"verdict.json is larger than {VERDICT_MAX} bytes")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise VerifierError(f"verdict.json is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("pass"), bool):
+        raise VerifierError("verdict.json must be an object with a boolean 'pass'")
+    score = data.get("score", 1.0 if data["pass"] else 0.0)
+    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+        raise VerifierError("verdict.json: 'score' must be a finite number")
+    details = data.get("details", {})
+    return {
+        "pass": data["pass"],
+        "score": float(score),
+        "details": details if isinstance(details, dict) else {"value": details},
+    }
+
+
+def verdict_label(verdict: dict[str, Any] | None) -> str | None:
+    """``pass`` / ``fail`` / ``verifier_error`` for the ledger (None: no verifier)."""
+    if verdict is None:
+        return None
+    if "error" in verdict:
+        return VERIFIER_ERROR
+    return "pass" if verdict.get("pass") else "fail"
+
+
+def verifier_input(
+    manifest: Manifest, outcome: Outcome, error: str | None, output: EpisodeOutput
+) -> dict[str, bytes]:
+    """The files a verifier gets, by name relative to its input folder."""
+    exit_ = output.exit
+    episode = {
+        "episode_id": manifest.episode_id,
+        "seed": manifest.seed,
+        "outcome": outcome.value,
+        "error": error,
+        "exit": {"code": exit_.exit_code, "signal": exit_.signal, "timed_out": exit_.timed_out},
+        "artifacts": [
+            {"name": a.name, "size": a.size, "sha256": a.sha256} for a in output.artifacts
+        ],
+    }
+    files = {
+        "manifest.json": json.dumps(manifest.guest_view(), sort_keys=True).encode(),
+        "episode.json": json.dumps(episode, sort_keys=True).encode(),
+    }
+    if output.result_raw is not None:
+        files["result.json"] = output.result_raw
+    for artifact in output.artifacts:
+        files[f"artifacts/{artifact.name}"] = artifact.path.read_bytes()
+    return files
+
+
+async def put_files(env: Env, base: str, files: dict[str, bytes]) -> None:
+    """PUT files under ``base`` in the guest; a file above the frame limit goes in parts."""
+    for name, data in sorted(files.items()):
+        path = f"{base}/{name}"
+        if len(data) <= PUT_CHUNK:
+            await env.put(path, data)
+            continue
+        parts = range(0, len(data), PUT_CHUNK)
+        for index, offset in enumerate(parts):
+            await env.put(f"{path}.part{index:06d}", data[offset : offset + PUT_CHUNK])
+        joined = await env.exec(["sh", "-c", 'cat "$0".part* > "$0" && rm -f "$0".part*', path])
+        if not joined.ok:
+            raise VerifierError(f"cannot assemble {name} in the verifier's env")
+
+
+async def run_command(
+    env: Env, prefix: str, ref: VerifierRef, files: dict[str, bytes]
+) -> tuple[dict[str, Any], ExecResult]:
+    """Put the input, run the command, read and validate the verdict."""
+    root = f"{prefix}/run/cleanroom"
+    await put_files(env, f"{root}/input", files)
+    result = await env.exec(
+        list(ref.command),
+        timeout_s=ref.timeout_s,
+        env={"CLEANROOM_DIR": root, "CLEANROOM_VERIFIER_INPUT": f"{root}/input"},
+    )
+    if result.timed_out:
+        raise VerifierError(f"the verifier timed out after {ref.timeout_s:g}s")
+    try:
+        raw = await env.get(f"{root}/verdict.json")
+    except CleanroomError as exc:
+        tail = result.stderr[-300:].decode(errors="replace").strip()
+        raise VerifierError(
+            f"the verifier wrote no verdict.json (exit {result.exit_code}): {tail or exc}"
+        ) from exc
+    return parse_verdict(raw), result
+
+
+class Verifiers:
+    """Runs manifests' verifiers for a controller (one instance per controller)."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        ledger: Ledger,
+        owner: Owner,
+        *,
+        boot_timeout_s: float = 120.0,
+        cleanup_window_s: float = 30.0,
+        emit: Emit | None = None,
+    ) -> None:
+        self.driver = driver
+        self.ledger = ledger
+        self.owner = owner
+        self.boot_timeout_s = boot_timeout_s
+        self.cleanup_window_s = cleanup_window_s
+        self._emit = emit or (lambda kind, **data: None)
+        self._baselines: dict[str, Baseline] = {}
+
+    def prepare(self, manifests: list[Manifest]) -> None:
+        """Resolve (or build) and re-hash every verifier baseline; raises before any episode."""
+        for ref in sorted(
+            {m.verifier.baseline for m in manifests if m.verifier and m.verifier.baseline}
+        ):
+            if ref not in self._baselines:
+                baseline = baseline_store.resolve_or_build(ref)
+                baseline_store.require_intact(baseline)
+                self._baselines[ref] = baseline
+
+    def _baseline(self, ref: VerifierRef, episode_baseline: Baseline) -> Baseline:
+        if ref.baseline is None:
+            return episode_baseline
+        if ref.baseline not in self._baselines:
+            self._baselines[ref.baseline] = baseline_store.resolve(ref.baseline)
+        return self._baselines[ref.baseline]
+
+    async def verify(
+        self,
+        *,
+        store: Store,
+        run_id: str,
+        manifest: Manifest,
+        attempt: int,
+        baseline: Baseline,
+        env: Env | None,
+        outcome: Outcome,
+        error: str | None,
+        output: EpisodeOutput,
+        redactor: Redactor | None = None,
+    ) -> dict[str, Any] | None:
+        """The verdict of one episode (None without a verifier). Never raises CleanroomError
+        except a StoreError keeping the verifier's logs."""
+        ref = manifest.verifier
+        if ref is None:
+            return None
+        redact_output(output, {}, redactor)  # a verifier sees no secret either
+        about: dict[str, Any] = {"command": list(ref.command), "in_env": ref.in_env}
+        result: ExecResult | None = None
+        try:
+            files = verifier_input(manifest, outcome, error, output)
+            vbaseline = self._baseline(ref, baseline)
+            about["baseline"] = vbaseline.digest
+            if ref.in_env:
+                if env is None or not env.alive():
+                    raise VerifierError("the episode's env is gone; cannot verify in it")
+                about["env_id"] = env.env_id
+                prefix = guest_prefix(self.driver, env.env_id)
+                verdict, result = await run_command(env, prefix, ref, files)
+            else:
+                verdict, result = await self._in_fresh_env(
+                    run_id, manifest, attempt, vbaseline, ref, files, about
+                )
+        except (CleanroomError, OSError) as exc:
+            verdict = {"error": f"{type(exc).__name__}: {exc}", "classification": VERIFIER_ERROR}
+        if result is not None:
+            about["exit_code"] = result.exit_code
+            store.put_bytes(run_id, manifest.episode_id, "verifier/stdout.log", result.stdout)
+            store.put_bytes(run_id, manifest.episode_id, "verifier/stderr.log", result.stderr)
+            about["logs"] = ["verifier/stdout.log", "verifier/stderr.log"]
+        verdict["verifier"] = about
+        self.ledger.event(
+            "verified",
+            run_id=run_id,
+            episode_id=manifest.episode_id,
+            verdict=verdict_label(verdict),
+            score=verdict.get("score"),
+            error=verdict.get("error"),
+        )
+        return verdict
+
+    async def _in_fresh_env(
+        self,
+        run_id: str,
+        manifest: Manifest,
+        attempt: int,
+        baseline: Baseline,
+        ref: VerifierRef,
+        files: dict[str, bytes],
+        about: dict[str, Any],
+    ) -> tuple[dict[str, Any], ExecResult]:
+        env_id = new_env_id()
+        about["env_id"] = env_id
+        eid = manifest.episode_id
+        self.ledger.env_intent(
+            env_id,
+            run_id=run_id,
+            episode_id=eid,
+            attempt=attempt,
+            driver=self.driver.name,
+            owner_controller=self.owner.controller_id,
+            owner_pid=self.owner.pid,
+            owner_host=self.owner.host,
+        )
+        baseline_store.quick_check(baseline)
+        limits = manifest.limits.merged_over(baseline.limits)
+        deadline = self.boot_timeout_s + ref.timeout_s + self.cleanup_window_s + 30
+        request = EnvRequest(
+            env_id,
+            baseline,
+            limits,
+            self.owner,
+            deadline,
+            labels={"run_id": run_id, "episode_id": eid, "role": "verifier"},
+        )
+        env: Env | None = None
+        try:
+            env = await self.driver.create(request)
+            self.ledger.env_created(
+                env_id,
+                pid=env.info.pid or 0,
+                run_dir=str(env.info.run_dir or ""),
+                accelerator=env.info.accelerator,
+            )
+            self.ledger.env_ready(env_id)
+            prefix = guest_prefix(self.driver, env_id)
+            return await asyncio.wait_for(run_command(env, prefix, ref, files), ref.timeout_s + 60)
+        except TimeoutError as exc:
+            raise VerifierError(f"the verifier did not finish within {ref.timeout_s:g}s") from exc
+        finally:
+            await asyncio.shield(self._destroy(env, env_id, run_id, eid))
+
+    async def _destroy(self, env: Env | None, env_id: str, run_id: str, eid: str) -> None:
+        self.ledger.env_destroy_started(env_id)
+        report = DestroyReport(env_id, False, 0, 0.0, "not attempted")
+        for attempt in range(2):  # a second try, then it is the reaper's
+            try:
+                coro = env.aclose() if env is not None and attempt == 0 else None
+                report = await asyncio.wait_for(
+                    coro or self.driver.destroy(env_id), self.cleanup_window_s
+                )
+            except (TimeoutError, CleanroomError, OSError) as exc:
+                report = DestroyReport(env_id, False, 1, 0.0, f"{type(exc).__name__}: {exc}")
+            if report.confirmed_absent:
+                break
+        self.ledger.env_destroyed(
+            env_id,
+            confirmed_absent=report.confirmed_absent,
+            cleanup_ms=report.elapsed_ms,
+            attempts=report.attempts,
+        )
+        if not report.confirmed_absent:
+            self.ledger.event("env_leaked", run_id=run_id, episode_id=eid, env_id=env_id)
+            self._emit("alert", message=f"verifier env {env_id} still present", env_id=env_id)
