@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a cleanroom development machine (Debian 12): the host packages the qemu driver and the
-# baseline builder need, and a .venv with cleanroom installed in editable mode with its dev extras.
+# Set up a cleanroom development machine (Debian 12): the host packages the qemu and gvisor
+# drivers and the baseline builder need, and a .venv with cleanroom installed in editable mode
+# with its dev extras.
 # Idempotent and non-interactive: a second run checks and does nothing heavy.
 set -euo pipefail
 
@@ -11,6 +12,8 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
   qemu-system-x86 mmdebstrap erofs-utils busybox-static cpio lz4 util-linux python3-venv
   ca-certificates
+  runsc  # gVisor, for --driver gvisor (a user-space kernel sandbox: no VM, no KVM needed)
+  chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.cleanroom-install-stamp"

@@ -4,6 +4,11 @@ Exit codes of ``run``: 0 every episode reached a final outcome and every env was
 absent; 1 some episode ended in infra_error / env_crashed / export_failed; 2 bad input
 (manifest, baseline, drift, config); 3 an env was still present after the cleanup window;
 130 cancelled (Ctrl-C or SIGTERM).
+
+Observing a run: ``--metrics-port`` serves Prometheus metrics on 127.0.0.1 while it lasts,
+``--metrics-textfile`` writes them for node_exporter's textfile collector; structured logs go to
+stderr (human on a terminal, JSON otherwise) and, with ``--log-file``, to a JSON Lines file;
+``cleanroom report RUN_ID --html FILE`` draws the run as one self-contained page.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from cleanroom import paths
+from cleanroom import logs, paths
 from cleanroom.baseline.cli import baseline_app
-from cleanroom.controller import RunOptions, RunResult
+from cleanroom.check_cli import check_app
+from cleanroom.controller import EventHook, RunOptions, RunResult
 from cleanroom.errors import CleanroomError
 from cleanroom.ledger import Ledger
 from cleanroom.progress import RunProgress
@@ -33,6 +39,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(baseline_app, name="baseline")
+app.add_typer(check_app, name="check")
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 
@@ -49,8 +56,23 @@ def run(
     parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
     run_id: Annotated[str | None, typer.Option(help="resume (or name) this run")] = None,
-    driver: Annotated[str, typer.Option(help="qemu | fake | auto")] = "qemu",
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake | auto")] = "qemu",
     cleanup_window: Annotated[float, typer.Option(help="seconds to confirm an env gone")] = 30.0,
+    secrets_from: Annotated[
+        str, typer.Option(help="secret values from: env | env:PREFIX | file:PATH | cmd:PROGRAM")
+    ] = "env",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="serve Prometheus /metrics on 127.0.0.1:PORT"),
+    ] = None,
+    metrics_textfile: Annotated[
+        Path | None, typer.Option(help="write metrics here (textfile-collector format)")
+    ] = None,
+    log_format: Annotated[
+        str, typer.Option(help="stderr logs: auto (console on a TTY, else json) | console | json")
+    ] = "auto",
+    log_file: Annotated[Path | None, typer.Option(help="also write JSON Lines logs here")] = None,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
@@ -58,10 +80,13 @@ def run(
     from cleanroom.manifest import load_manifests
 
     try:
+        logs.setup(log_format, file=log_file, level=log_level)
         items = load_manifests(manifests)
-        progress = RunProgress(err)
+        progress = RunProgress(err, lines=False)  # the logs carry one line per step
         resolved = resolve_or_build(baseline, progress=progress.build_step)
+        observer = _Observer(metrics_port, metrics_textfile)
     except CleanroomError as exc:
+        logs.close()
         raise _fail(exc) from exc
     options = RunOptions(parallel=parallel, cleanup_window_s=cleanup_window)
 
@@ -78,7 +103,8 @@ def run(
                 run_id=run_id,
                 driver=driver,
                 options=options,
-                on_event=progress.on_event,
+                on_event=observer.hook(progress.on_event),
+                secrets_from=secrets_from,
             )
 
     try:
@@ -91,6 +117,9 @@ def run(
         raise typer.Exit(130) from None
     except CleanroomError as exc:
         raise _fail(exc) from exc
+    finally:
+        observer.close()
+        logs.close()
     _print_run(result.run_id, store)
     if result.leaked_envs:
         err.print(
@@ -99,6 +128,39 @@ def run(
         raise typer.Exit(3)
     if any(not e.outcome.final for e in result.episodes):
         raise typer.Exit(1)
+
+
+class _Observer:
+    """The run's observers besides progress: logs always, metrics when asked for."""
+
+    def __init__(self, port: int | None, textfile: Path | None) -> None:
+        from cleanroom.metrics import MetricsServer, RunMetrics, TextfileWriter
+
+        self.events = logs.EventLogger()
+        self.metrics = RunMetrics() if port is not None or textfile is not None else None
+        self.server: MetricsServer | None = None
+        self.writer: TextfileWriter | None = None
+        try:
+            if self.metrics is not None and port is not None:
+                self.server = self.metrics.serve(port)
+                err.print(f"metrics: http://127.0.0.1:{self.server.port}/metrics", highlight=False)
+            if self.metrics is not None and textfile is not None:
+                self.writer = TextfileWriter(self.metrics, textfile).start()
+        except BaseException:
+            self.close()
+            raise
+
+    def hook(self, *more: EventHook) -> EventHook:
+        from cleanroom.metrics import compose
+
+        metrics = self.metrics.on_event if self.metrics is not None else None
+        return compose(*more, self.events.on_event, metrics)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.server is not None:
+            self.server.close()
 
 
 def _print_run(run_id: str, store: str | None) -> None:
@@ -125,6 +187,42 @@ def status(
 
 
 @app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="the run to report on")],
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the report as JSON")
+    ] = None,
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """A run's report: tables on the terminal, or --html / --json files."""
+    from cleanroom.htmlreport import write_html
+    from cleanroom.report import run_report_json
+
+    with Ledger() as ledger:
+        if ledger.get_run(run_id) is None:
+            err.print(f"[red]error:[/] no run {run_id!r} in {paths.ledger_path()}")
+            raise typer.Exit(2)
+        st = open_store(store)
+        try:
+            if html is not None:
+                write_html(run_id, ledger, st, html)
+                out.print(f"html report: {html}")
+            if json_out is not None:
+                data = json.dumps(run_report_json(run_id, ledger, st), indent=1, default=str)
+                json_out.parent.mkdir(parents=True, exist_ok=True)
+                json_out.write_text(data + "\n", encoding="utf-8")
+                out.print(f"json report: {json_out}")
+        except OSError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+        except CleanroomError as exc:
+            raise _fail(exc) from exc
+    if html is None and json_out is None:
+        _print_run(run_id, store)
+
+
+@app.command()
 def runs() -> None:
     """List runs, newest first."""
     from rich.table import Table
@@ -144,7 +242,7 @@ def runs() -> None:
 
 
 @app.command()
-def ps(driver: Annotated[str, typer.Option(help="qemu | fake")] = "qemu") -> None:
+def ps(driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu") -> None:
     """Live environments: what the ledger says, and what the host really has."""
     import time
 
@@ -173,7 +271,7 @@ def ps(driver: Annotated[str, typer.Option(help="qemu | fake")] = "qemu") -> Non
 
 @app.command()
 def reap(
-    driver: Annotated[str, typer.Option(help="qemu | fake")] = "qemu",
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
     """Destroy every env whose controller is gone; mark its unfinished episode infra_error."""

@@ -40,6 +40,7 @@ from cleanroom.record import Outcome, parse_guest_result
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
 from cleanroom.store import Store
+from cleanroom.verify import Verifiers, verdict_label
 
 EventHook = Callable[[str, dict[str, Any]], None]
 
@@ -107,6 +108,14 @@ class Controller:
         self.controller_id = "ctl-" + secrets.token_hex(6)
         self.owner = Owner(self.controller_id)
         self._on_event = on_event
+        self.verifiers = Verifiers(
+            driver,
+            ledger,
+            self.owner,
+            boot_timeout_s=self.options.boot_timeout_s,
+            cleanup_window_s=self.options.cleanup_window_s,
+            emit=self._emit,
+        )
 
     def _staging_root(self) -> Path:
         return self.options.staging_dir or paths.home() / "staging"
@@ -126,6 +135,7 @@ class Controller:
             raise
         names = sorted({s.name for m in manifests for s in m.secrets})
         resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
+        self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
         reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
         if reaped.destroyed or reaped.failed:
             self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
@@ -235,7 +245,13 @@ class Controller:
                 accelerator=env.info.accelerator,
             )
             self.ledger.env_ready(env_id)
-            self._emit("env_ready", episode_id=eid, env_id=env_id, start="cold", **clock.phases)
+            self._emit(
+                "env_ready",
+                episode_id=eid,
+                env_id=env_id,
+                start=env.info.start_kind,
+                **clock.phases,
+            )
             self.ledger.episode_state(run_id, eid, attempt, "RUNNING", env_id=env_id)
             if values:
                 self.ledger.event(
@@ -308,6 +324,22 @@ class Controller:
             facts = {**self.driver.describe(), **(_env_facts(env) if env else {})}
             try:
                 if outcome.final and output is not None:
+                    if manifest.verifier is not None:
+                        self.ledger.episode_state(run_id, eid, attempt, "VERIFYING", env_id=env_id)
+                    verdict = await self.verifiers.verify(
+                        store=self.store,
+                        run_id=run_id,
+                        manifest=manifest,
+                        attempt=attempt,
+                        baseline=baseline,
+                        env=env,
+                        outcome=outcome,
+                        error=error,
+                        output=output,
+                        redactor=redactor,
+                    )
+                    if verdict is not None:
+                        clock.lap("verify_s")
                     record = export_episode(
                         self.store,
                         run_id,
@@ -322,6 +354,7 @@ class Controller:
                         diagnostics,
                         clock,
                         redactor,
+                        verdict=verdict,
                     )
                     episode.record = record
                     episode.reward = record.get("reward")
@@ -348,7 +381,13 @@ class Controller:
             shutil.rmtree(staging, ignore_errors=True)
             episode.outcome, episode.error = outcome, error
             self.ledger.episode_finished(
-                run_id, eid, attempt, outcome=outcome.value, reward=episode.reward, error=error
+                run_id,
+                eid,
+                attempt,
+                outcome=outcome.value,
+                reward=episode.reward,
+                error=error,
+                verdict=verdict_label((episode.record or {}).get("verdict")),
             )
             self._emit(
                 "episode_finished",
@@ -493,17 +532,22 @@ async def _until_done(task: asyncio.Future[None]) -> bool:
 
 
 class _Clock:
-    """Phase timings of one episode, in seconds."""
+    """Phase timings of one episode: ``phases`` (seconds) and ``spans`` (unix start/end)."""
 
     def __init__(self, queue_s: float) -> None:
         self.phases: dict[str, float] = {"queue_s": round(queue_s, 6)}
         self.started_at = time.time()
+        self.spans: dict[str, dict[str, float]] = {
+            "queue": {"start": round(self.started_at - queue_s, 6), "end": self.started_at}
+        }
         self._last = time.monotonic()
+        self._last_wall = self.started_at
 
     def lap(self, name: str) -> None:
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         self.phases[name] = round(now - self._last, 6)
-        self._last = now
+        self.spans[name.removesuffix("_s")] = {"start": self._last_wall, "end": wall}
+        self._last, self._last_wall = now, wall
 
 
 def _env_facts(env: Env) -> dict[str, Any]:
@@ -513,6 +557,7 @@ def _env_facts(env: Env) -> dict[str, Any]:
         "kernel": env.hello.get("kernel"),
         "agent_version": env.hello.get("agent_version"),
         "guest_boot_s": env.hello.get("boot_time_s"),
+        **env.info.start_facts(),
     }
 
 

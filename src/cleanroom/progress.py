@@ -1,7 +1,10 @@
 """Live progress of a run (and of a baseline build) on the terminal.
 
-On a TTY: a rich progress bar with done / running / queued / failed counts and an ETA. In CI
-(``CI=true``) or when stderr is not a terminal: one plain line per event, nothing animated.
+On a TTY: a rich progress bar with done / running / queued / failed counts, envs alive and an
+ETA. In CI (``CI=true``) or when stderr is not a terminal: nothing animated, one plain line per
+event — or none at all with ``lines=False`` (when the structured logs already go to stderr).
+"Envs alive" counts environments not yet confirmed absent: one per running episode, plus any that
+outlived its cleanup window.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ FAILED = {"episode_error", "timeout", "cancelled", "env_crashed", "infra_error",
 class RunProgress:
     """Receives controller events; renders them live or as plain lines."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, lines: bool = True) -> None:
         self.console = console
         self.live = console.is_terminal and os.environ.get("CI", "").lower() not in ("1", "true")
-        self.total = self.done = self.running = self.failed = 0
+        self.lines = lines
+        self.total = self.done = self.running = self.failed = self.alive = 0
         self._progress: Progress | None = None
         self._task: Any = None
         self._start = time.monotonic()
@@ -54,19 +58,27 @@ class RunProgress:
         """Progress callback of a baseline build."""
         self.console.print(f"[dim]baseline[/] {step}: {detail}", highlight=False)
 
+    @property
+    def queued(self) -> int:
+        return max(self.total - self.done - self.running, 0)
+
+    def describe(self) -> str:
+        """The counts line: done, running, queued, failed, envs alive."""
+        return (
+            f"{self.done}/{self.total} done · {self.running} running · {self.queued} queued · "
+            f"{self.failed} failed · {self.alive} envs alive"
+        )
+
     def _line(self, text: str) -> None:
+        if not self.lines:
+            return
         elapsed = time.monotonic() - self._start
         self.console.print(f"[dim]{elapsed:7.1f}s[/] {text}", highlight=False)
 
     def _refresh(self) -> None:
-        queued = self.total - self.done - self.running
-        desc = (
-            f"{self.done}/{self.total} done · {self.running} running · {queued} queued · "
-            f"{self.failed} failed"
-        )
         if self._progress is not None:
             self._progress.update(
-                self._task, total=self.total, completed=self.done, description=desc
+                self._task, total=self.total, completed=self.done, description=self.describe()
             )
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
@@ -76,6 +88,7 @@ class RunProgress:
             self._line(f"run {data['run_id']}: {self.total} episodes{skipped}")
         elif kind == "episode_started":
             self.running += 1
+            self.alive += 1
             if not self.live:
                 self._line(
                     f"start  {data['episode_id']} (attempt {data['attempt']}) on {data['env_id']}"
@@ -84,6 +97,7 @@ class RunProgress:
             self.running -= 1
             self.done += 1
             self.failed += data["outcome"] in FAILED
+            self.alive -= data.get("confirmed_absent") is not False
             reward = "" if data.get("reward") is None else f" reward={data['reward']:g}"
             cleanup = (
                 ""
@@ -93,10 +107,12 @@ class RunProgress:
             line = f"{data['outcome']:<13} {data['episode_id']}{reward}{cleanup}"
             if data.get("error") and data["outcome"] != "completed":
                 line += f" [dim]({str(data['error'])[:120]})[/]"
-            if self._progress is not None:
+            if self._progress is not None and self.lines:
                 self._progress.console.print(line, highlight=False)
             else:
                 self._line(line)
         elif kind == "alert":
             self._line(f"[bold red]ALERT[/] {data['message']}")
+        elif kind == "run_finished" and not self.live:
+            self._line(self.describe())
         self._refresh()
