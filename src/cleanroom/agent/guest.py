@@ -4,6 +4,14 @@ It sets up the guest's pseudo file systems, finds the control port (a virtio-ser
 ``ctl``), says HELLO, and then serves the host's frames one at a time: RUN (the episode), EXEC,
 PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off.
 
+Snapshots (the qemu driver's templates): after SNAPSHOT_PREPARE the agent no longer takes a
+closed channel for "host gone": the VM is about to be saved, and every clone restored from it
+sees the template's host connection vanish. It waits for the next host instead, which sends
+RESEED (host entropy, the clone's id, the wall clock); the agent mixes the entropy into the
+kernel's pool and forces a CRNG reseed, reseeds Python's ``random`` if it is loaded, sets the
+clock and says HELLO again. Nothing here reads ``/proc/sys/kernel/random/boot_id`` before
+that (the kernel fixes it at its first read, so each clone must be the first to read it).
+
 As PID 1 it forks: the parent only reaps orphans and powers off when the agent child ends; the
 child does the work. Outside a VM (the ``fake`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
 a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/cleanroom``; the
@@ -31,8 +39,11 @@ except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
 PORT_NAME = "ctl"
+RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
+RECONNECT_POLL_S = 0.002
 RESULT_LIMIT = 4 * 1024 * 1024
 PIPE_CHUNK = 64 * 1024
 
@@ -104,6 +115,8 @@ class Agent:
         self.stream = stream
         self.lock = threading.Lock()
         self.busy = threading.Event()
+        self.snapshotted = False  # after SNAPSHOT_PREPARE: EOF means "wait for the next host"
+        self.pool: Any = None  # /dev/urandom, opened by SNAPSHOT_PREPARE for RESEED
         self.worker: threading.Thread | None = None
 
     def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
@@ -114,20 +127,17 @@ class Agent:
                 written = self.stream.write(view)
                 view = view[written:]
 
-    def hello(self) -> None:
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        self.send(
-            Kind.HELLO,
-            {
-                "agent_version": AGENT_VERSION,
-                "protocol": 1,
-                "boot_time_s": uptime,
-                "kernel": os.uname().release,
-                "python": sys.version.split()[0],
-                "pid": os.getpid(),
-            },
-        )
+    def hello(self, extra: dict[str, Any] | None = None) -> None:
+        header = {
+            "agent_version": AGENT_VERSION,
+            "protocol": 1,
+            "boot_time_s": round(time.clock_gettime(time.CLOCK_BOOTTIME), 2),  # = uptime
+            "kernel": os.uname().release,
+            "python": sys.version.split()[0],
+            "pid": os.getpid(),
+        }
+        header.update(extra or {})
+        self.send(Kind.HELLO, header)
 
     def serve(self) -> None:
         self.hello()
@@ -136,11 +146,21 @@ class Agent:
             try:
                 frame = read_frame(self.stream)
             except EOFError:
-                return
+                if not self.snapshotted:
+                    return
+                time.sleep(RECONNECT_POLL_S)  # a clone: the port reads EOF until its host connects
+                continue
             if frame.kind == Kind.PING:
                 self.send(Kind.PONG, {"t": frame.header.get("t")})
             elif frame.kind == Kind.SHUTDOWN:
                 return
+            elif frame.kind == Kind.SNAPSHOT_PREPARE and not self.busy.is_set():
+                self.pool = prepare_snapshot()
+                self.snapshotted = True
+                self.send(Kind.OK, {"prepared": True})
+            elif frame.kind == Kind.RESEED and not self.busy.is_set() and self.pool is not None:
+                self.snapshotted = False  # a clone now: its host closing the channel ends it
+                self.hello(reseed(self.pool, frame.body, frame.header))
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:
@@ -306,6 +326,53 @@ class Agent:
         self.send(Kind.DONE)
 
 
+def prepare_snapshot() -> Any:
+    """What a clone's RESEED needs, made ready before the snapshot: under TCG every code path
+    a clone runs for the first time is translated anew, so the clone should run few of them.
+
+    Returns ``/dev/urandom`` opened for writing (a handle, no state: clones still diverge).
+    """
+    import fcntl  # noqa: F401 - imported now, looked up from sys.modules in the clone
+    import struct  # noqa: F401
+
+    return open("/dev/urandom", "wb", buffering=0)
+
+
+def reseed(pool: Any, entropy: bytes, header: dict[str, Any]) -> dict[str, Any]:
+    """Make a restored clone diverge from its siblings; returns facts for its HELLO.
+
+    The entropy goes into the input pool (a plain write, then RNDADDENTROPY, which credits it)
+    and RNDRESEEDCRNG makes the CRNG draw from the pool now, not at its next scheduled reseed.
+    ``/proc/sys/kernel/random/boot_id`` is left unread: the first reader in the clone (after
+    this) makes the clone's own; the agent reports the host's clone id instead.
+    """
+    import fcntl
+    import struct
+
+    started = time.monotonic()
+    facts: dict[str, Any] = {"start": "snapshot", "clone_id": header.get("clone_id")}
+    try:
+        pool.write(entropy)
+        fcntl.ioctl(
+            pool, RNDADDENTROPY, struct.pack("ii", 8 * len(entropy), len(entropy)) + entropy
+        )
+        fcntl.ioctl(pool, RNDRESEEDCRNG)
+        facts["reseeded"] = True
+    except OSError as exc:
+        facts["reseeded"] = False
+        facts["reseed_error"] = f"{type(exc).__name__}: {exc}"
+    if "random" in sys.modules:  # only a module already loaded shares the template's state
+        sys.modules["random"].seed(entropy + os.urandom(16))
+    when = header.get("time_ns")
+    if isinstance(when, int):
+        try:
+            time.clock_settime_ns(time.CLOCK_REALTIME, when)
+        except OSError as exc:
+            facts["clock_error"] = str(exc)
+    facts["reseed_ms"] = round((time.monotonic() - started) * 1000, 3)
+    return facts
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -316,8 +383,19 @@ def serve_forever() -> None:
     Agent(stream).serve()
 
 
+def become_subreaper() -> None:
+    """Outside a VM, keep orphaned descendants below the agent so its host can find them all."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError, ImportError):
+        pass
+
+
 def main() -> None:
     if os.getpid() != 1:
+        become_subreaper()
         serve_forever()
         return
     prepare_guest_root()

@@ -54,6 +54,8 @@ class Kind:
     DONE = 15  # [g->h] everything of the current RUN/EXEC/GET was sent
     OK = 16  # [g->h] a PUT landed
     HEARTBEAT = 17  # [g->h] still alive, sent every HEARTBEAT_S while a request runs
+    SNAPSHOT_PREPARE = 18  # [h->g] a snapshot follows: on EOF wait for the next host (OK)
+    RESEED = 19  # [h->g] a restored clone: {clone_id, time_ns}, body = host entropy (HELLO)
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}

@@ -57,6 +57,13 @@ class EnvInfo:
     run_dir: Path | None
     created_at: float
     ready_s: float  # create -> agent ready
+    start_kind: str = "cold"  # "cold" (booted) or "snapshot" (a clone restored from a template)
+    template: str | None = None  # the template's digest when start_kind == "snapshot"
+    start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
+
+    def start_facts(self) -> dict[str, Any]:
+        """How this env started, for provenance (``start``, ``template``, ``start_note``)."""
+        return {"start": self.start_kind, "template": self.template, "start_note": self.start_note}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,20 @@ the agent on a virtio-serial port; the serial console piped to the driver, which
 bounded tail for diagnostics. The process runs under ``hostproc.supervised`` so it dies with
 its controller and at its hard deadline. destroy = SIGTERM, then SIGKILL, reap, remove the
 run folder, then confirm that neither a process nor the folder remains.
+
+Starts (``QemuDriver(start=...)``, default ``$CLEANROOM_QEMU_START`` or ``auto``): ``cold``
+boots the kernel every time; ``snapshot`` restores a clone of the baseline's template
+(``snapshot.py``: built on first use by booting the baseline once with its RAM in a file and
+saving it); ``auto`` is ``snapshot``, falling back to a cold boot, with the reason recorded in
+``EnvInfo.start_note``, if the template cannot be built or a clone cannot be restored (after a
+failed build, or 3 failed restores in a row, it boots cold for 5 minutes before trying again).
+A clone is a new QEMU process with the template's devices, its RAM mapped copy-on-write from
+the template's RAM file, and ``-incoming defer``: the driver connects to the agent socket and
+to QMP, queues RESEED (host entropy, the env id, the wall clock) on the agent channel, loads
+the device state with ``migrate-incoming fd:N`` (the state file is inherited), ``cont``s once
+the load completed, and the clone is ready when the agent answers with HELLO. Clones and the
+template's build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM,
+so destroy, confirm and reap treat them alike.
 """
 
 from __future__ import annotations
@@ -13,28 +27,43 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import os
+import secrets
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from cleanroom import paths
+from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc
+from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Driver,
     Env,
     EnvInfo,
     EnvRequest,
+    new_env_id,
     read_owner,
     write_owner,
 )
-from cleanroom.errors import DriverError, LaunchError
+from cleanroom.drivers.qmp import QmpClient
+from cleanroom.errors import CleanroomError, ConfigError, DriftError, DriverError, LaunchError
 
 CONSOLE_TAIL_BYTES = 64 * 1024
 GRACE_S = 0.1
+MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"
+STARTS = ("auto", "cold", "snapshot")
+START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
+MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
+RESEED_BYTES = 64
+POLL_MAX_S = 0.005  # socket polling: a clone's sockets appear ~0.1 s after its QEMU starts
+QMP_CONNECT_S = 10.0
+TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)
 GUEST_CMDLINE = (
     "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable tsc_early_khz={khz} "
     "cryptomgr.notests random.trust_cpu=on mitigations=off nokaslr 8250.nr_uarts=1 "
@@ -51,6 +80,7 @@ class _Live:
         self.console: collections.deque[bytes] = collections.deque()
         self.console_size = 0
         self.pump: asyncio.Task[None] | None = None
+        self.qmp: QmpClient | None = None
 
     async def read_console(self) -> None:
         assert self.proc.stdout is not None
@@ -68,13 +98,28 @@ class QemuDriver(Driver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset({"exec", "files", "console"})
+    capabilities = frozenset({"exec", "files", "console", "snapshot"})
 
-    def __init__(self, *, boot_timeout_s: float = 90.0, run_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        boot_timeout_s: float = 90.0,
+        run_root: Path | None = None,
+        start: str | None = None,
+        restore_timeout_s: float = 30.0,
+    ) -> None:
+        start = start or os.environ.get(START_ENV, "auto").strip().lower() or "auto"
+        if start not in STARTS:
+            raise ConfigError(f"start must be one of {', '.join(STARTS)} (not {start!r})")
         self.boot_timeout_s = boot_timeout_s
+        self.restore_timeout_s = restore_timeout_s
+        self.start = start
         self.run_root = run_root or paths.run_dir() / self.name
         self._live: dict[str, _Live] = {}
         self.accel: accel_mod.Accel | None = None
+        self._template_locks: dict[str, asyncio.Lock] = {}
+        self._template_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why)
+        self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
 
     def run_dir(self, env_id: str) -> Path:
         return self.run_root / env_id
@@ -89,14 +134,14 @@ class QemuDriver(Driver):
             "isolation": self.accel.isolation,
         }
 
-    def command(self, request: EnvRequest, accel: accel_mod.Accel, run_dir: Path) -> list[str]:
+    def machine_args(
+        self, request: EnvRequest, accel: accel_mod.Accel, *, memory_backend: bool = False
+    ) -> list[str]:
+        """The machine and its devices: identical for a template and its clones."""
         b, lim = request.baseline, request.limits
-        qemu = [
-            accel_mod.QEMU,
-            "-name",
-            hostproc.marker(request.env_id),
+        return [
             "-M",
-            "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on",
+            MACHINE + (",memory-backend=mem" if memory_backend else ""),
             *accel.qemu_args(),
             "-m",
             str(lim.memory_mib),
@@ -122,12 +167,29 @@ class QemuDriver(Driver):
             "virtio-blk-device,drive=root",
             "-device",
             "virtio-serial-device",
-            "-chardev",
-            f"socket,id=ctl,path={run_dir / 'ctl.sock'},server=on,wait=off",
             "-device",
             "virtserialport,chardev=ctl,name=ctl",
+        ]
+
+    def command(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        run_dir: Path,
+        extra: list[str] | None = None,
+        *,
+        memory_backend: bool = False,
+    ) -> list[str]:
+        qemu = [
+            accel_mod.QEMU,
+            "-name",
+            hostproc.marker(request.env_id),
+            *self.machine_args(request, accel, memory_backend=memory_backend),
+            "-chardev",
+            f"socket,id=ctl,path={snapshot.qemu_opt(run_dir / 'ctl.sock')},server=on,wait=off",
             "-qmp",
-            f"unix:{run_dir / 'qmp.sock'},server=on,wait=off",
+            f"unix:{snapshot.qemu_opt(run_dir / 'qmp.sock')},server=on,wait=off",
+            *(extra or []),
         ]
         return hostproc.supervised(qemu, request.hard_deadline_s)
 
@@ -135,17 +197,58 @@ class QemuDriver(Driver):
         if self.accel is None:
             self.accel = await accel_mod.choose(request.baseline)
         accel = self.accel
+        started = time.monotonic()
+        note: str | None = None
+        if self.start != "cold":
+            try:
+                template, note = await self.template_for(request, accel)
+                return await self._clone(request, accel, template, started, note)
+            except (CleanroomError, OSError) as exc:  # OSError: e.g. template removed under us
+                self._count_restore_failure(request, accel, exc)
+                if self.start == "snapshot":
+                    if isinstance(exc, LaunchError):
+                        raise
+                    raise LaunchError(f"snapshot start failed: {exc}") from exc
+                note = f"snapshot start failed, booted cold: {_first_line(exc)}"
+        return await self._cold(request, accel, started, note)
+
+    def _count_restore_failure(
+        self, request: EnvRequest, accel: accel_mod.Accel, exc: Exception
+    ) -> None:
+        """After MAX_RESTORE_FAILURES clones of a template failed in a row, stop using it
+        for TEMPLATE_RETRY_S (auto: cold boots; a timed-out restore is expensive)."""
+        if not isinstance(exc, LaunchError | OSError):
+            return  # the template itself is missing or failed to build: already recorded
+        key = self.template_key(request, accel)
+        failures = self._restore_failures.get(key, 0) + 1
+        self._restore_failures[key] = failures
+        if failures >= MAX_RESTORE_FAILURES:
+            why = f"{failures} clones in a row failed to restore; last: {_first_line(exc)}"
+            self._template_failed[key] = (time.monotonic(), why)
+            self._restore_failures[key] = 0
+
+    async def _spawn(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        extra: list[str] | None = None,
+        *,
+        pass_fds: tuple[int, ...] = (),
+        memory_backend: bool = False,
+    ) -> _Live:
+        """Start the env's QEMU process (run folder first: owner, then the process, its pid)."""
         run_dir = self.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.name)
-        started = time.monotonic()
+        argv = self.command(request, accel, run_dir, extra, memory_backend=memory_backend)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.command(request, accel, run_dir),
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
         except OSError as exc:
             hostproc.remove_tree(run_dir)
@@ -154,45 +257,262 @@ class QemuDriver(Driver):
         self._live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
+        return live
+
+    async def _ready_or_destroy(
+        self,
+        env_id: str,
+        live: _Live,
+        ready: Awaitable[AgentSession],
+        timeout_s: float,
+        what: str,
+    ) -> AgentSession:
+        """Await ``ready`` within ``timeout_s``; on any failure destroy the env, then raise."""
         try:
-            session = await asyncio.wait_for(self._connect(live), self.boot_timeout_s)
+            return await asyncio.wait_for(ready, timeout_s)
         except BaseException as exc:
             tail = live.console_tail().decode(errors="replace")[-800:]
-            await asyncio.shield(self.destroy(request.env_id))
+            await asyncio.shield(self.destroy(env_id))
             if isinstance(exc, TimeoutError):
                 raise LaunchError(
-                    f"guest agent not ready within {self.boot_timeout_s:.0f}s; console:\n{tail}"
+                    f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"
                 ) from exc
             if isinstance(exc, DriverError):
                 raise LaunchError(f"{exc}; console:\n{tail}") from exc
             raise
-        info = EnvInfo(
+
+    async def _cold(
+        self, request: EnvRequest, accel: accel_mod.Accel, started: float, note: str | None
+    ) -> Env:
+        live = await self._spawn(request, accel)
+        session = await self._ready_or_destroy(
+            request.env_id, live, self._connect(live), self.boot_timeout_s, "boot"
+        )
+        return Env(self, self._info(request, accel, live, started, start_note=note), session)
+
+    def _info(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        live: _Live,
+        started: float,
+        **start: Any,
+    ) -> EnvInfo:
+        return EnvInfo(
             env_id=request.env_id,
             driver=self.name,
             accelerator=accel.name,
             isolation=accel.isolation,
-            pid=proc.pid,
-            run_dir=run_dir,
+            pid=live.proc.pid,
+            run_dir=live.run_dir,
             created_at=time.time(),
             ready_s=time.monotonic() - started,
+            **start,
+        )
+
+    # -- snapshot starts ------------------------------------------------------------------------
+
+    def template_key(self, request: EnvRequest, accel: accel_mod.Accel) -> str:
+        machine = self.machine_args(request, accel, memory_backend=True)
+        return snapshot.template_key(request.baseline, accel.qemu_version, accel.name, machine)
+
+    async def template_for(
+        self, request: EnvRequest, accel: accel_mod.Accel
+    ) -> tuple[snapshot.Template, str | None]:
+        """The checked template for this request (built on first use), and a note if rebuilt."""
+        key = self.template_key(request, accel)
+        failed = self._template_failed.get(key)
+        if failed is not None and time.monotonic() - failed[0] < TEMPLATE_RETRY_S:
+            raise DriverError(failed[1])
+        note: str | None = None
+        async with self._template_locks.setdefault(key, asyncio.Lock()):
+            try:
+                template = await asyncio.to_thread(snapshot.load, key)
+            except DriftError as exc:
+                note = f"template {key[:12]} was modified ({', '.join(exc.drifted)}); rebuilt"
+                await asyncio.to_thread(snapshot.discard, key)
+                template = None
+            if template is not None:
+                return template, note
+            async with snapshot.build_lock(key, self.boot_timeout_s + snapshot.SAVE_TIMEOUT_S):
+                template = await asyncio.to_thread(snapshot.load, key)  # another process?
+                if template is None:
+                    try:
+                        template = await self._build_template(request, accel, key)
+                    except CleanroomError as exc:
+                        why = f"template build failed: {_first_line(exc)}"
+                        self._template_failed[key] = (time.monotonic(), why)
+                        raise DriverError(why) from exc
+            return template, note
+
+    async def _build_template(
+        self, request: EnvRequest, accel: accel_mod.Accel, key: str
+    ) -> snapshot.Template:
+        """Boot the baseline with RAM in a file, prepare the agent, save, destroy the VM."""
+        started = time.monotonic()
+        build = dataclasses.replace(
+            request,
+            env_id=new_env_id(),
+            hard_deadline_s=self.boot_timeout_s + snapshot.SAVE_TIMEOUT_S + 60,
+            labels={"purpose": "template", "template": key},
+        )
+        try:
+            work = await asyncio.to_thread(snapshot.build_dir, key)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            state_fd = os.open(work / snapshot.STATE_FILE, flags, 0o600)
+        except OSError as exc:
+            raise DriverError(f"cannot prepare the template folder: {exc}") from exc
+        memory = request.limits.memory_mib
+        try:
+            live = await self._spawn(
+                build,
+                accel,
+                snapshot.memory_args(work / snapshot.RAM_FILE, memory, shared=True),
+                memory_backend=True,
+            )
+            writer = await self._ready_template(live)
+            try:
+                live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
+                save_s = await snapshot.save(live.qmp, state_fd)
+            finally:
+                writer.close()
+            boot_s = time.monotonic() - started - save_s
+        except BaseException as exc:
+            await asyncio.shield(self.destroy(build.env_id))
+            await asyncio.to_thread(hostproc.remove_tree, work)
+            if isinstance(exc, TimeoutError):
+                raise DriverError(
+                    f"template VM not ready within {self.boot_timeout_s:.0f}s"
+                ) from exc
+            if isinstance(exc, OSError):
+                raise DriverError(f"template build failed: {exc}") from exc
+            raise
+        finally:
+            os.close(state_fd)
+        report = await self.destroy(build.env_id)
+        if not report.confirmed_absent:
+            await asyncio.to_thread(hostproc.remove_tree, work)
+            raise DriverError(f"template build VM {build.env_id} could not be confirmed gone")
+        facts = {
+            "baseline": request.baseline.digest,
+            "qemu": accel.qemu_version,
+            "accelerator": accel.name,
+            "vcpus": request.limits.vcpus,
+            "build_env": build.env_id,  # the build VM: destroyed and confirmed gone above
+            "built_at": time.time(),
+            "boot_s": round(boot_s, 3),
+            "save_s": round(save_s, 3),
+        }
+        try:
+            return await asyncio.to_thread(snapshot.seal, work, key, memory, facts)
+        except OSError as exc:
+            await asyncio.to_thread(hostproc.remove_tree, work)
+            raise DriverError(f"cannot save the template: {exc}") from exc
+
+    async def _ready_template(self, live: _Live) -> asyncio.StreamWriter:
+        """Wait for the template VM's agent and tell it a snapshot follows (channel kept open)."""
+
+        async def ready() -> asyncio.StreamWriter:
+            reader, writer = await self._open_channel(live)
+            session = AgentSession(reader, writer)
+            await self._await_hello(live, session)  # closes the session if it fails
+            try:
+                if not snapshot.agent_supports_snapshots(session.hello):
+                    version = session.hello.get("agent_version")
+                    raise DriverError(f"the baseline's guest agent {version} predates snapshots")
+                await snapshot.prepare(reader, writer)
+            except BaseException:
+                await session.aclose()
+                raise
+            return writer
+
+        return await asyncio.wait_for(ready(), self.boot_timeout_s)
+
+    async def _clone(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        template: snapshot.Template,
+        started: float,
+        note: str | None,
+    ) -> Env:
+        state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            memory = snapshot.memory_args(template.ram, template.memory_mib, shared=False)
+            live = await self._spawn(
+                request,
+                accel,
+                [*memory, "-incoming", "defer"],
+                pass_fds=(state_fd,),
+                memory_backend=True,
+            )
+            session = await self._ready_or_destroy(
+                request.env_id,
+                live,
+                self._restore(request.env_id, live, state_fd),
+                self.restore_timeout_s,
+                "restore",
+            )
+        finally:
+            os.close(state_fd)
+        self._restore_failures.pop(template.key, None)
+        info = self._info(
+            request,
+            accel,
+            live,
+            started,
+            start_kind="snapshot",
+            template=template.digest,
+            start_note=note,
         )
         return Env(self, info, session)
 
-    async def _connect(self, live: _Live) -> AgentSession:
+    async def _restore(self, env_id: str, live: _Live, state_fd: int) -> AgentSession:
+        """Queue RESEED on the agent channel, load the state, wait for the clone's HELLO."""
+        reader, writer = await self._open_channel(live)  # fails fast if QEMU exits
+        live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock", QMP_CONNECT_S)
+        header = {"clone_id": env_id, "time_ns": time.time_ns()}
+        writer.write(
+            protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES))
+        )
+        session = AgentSession(reader, writer)
+        try:
+            await snapshot.restore(live.qmp, state_fd)
+            await self._await_hello(live, session)
+        except BaseException:
+            await session.aclose()
+            raise
+        if session.hello.get("clone_id") != env_id:
+            await session.aclose()
+            raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
+        await live.qmp.aclose()
+        live.qmp = None
+        return session
+
+    # -- the agent channel ----------------------------------------------------------------------
+
+    async def _open_channel(self, live: _Live) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = live.run_dir / "ctl.sock"
-        delay = 0.002
+        delay = 0.001
         while True:
             if live.proc.returncode is not None:
                 raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
             if sock.exists():
                 try:
-                    reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 22)
-                    break
+                    return await asyncio.open_unix_connection(str(sock), limit=1 << 22)
                 except (ConnectionRefusedError, FileNotFoundError):
                     pass
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    async def _connect(self, live: _Live) -> AgentSession:
+        reader, writer = await self._open_channel(live)
         session = AgentSession(reader, writer)
+        await self._await_hello(live, session)
+        return session
+
+    async def _await_hello(self, live: _Live, session: AgentSession) -> None:
+        """Wait for HELLO, or fail as soon as QEMU exits; closes the session on failure."""
         hello_task = asyncio.ensure_future(session.wait_hello())
         exit_task = asyncio.ensure_future(live.proc.wait())
         try:
@@ -209,7 +529,6 @@ class QemuDriver(Driver):
             for task in (hello_task, exit_task):
                 task.cancel()
             await asyncio.gather(hello_task, exit_task, return_exceptions=True)
-        return session
 
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
@@ -221,6 +540,9 @@ class QemuDriver(Driver):
             if not self.exists(env_id):
                 break
             await asyncio.sleep(0.01 * 2**attempts)
+        if live is not None and live.qmp is not None:
+            await live.qmp.aclose()
+            live.qmp = None
         if live is not None and live.pump is not None:
             live.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -252,7 +574,8 @@ class QemuDriver(Driver):
         return bool(hostproc.pids_with_marker(env_id))
 
     def list_owned(self) -> list[str]:
-        found = hostproc.env_ids_running()
+        # only this driver's VMs under this run folder (not gvisor's, not another config's)
+        found = hostproc.env_ids_running(b"qemu-system", str(self.run_root).encode())
         if self.run_root.is_dir():
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)
@@ -263,3 +586,8 @@ class QemuDriver(Driver):
     def diagnostics(self, env_id: str) -> dict[str, bytes]:
         live = self._live.get(env_id)
         return {"console.log": live.console_tail()} if live is not None else {}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -1,0 +1,259 @@
+"""Start benchmark: cold boots against snapshot clones, side by side in one run.
+
+Measures, on the tiny test baseline (the template is built first, if needed, and timed):
+  cold boot -> agent ready                 (--cold runs; a boot takes seconds under TCG)
+  clone -> agent ready                     (--runs runs)
+  clone -> first exec (`true`) answered    (same clones: create + one exec)
+  destroy + confirm of a clone             (same clones)
+  N clones ready at once                   (--bursts bursts of --burst clones)
+  PSS per QEMU process with --idle idle clones alive (/proc/PID/smaps_rollup), and one cold VM
+  trivial episodes per second end to end   (Controller + LocalStore + Ledger in a temp dir,
+                                            task {"mode": "ok"}, --episodes at --parallel 2, 4)
+Cold and clone runs alternate, so machine noise hits both alike; every time is also given as
+a ratio to the cold boot's p50 measured in the same run. Results: bench/results/start.txt.
+
+    python bench/start.py [--cold 10] [--runs 30] [--bursts 30] [--episodes 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.store import resolve_or_build
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.report import percentile
+from cleanroom.store import LocalStore
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
+
+
+def manifest(i: int) -> Manifest:
+    return Manifest.model_validate(
+        {
+            "episode_id": f"start-{i:04d}",
+            "seed": i,
+            "policy": {"id": "bench"},
+            "task": {"mode": "ok"},
+        }
+    )
+
+
+def request(baseline: Baseline) -> EnvRequest:
+    limits = manifest(0).limits.merged_over(baseline.limits)
+    return EnvRequest(new_env_id(), baseline, limits, Owner("bench-start"), hard_deadline_s=600)
+
+
+async def timed_env(driver: QemuDriver, baseline: Baseline, python: bool) -> dict[str, float]:
+    """create -> ready, + first `true` (+ then `python3 -c pass`), destroy + confirm (s)."""
+    t0 = time.perf_counter()
+    env = await driver.create(request(baseline))
+    t1 = time.perf_counter()
+    (await env.exec(["true"])).check()
+    t2 = time.perf_counter()
+    times = {"ready": t1 - t0, "exec": t2 - t0}
+    if python:
+        (await env.exec(["python3", "-c", "pass"])).check()
+        times["python"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    report = await env.aclose()
+    times["destroy"] = time.perf_counter() - t3
+    assert report.confirmed_absent, report
+    return times
+
+
+async def burst(driver: QemuDriver, baseline: Baseline, n: int) -> float:
+    t0 = time.perf_counter()
+    envs = await asyncio.gather(*(driver.create(request(baseline)) for _ in range(n)))
+    elapsed = time.perf_counter() - t0
+    reports = await asyncio.gather(*(env.aclose() for env in envs))
+    assert all(r.confirmed_absent for r in reports)
+    return elapsed
+
+
+def pss_kib(env: Env) -> tuple[int, int]:
+    """(PSS of the env's QEMU process, PSS of its supervisor processes) in KiB."""
+    qemu = other = 0
+    for pid in hostproc.pids_with_marker(env.env_id):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        pss = next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+        if comm.startswith("qemu-system"):
+            qemu += pss
+        else:
+            other += pss
+    return qemu, other
+
+
+async def idle_pss(driver: QemuDriver, baseline: Baseline, n: int) -> list[tuple[int, int]]:
+    envs: list[Env] = []
+    try:
+        for _ in range(0, n, 4):  # a few at a time: the point is the idle footprint
+            envs += await asyncio.gather(*(driver.create(request(baseline)) for _ in range(4)))
+        await asyncio.sleep(3.0)
+        return [pss_kib(env) for env in envs[:n]]
+    finally:
+        await asyncio.gather(*(env.aclose() for env in envs))
+
+
+async def episodes_per_s(baseline: Baseline, n: int, parallel: int, start: str) -> dict[str, float]:
+    marks: dict[str, float] = {}
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if kind == "episode_started":
+            marks.setdefault("first", now)
+        elif kind == "episode_finished":
+            marks["last"] = now
+
+    with tempfile.TemporaryDirectory() as tmp, Ledger(Path(tmp) / "ledger.db") as ledger:
+        ctl = Controller(
+            QemuDriver(start=start),
+            ledger,
+            LocalStore(Path(tmp) / "store"),
+            options=RunOptions(parallel=parallel, staging_dir=Path(tmp) / "staging"),
+            on_event=on_event,
+        )
+        t0 = time.perf_counter()
+        result = await ctl.run([manifest(i) for i in range(n)], baseline)
+        wall = time.perf_counter() - t0
+    assert result.counts() == {"completed": n}, result.counts()
+    assert not result.leaked_envs
+    phases = {
+        name: statistics.median((e.record or {})["timings"][name] for e in result.episodes)
+        for name in ("provision_s", "run_s", "export_s")
+    }
+    return {"wall": n / wall, "episodes": n / (marks["last"] - marks["first"]), **phases}
+
+
+def row(name: str, values: list[float], cold_p50: float | None, target: str = "") -> str:
+    ms = [v * 1000 for v in values]
+    p50, p95 = percentile(ms, 50), percentile(ms, 95)
+    ratio = f"{cold_p50 * 1000 / p50:>8.1f}x" if cold_p50 else f"{'':>9}"
+    return f"{name:<34} {len(ms):>4} {p50:>9.1f} {p95:>9.1f} {ratio}  {target}"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--burst", type=int, default=8)
+    parser.add_argument("--bursts", type=int, default=30)
+    parser.add_argument("--idle", type=int, default=20)
+    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--python", type=int, default=10, help="runs that also time python3")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "start.txt")
+    args = parser.parse_args()
+    baseline = resolve_or_build(str(TINY), progress=lambda s, d: print(f"build {s}: {d}"))
+    cold, snap = QemuDriver(start="cold"), QemuDriver(start="snapshot")
+
+    t0 = time.perf_counter()
+    first = await snap.create(request(baseline))  # builds the template unless cached
+    template_s = time.perf_counter() - t0
+    await first.aclose()
+    template = snapshot.load(snap.template_key(request(baseline), snap.accel))  # type: ignore[arg-type]
+    assert template is not None
+
+    cold_runs: list[dict[str, float]] = []
+    clone_runs: list[dict[str, float]] = []
+    every = max(args.runs // max(args.cold, 1), 1)
+    for i in range(args.runs):
+        clone_runs.append(await timed_env(snap, baseline, python=i < args.python))
+        if i % every == 0 and len(cold_runs) < args.cold:
+            cold_runs.append(await timed_env(cold, baseline, python=len(cold_runs) < args.python))
+        print(f"run {i + 1}/{args.runs}: clone ready {clone_runs[-1]['ready'] * 1000:.0f} ms")
+    while len(cold_runs) < args.cold:
+        cold_runs.append(await timed_env(cold, baseline, python=len(cold_runs) < args.python))
+    bursts = []
+    for i in range(args.bursts):
+        bursts.append(await burst(snap, baseline, args.burst))
+        print(f"burst {i + 1}/{args.bursts}: {args.burst} ready in {bursts[-1] * 1000:.0f} ms")
+    pss = await idle_pss(snap, baseline, args.idle)
+    cold_env = await cold.create(request(baseline))
+    await asyncio.sleep(3.0)
+    cold_pss = pss_kib(cold_env)
+    await cold_env.aclose()
+    rates = {p: await episodes_per_s(baseline, args.episodes, p, "snapshot") for p in (2, 4)}
+    cold_rate = await episodes_per_s(baseline, 6, 2, "cold")
+
+    cold_p50 = statistics.median(r["ready"] for r in cold_runs)
+    qemu_pss = [q / 1024 for q, _ in pss]
+    sup_pss = statistics.mean(o for _, o in pss) / 1024
+    accel = snap.describe()
+    lines = [
+        f"# bench/start.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
+        f"{os.cpu_count()} cores, qemu {accel.get('accelerator_version', '?')}, "
+        f"accelerator {accel.get('accelerator', '?')}, load average at the end "
+        f"{os.getloadavg()[0]:.1f}",
+        f"# template: {template.digest[:19]}…, RAM {template.memory_mib} MiB in "
+        f"{template.files['ram']['size'] >> 20} MiB file, device state "
+        f"{template.files['state']['size'] >> 10} KiB; first clone (incl. template build if "
+        f"not cached) {template_s:.2f} s; template facts: boot {template.facts.get('boot_s')} s,"
+        f" save {template.facts.get('save_s')} s",
+        f"# cold runs: {len(cold_runs)} (fewer: a boot takes seconds); clone runs: {args.runs}; "
+        f"bursts: {args.bursts} x {args.burst}; cold and clone runs alternate",
+        "",
+        f"{'start path (ms)':<34} {'n':>4} {'p50':>9} {'p95':>9} {'vs cold':>9}  target",
+        row("cold boot -> agent ready", [r["ready"] for r in cold_runs], None),
+        row("cold boot -> first exec answered", [r["exec"] for r in cold_runs], None),
+        row(
+            "clone -> agent ready",
+            [r["ready"] for r in clone_runs],
+            cold_p50,
+            "<= 50 ms p50, >= 20x",
+        ),
+        row("clone -> first exec answered", [r["exec"] for r in clone_runs], cold_p50),
+        row(f"{args.burst} clones ready at once", bursts, cold_p50, "<= 500 ms"),
+        row(
+            "cold: then `python3 -c pass`", [r["python"] for r in cold_runs if "python" in r], None
+        ),
+        row(
+            "clone: then `python3 -c pass`",
+            [r["python"] for r in clone_runs if "python" in r],
+            None,
+        ),
+        row("destroy + confirm (clone)", [r["destroy"] for r in clone_runs], None),
+        row("destroy + confirm (cold)", [r["destroy"] for r in cold_runs], None),
+        "",
+        f"PSS with {len(pss)} idle clones alive: QEMU p50 {statistics.median(qemu_pss):.1f} MiB,"
+        f" max {max(qemu_pss):.1f} MiB (target <= 32 MiB); supervisor (timeout) "
+        f"{sup_pss:.1f} MiB; one idle cold-booted VM: QEMU {cold_pss[0] / 1024:.1f} MiB",
+        "",
+        "trivial episodes/s end to end (Controller + LocalStore + Ledger, task mode ok):",
+    ]
+    for parallel, rate in rates.items():
+        lines.append(
+            f"  snapshot, parallel {parallel}: {rate['wall']:.2f}/s wall incl. run setup, "
+            f"{rate['episodes']:.2f}/s first start -> last finish ({args.episodes} episodes;"
+            f" target >= 15/s); median provision {rate['provision_s'] * 1000:.0f} ms, run "
+            f"{rate['run_s'] * 1000:.0f} ms, export {rate['export_s'] * 1000:.0f} ms"
+        )
+    lines.append(
+        f"  cold, parallel 2: {cold_rate['wall']:.2f}/s wall, {cold_rate['episodes']:.2f}/s "
+        f"episodes (6 episodes)"
+    )
+    text = "\n".join(lines)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

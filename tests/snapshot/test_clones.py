@@ -1,0 +1,207 @@
+"""Snapshot starts on real QEMU microVMs (TCG here): clones of the tiny baseline's template."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.errors import DriftError, DriverError
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
+
+pytestmark = pytest.mark.vm
+
+CANARIES = ["/canary-root", "/tmp/canary-tmp", "/root/canary-home", "/var/tmp/canary-vartmp"]
+PROBE = (
+    "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+    "cat /proc/sys/kernel/random/boot_id; "
+    "python3 -c 'import random; print(random.random())'; "
+    "date +%s"
+)
+
+
+def manifest(eid: str, seed: int, **task: Any) -> Manifest:
+    return Manifest.model_validate(
+        {"episode_id": eid, "seed": seed, "policy": {"id": "snap", "version": "1"}, "task": task}
+    )
+
+
+def request(baseline: Baseline) -> EnvRequest:
+    limits = manifest("x", 0).limits.merged_over(baseline.limits)
+    return EnvRequest(new_env_id(), baseline, limits, Owner("snapshot-tests"), hard_deadline_s=300)
+
+
+def assert_gone(driver: QemuDriver, env_id: str) -> None:
+    assert not driver.exists(env_id)
+    assert not hostproc.pids_with_marker(env_id)
+    assert not driver.run_dir(env_id).exists()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[tuple[Controller, Ledger, LocalStore, QemuDriver]]:
+    ledger = Ledger(tmp_path / "ledger.db")
+    store = LocalStore(tmp_path / "store")
+    driver = QemuDriver(start="snapshot")
+    ctl = Controller(driver, ledger, store, options=RunOptions(parallel=2, cleanup_window_s=30))
+    yield ctl, ledger, store, driver
+    ledger.close()
+
+
+async def test_a_clone_runs_an_episode_to_a_durable_record(
+    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+) -> None:
+    ctl, ledger, store, driver = harness
+    result = await ctl.run([manifest("clone-ok", 6, mode="ok")], tiny_baseline, run_id="snap-ok")
+    episode = result.episodes[0]
+    assert episode.outcome == Outcome.COMPLETED, episode.error
+    record = store.get_record("snap-ok", "clone-ok")
+    assert record is not None and record["reward"] == 3.0
+    provenance = record["provenance"]
+    assert provenance["start"] == "snapshot"
+    assert provenance["template"].startswith("sha256:")
+    assert "start_note" not in provenance  # nothing was rebuilt, nothing fell back
+    key = driver.template_key(request(tiny_baseline), driver.accel)  # type: ignore[arg-type]
+    template = snapshot.load(key)
+    assert template is not None and provenance["template"] == template.digest
+    env_id = provenance["env_id"]
+    assert env_id == ledger.envs(run_id="snap-ok")[0].env_id
+    assert ledger.envs(run_id="snap-ok")[0].confirmed_absent_at is not None
+    assert episode.destroy is not None and episode.destroy.confirmed_absent
+    assert_gone(driver, env_id)
+    if "build_env" in template.facts:  # the template's build VM is gone as well
+        assert_gone(driver, template.facts["build_env"])
+
+
+async def test_five_clones_diverge(tiny_baseline: Baseline) -> None:
+    driver = QemuDriver(start="snapshot")
+    await (await driver.create(request(tiny_baseline))).aclose()  # the template exists now
+    envs: list[Env] = list(
+        await asyncio.gather(*(driver.create(request(tiny_baseline)) for _ in range(5)))
+    )
+    try:
+        outputs = []
+        for env in envs:
+            assert env.info.start_kind == "snapshot"
+            assert env.hello["clone_id"] == env.env_id and env.hello["reseeded"] is True
+            result = (await env.exec(["sh", "-c", PROBE], timeout_s=60)).check()
+            outputs.append(result.stdout.decode().split())
+    finally:
+        reports = [await env.aclose() for env in envs]
+    urandom, boot_ids, randoms, clocks = zip(*outputs, strict=True)
+    assert len(set(urandom)) == 5, urandom
+    assert len(set(boot_ids)) == 5, boot_ids
+    assert len(set(randoms)) == 5, randoms
+    assert all(abs(int(c) - time.time()) < 120 for c in clocks), clocks  # clock set on restore
+    assert all(r.confirmed_absent for r in reports)
+    for env in envs:
+        assert_gone(driver, env.env_id)
+
+
+async def test_a_clone_never_sees_what_an_earlier_clone_wrote(
+    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+) -> None:
+    ctl, ledger, store, driver = harness
+    await ctl.run(
+        [manifest("writer", 1, mode="write", paths=CANARIES, probe=CANARIES)],
+        tiny_baseline,
+        run_id="snap-fresh",
+    )
+    await ctl.run(
+        [manifest("prober", 2, mode="write", paths=[], probe=CANARIES)],
+        tiny_baseline,
+        run_id="snap-fresh",
+    )
+    writer = store.get_record("snap-fresh", "writer")
+    prober = store.get_record("snap-fresh", "prober")
+    assert writer is not None and prober is not None
+    assert writer["provenance"]["start"] == prober["provenance"]["start"] == "snapshot"
+    assert writer["provenance"]["template"] == prober["provenance"]["template"]
+    assert sorted(writer["info"]["seen"]) == sorted(CANARIES)
+    assert prober["info"]["seen"] == {}
+    for env in ledger.envs(run_id="snap-fresh"):
+        assert env.confirmed_absent_at is not None
+        assert_gone(driver, env.env_id)
+
+
+async def test_a_modified_template_is_named_and_rebuilt(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot, "templates_dir", lambda: tmp_path / "templates")
+    driver = QemuDriver(start="snapshot")
+    first = await driver.create(request(tiny_baseline))
+    await first.aclose()
+    key = driver.template_key(request(tiny_baseline), driver.accel)  # type: ignore[arg-type]
+    template = snapshot.load(key)
+    assert template is not None and first.info.template == template.digest
+    for name in (snapshot.RAM_FILE, snapshot.STATE_FILE, snapshot.META_FILE):
+        assert stat.S_IMODE((template.path / name).stat().st_mode) == 0o444, name
+
+    state = template.state
+    state.chmod(0o644)
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(DriftError) as caught:
+        snapshot.load(key)
+    assert caught.value.drifted == ["state"]
+
+    env = await driver.create(request(tiny_baseline))
+    try:
+        assert env.info.start_kind == "snapshot"
+        assert env.info.start_note is not None and "(state)" in env.info.start_note
+        assert (await env.exec(["true"])).ok
+    finally:
+        await env.aclose()
+    rebuilt = snapshot.load(key)
+    assert rebuilt is not None and rebuilt.facts["build_env"] != template.facts["build_env"]
+
+
+async def test_auto_falls_back_to_a_cold_boot_and_says_why(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot, "templates_dir", lambda: tmp_path / "templates")
+
+    async def broken(*args: Any) -> snapshot.Template:
+        raise DriverError("no template today")
+
+    driver = QemuDriver(start="auto")
+    monkeypatch.setattr(driver, "_build_template", broken)
+    env = await driver.create(request(tiny_baseline))
+    try:
+        assert env.info.start_kind == "cold" and env.info.template is None
+        assert env.info.start_note is not None and "no template today" in env.info.start_note
+        assert (await env.exec(["true"])).ok
+    finally:
+        report = await env.aclose()
+    assert report.confirmed_absent
+    assert_gone(driver, env.env_id)
+
+
+async def test_destroy_confirms_a_clone_absent_even_when_it_is_killed(
+    tiny_baseline: Baseline,
+) -> None:
+    driver = QemuDriver(start="snapshot")
+    env = await driver.create(request(tiny_baseline))
+    pids = hostproc.pids_with_marker(env.env_id)
+    assert env.info.start_kind == "snapshot" and pids
+    assert env.env_id in driver.list_owned()
+    hostproc.kill_pids(pids, signal.SIGKILL)  # a crashed clone
+    report = await env.aclose()
+    assert report.confirmed_absent
+    assert_gone(driver, env.env_id)
+    again = await driver.destroy(env.env_id)  # idempotent
+    assert again.confirmed_absent
