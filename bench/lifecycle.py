@@ -123,7 +123,8 @@ async def main() -> None:
         f"# bench/lifecycle.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, driver {args.driver}, "
         f"accelerator {ctl.driver.describe().get('accelerator', '?')}, "
-        f"{args.episodes} trivial episodes, parallel 1, direct and controller alternating",
+        f"{args.episodes} trivial episodes, parallel 1, direct and controller alternating, "
+        f"load average at the end {os.getloadavg()[0]:.1f}",
         f"{'phase (ms)':<28} {'p50':>9} {'p95':>9} {'min':>9} {'max':>9}",
         row("create -> agent ready", [v["ready"] for v in via]),
         row("run (entrypoint+collect)", [v["run"] for v in via]),
