@@ -163,6 +163,7 @@ async def main() -> None:
     args = parser.parse_args()
     baseline = resolve_or_build(str(TINY), progress=lambda s, d: print(f"build {s}: {d}"))
     cold, snap = QemuDriver(start="cold"), QemuDriver(start="snapshot")
+    load_at_start = os.getloadavg()[0]
 
     t0 = time.perf_counter()
     first = await snap.create(request(baseline))  # builds the template unless cached
@@ -190,6 +191,7 @@ async def main() -> None:
     await asyncio.sleep(3.0)
     cold_pss = pss_kib(cold_env)
     await cold_env.aclose()
+    load_at_episodes = os.getloadavg()[0]
     rates = {p: await episodes_per_s(baseline, args.episodes, p, "snapshot") for p in (2, 4)}
     cold_rate = await episodes_per_s(baseline, 6, 2, "cold")
 
@@ -200,7 +202,8 @@ async def main() -> None:
     lines = [
         f"# bench/start.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, qemu {accel.get('accelerator_version', '?')}, "
-        f"accelerator {accel.get('accelerator', '?')}, load average at the end "
+        f"accelerator {accel.get('accelerator', '?')}, load average (1 min) at the start "
+        f"{load_at_start:.1f}, before the episodes {load_at_episodes:.1f}, at the end "
         f"{os.getloadavg()[0]:.1f}",
         f"# template: {template.digest[:19]}…, RAM {template.memory_mib} MiB in "
         f"{template.files['ram']['size'] >> 20} MiB file, device state "

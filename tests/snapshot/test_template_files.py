@@ -105,3 +105,14 @@ def test_only_the_newest_templates_are_kept(monkeypatch: pytest.MonkeyPatch) -> 
         os.utime(template.path / snapshot.META_FILE, (1000 + i, 1000 + i))
     assert [snapshot.load(k) is not None for k in keys] == [False, False, True, True]
     assert snapshot.prune(keep=0, spare=keys[3]) == [keys[2]]
+
+
+def test_leftovers_of_dead_builders_are_removed(home: Path) -> None:
+    root = home / "templates"
+    dead = 2**22 + 12345  # above the default pid_max: never a live process
+    for name in (f".build-{'k' * 32}-{dead}", f".trash-{'j' * 32}-{dead}-1"):
+        (root / name).mkdir(parents=True)
+    alive = root / f".trash-{'j' * 32}-{os.getpid()}-2"
+    alive.mkdir()
+    work = snapshot.build_dir("k" * 32)
+    assert sorted(p.name for p in root.iterdir()) == sorted([alive.name, work.name])

@@ -208,10 +208,10 @@ def build_dir(key: str) -> Path:
     """A fresh scratch folder for building ``key`` (stale ones of dead builders are removed)."""
     root = templates_dir()
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f".build-{key}-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
+    for stale in [*root.glob(f".build-{key}-*"), *root.glob(".trash-*")]:
+        pid = stale.name.split("-")[-1 if stale.name.startswith(".build-") else -2]
         if pid.isdigit() and not hostproc.pid_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
+            shutil.rmtree(stale, ignore_errors=True)  # left by a builder that died
     work = root / f".build-{key}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700)
