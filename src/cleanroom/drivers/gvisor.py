@@ -19,7 +19,6 @@ cgroup. ``CLEANROOM_GVISOR_PLATFORM`` picks the runsc platform (``ptrace`` by de
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import os
@@ -47,7 +46,6 @@ from cleanroom.errors import ConfigError, DriverError, LaunchError
 
 RUNSC = "runsc"
 ISOLATION = "userspace-kernel"
-CONSOLE_TAIL_BYTES = 64 * 1024
 EXIT_WAIT_S = 0.05  # a sandbox whose agent saw its channel close exits within this
 GRACE_S = 1.0
 RUNSC_CALL_TIMEOUT_S = 10.0
@@ -77,25 +75,8 @@ def default_platform() -> str:
     return os.environ.get("CLEANROOM_GVISOR_PLATFORM", "ptrace")
 
 
-class _Live:
+class _Live(hostproc.ConsoleProcess):
     """What the driver holds for a sandbox it started in this process."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.console: collections.deque[bytes] = collections.deque()
-        self.console_size = 0
-        self.pump: asyncio.Task[None] | None = None
-
-    async def read_console(self) -> None:
-        assert self.proc.stdout is not None
-        while chunk := await self.proc.stdout.read(4096):
-            self.console.append(chunk)
-            self.console_size += len(chunk)
-            while self.console_size > CONSOLE_TAIL_BYTES and len(self.console) > 1:
-                self.console_size -= len(self.console.popleft())
-
-    def console_tail(self) -> bytes:
-        return b"".join(self.console)[-CONSOLE_TAIL_BYTES:]
 
 
 class GvisorDriver(Driver):

@@ -7,6 +7,7 @@ itself, not the controller's memory, answers "is anything of this env still runn
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import re
@@ -16,6 +17,30 @@ from pathlib import Path
 
 MARKER_PREFIX = "cleanroom-"
 ENV_ID_RE = re.compile(rb"cleanroom-(env-[0-9a-f]{16})")
+
+
+CONSOLE_TAIL_BYTES = 64 * 1024
+
+
+class ConsoleProcess:
+    """A driver's child process whose console output is kept as a bounded tail (diagnostics)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.console: collections.deque[bytes] = collections.deque()
+        self.console_size = 0
+        self.pump: asyncio.Task[None] | None = None
+
+    async def read_console(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := await self.proc.stdout.read(4096):
+            self.console.append(chunk)
+            self.console_size += len(chunk)
+            while self.console_size > CONSOLE_TAIL_BYTES and len(self.console) > 1:
+                self.console_size -= len(self.console.popleft())
+
+    def console_tail(self) -> bytes:
+        return b"".join(self.console)[-CONSOLE_TAIL_BYTES:]
 
 
 def marker(env_id: str) -> str:

@@ -25,7 +25,6 @@ so destroy, confirm and reap treat them alike.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import os
@@ -54,7 +53,6 @@ from cleanroom.drivers.base import (
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, ConfigError, DriftError, DriverError, LaunchError
 
-CONSOLE_TAIL_BYTES = 64 * 1024
 GRACE_S = 0.1
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"
 STARTS = ("auto", "cold", "snapshot")
@@ -71,27 +69,13 @@ GUEST_CMDLINE = (
 )
 
 
-class _Live:
+class _Live(hostproc.ConsoleProcess):
     """What the driver holds for an env it created in this process."""
 
     def __init__(self, proc: asyncio.subprocess.Process, run_dir: Path) -> None:
-        self.proc = proc
+        super().__init__(proc)
         self.run_dir = run_dir
-        self.console: collections.deque[bytes] = collections.deque()
-        self.console_size = 0
-        self.pump: asyncio.Task[None] | None = None
         self.qmp: QmpClient | None = None
-
-    async def read_console(self) -> None:
-        assert self.proc.stdout is not None
-        while chunk := await self.proc.stdout.read(4096):
-            self.console.append(chunk)
-            self.console_size += len(chunk)
-            while self.console_size > CONSOLE_TAIL_BYTES and len(self.console) > 1:
-                self.console_size -= len(self.console.popleft())
-
-    def console_tail(self) -> bytes:
-        return b"".join(self.console)[-CONSOLE_TAIL_BYTES:]
 
 
 class QemuDriver(Driver):
