@@ -6,7 +6,9 @@ Everything lives under ``$CLEANROOM_HOME`` (default ``~/.local/share/cleanroom``
     baselines/by-spec/<hex>   spec digest -> baseline digest (the build cache)
     cache/                    downloads (kernel .debs) and build scratch
     store/                    the default durable store
-    run/<env_id>/             one folder per live environment (sockets, pid, console log)
+    run/<driver>/<env_id>/    one folder per live environment (owner.json, pid, sockets)
+    templates/<key>/          snapshot templates (guest RAM file + device state), read-only
+    staging/<run>/            evidence in flight, host-private, removed after export
     ledger.db                 the audit ledger (SQLite, WAL)
 """
 
