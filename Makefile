@@ -24,6 +24,9 @@ lint: setup
 
 bench: setup
 	$(PY) bench/lifecycle.py
+	$(PY) bench/start.py
+	$(PY) bench/destroy.py
+	$(PY) bench/drivers.py
 
 # Build and cache leftovers; keeps .venv (distclean removes it too).
 clean:
