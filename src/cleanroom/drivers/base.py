@@ -8,13 +8,14 @@ leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 import secrets
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
@@ -164,6 +165,32 @@ class Driver(abc.ABC):
         return {"driver": self.name}
 
 
+async def fail_launch(
+    driver: Driver,
+    env_id: str,
+    console_tail: bytes,
+    exc: BaseException,
+    timeout_s: float,
+    what: str,
+) -> NoReturn:
+    """A create() went wrong after the env existed: destroy it (shielded), then raise.
+
+    A timeout or a driver error becomes a ``LaunchError`` carrying the console tail; anything
+    else (cancellation included) propagates unchanged.
+    """
+    from cleanroom.errors import DriverError, LaunchError
+
+    tail = console_tail.decode(errors="replace")[-800:]
+    await asyncio.shield(driver.destroy(env_id))
+    if isinstance(exc, TimeoutError):
+        raise LaunchError(
+            f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"
+        ) from exc
+    if isinstance(exc, DriverError):
+        raise LaunchError(f"{exc}; console:\n{tail}") from exc
+    raise exc
+
+
 def write_owner(run_dir: Path, request: EnvRequest, driver: str) -> None:
     """Leave who owns this env in its run folder, for a reaper in another process."""
     import json
@@ -193,7 +220,6 @@ def read_owner(run_dir: Path) -> dict[str, Any] | None:
 
 async def confirm_gone(driver: Driver, env_id: str, window_s: float = 2.0) -> bool:
     """Poll ``exists`` until it is false or the window ends."""
-    import asyncio
 
     end = time.monotonic() + window_s
     delay = 0.001

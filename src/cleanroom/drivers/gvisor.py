@@ -39,10 +39,11 @@ from cleanroom.drivers.base import (
     Env,
     EnvInfo,
     EnvRequest,
+    fail_launch,
     read_owner,
     write_owner,
 )
-from cleanroom.errors import ConfigError, DriverError, LaunchError
+from cleanroom.errors import ConfigError, LaunchError
 
 RUNSC = "runsc"
 ISOLATION = "userspace-kernel"
@@ -181,15 +182,9 @@ class GvisorDriver(Driver):
         except BaseException as exc:
             if connected.done() and not connected.cancelled():
                 connected.result()[1].close()  # a connection that came too late
-            tail = live.console_tail().decode(errors="replace")[-800:]
-            await asyncio.shield(self.destroy(env_id))
-            if isinstance(exc, TimeoutError):
-                raise LaunchError(
-                    f"guest agent not ready within {self.ready_timeout_s:.0f}s; console:\n{tail}"
-                ) from exc
-            if isinstance(exc, DriverError):
-                raise LaunchError(f"{exc}; console:\n{tail}") from exc
-            raise
+            await fail_launch(
+                self, env_id, live.console_tail(), exc, self.ready_timeout_s, "sandbox start"
+            )
         finally:
             server.close()
         info = EnvInfo(

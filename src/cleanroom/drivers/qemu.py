@@ -46,6 +46,7 @@ from cleanroom.drivers.base import (
     Env,
     EnvInfo,
     EnvRequest,
+    fail_launch,
     new_env_id,
     read_owner,
     write_owner,
@@ -255,15 +256,7 @@ class QemuDriver(Driver):
         try:
             return await asyncio.wait_for(ready, timeout_s)
         except BaseException as exc:
-            tail = live.console_tail().decode(errors="replace")[-800:]
-            await asyncio.shield(self.destroy(env_id))
-            if isinstance(exc, TimeoutError):
-                raise LaunchError(
-                    f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"
-                ) from exc
-            if isinstance(exc, DriverError):
-                raise LaunchError(f"{exc}; console:\n{tail}") from exc
-            raise
+            await fail_launch(self, env_id, live.console_tail(), exc, timeout_s, what)
 
     async def _cold(
         self, request: EnvRequest, accel: accel_mod.Accel, started: float, note: str | None
