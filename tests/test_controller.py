@@ -267,3 +267,24 @@ async def test_fake_destroy_takes_the_entrypoints_whole_process_tree(h: Harness)
     with pytest.raises(asyncio.CancelledError):
         await run
     assert not [p for p in tree if hostproc.pid_alive(p)]
+
+
+async def test_drift_during_a_run_stops_the_next_env_creation(h: Harness) -> None:
+    entry = h.baseline.path / "entry.py"
+
+    def tamper_after_first(kind: str, data: dict[str, Any]) -> None:
+        if kind == "episode_finished" and data["episode_id"] == "first":
+            entry.write_text(entry.read_text() + "\n# changed mid-run\n")
+
+    h.ctl.options = RunOptions(parallel=1, cleanup_window_s=5, staging_dir=h.tmp / "staging")
+    h.ctl._on_event = tamper_after_first
+    result = await h.ctl.run([manifest("first"), manifest("second")], h.baseline, run_id="rd")
+    outcomes = {e.episode_id: e for e in result.episodes}
+    assert outcomes["first"].outcome is Outcome.COMPLETED
+    assert outcomes["second"].outcome is Outcome.INFRA_ERROR
+    assert "entry.py" in (outcomes["second"].error or "")
+    [first_env] = [e for e in h.ledger.envs(run_id="rd") if e.episode_id == "first"]
+    assert [e.episode_id for e in h.ledger.envs(run_id="rd")] == ["first", "second"]
+    second_env = next(e for e in h.ledger.envs(run_id="rd") if e.episode_id == "second")
+    assert second_env.created_at is None  # refused before any VM process existed
+    assert first_env.confirmed_absent_at is not None
