@@ -229,9 +229,7 @@ class Controller:
                 episode_id=eid,
                 attempt=attempt,
                 driver=self.driver.name,
-                owner_controller=self.owner.controller_id,
-                owner_pid=self.owner.pid,
-                owner_host=self.owner.host,
+                **self.owner.ledger_fields(),
             )
             baseline_store.quick_check(baseline)
             values = resolve_secrets(self.secret_provider, [s.name for s in manifest.secrets])

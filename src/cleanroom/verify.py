@@ -255,9 +255,7 @@ class Verifiers:
             episode_id=eid,
             attempt=attempt,
             driver=self.driver.name,
-            owner_controller=self.owner.controller_id,
-            owner_pid=self.owner.pid,
-            owner_host=self.owner.host,
+            **self.owner.ledger_fields(),
         )
         baseline_store.quick_check(baseline)
         limits = manifest.limits.merged_over(baseline.limits)

@@ -35,6 +35,14 @@ class Owner:
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=socket.gethostname)
 
+    def ledger_fields(self) -> dict[str, Any]:
+        """The owner columns of a ledger env row (``Ledger.env_intent(..., **fields)``)."""
+        return {
+            "owner_controller": self.controller_id,
+            "owner_pid": self.pid,
+            "owner_host": self.host,
+        }
+
 
 @dataclass(frozen=True)
 class EnvRequest:

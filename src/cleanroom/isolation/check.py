@@ -187,9 +187,7 @@ class IsolationCheck:
             episode_id=label,
             attempt=1,
             driver=self.driver.name,
-            owner_controller=self.owner.controller_id,
-            owner_pid=self.owner.pid,
-            owner_host=self.owner.host,
+            **self.owner.ledger_fields(),
         )
         limits = Limits().merged_over(self.baseline.limits)
         request = EnvRequest(

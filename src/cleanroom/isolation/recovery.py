@@ -141,9 +141,7 @@ async def _child(config: dict[str, Any]) -> None:
             episode_id=config["label"],
             attempt=1,
             driver=driver.name,
-            owner_controller=owner.controller_id,
-            owner_pid=owner.pid,
-            owner_host=owner.host,
+            **owner.ledger_fields(),
         )
         limits = Limits().merged_over(baseline.limits)
         request = EnvRequest(env_id, baseline, limits, owner, hard_deadline_s=CHILD_DEADLINE_S)
