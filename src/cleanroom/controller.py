@@ -338,7 +338,8 @@ class Controller:
                     )
                     if verdict is not None:
                         clock.lap("verify_s")
-                    record = export_episode(
+                    record = await asyncio.to_thread(  # fsyncs: keep them off the event loop
+                        export_episode,
                         self.store,
                         run_id,
                         manifest,
@@ -358,7 +359,8 @@ class Controller:
                     episode.reward = record.get("reward")
                     self.ledger.episode_state(run_id, eid, attempt, "DURABLE", env_id=env_id)
                 else:
-                    export_attempt(
+                    await asyncio.to_thread(
+                        export_attempt,
                         self.store,
                         run_id,
                         manifest,
@@ -376,7 +378,7 @@ class Controller:
         finally:
             self.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
             episode.destroy = await self._destroy(env, env_id, run_id, eid, attempt)
-            shutil.rmtree(staging, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, staging, ignore_errors=True)
             episode.outcome, episode.error = outcome, error
             self.ledger.episode_finished(
                 run_id,
@@ -506,8 +508,12 @@ class Controller:
                 episode_id=eid,
             )
         with contextlib.suppress(StoreError):
-            self.store.put_bytes(
-                run_id, eid, f"attempts/{attempt}/destroy.json", _destroy_json(report)
+            await asyncio.to_thread(
+                self.store.put_bytes,
+                run_id,
+                eid,
+                f"attempts/{attempt}/destroy.json",
+                _destroy_json(report),
             )
         return report
 
