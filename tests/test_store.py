@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from cleanroom import store as store_mod
 from cleanroom.errors import ConfigError, ExportError, RecordConflict, UnsafePath
 from cleanroom.store import FsspecStore, LocalStore, Store, StoredFile, open_store
+from cleanroom.store import local as store_mod
 
 RUN, EP = "run-1", "ep-1"
 RECORD: dict[str, Any] = {"episode_id": EP, "run_id": RUN, "outcome": "completed", "reward": 1.5}
@@ -187,7 +187,7 @@ def test_read_back_mismatch_is_an_export_error(
     def corrupt(src: Path) -> Iterator[bytes]:
         yield b"bit rot"
 
-    monkeypatch.setattr(store_mod, "_chunks", corrupt)  # used to read the written file back
+    monkeypatch.setattr(store_mod, "chunks", corrupt)  # used to read the written file back
     with pytest.raises(ExportError, match="read back"):
         store.put_bytes(RUN, EP, "artifacts/a", b"payload")
     assert not (_episode(store) / "artifacts/a").exists()
