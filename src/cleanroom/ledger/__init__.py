@@ -17,112 +17,24 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from cleanroom import paths
 from cleanroom.errors import LedgerError
-
-SCHEMA_VERSION = 1
-QUEUED = "PENDING"
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS runs (
-        run_id TEXT PRIMARY KEY, created REAL NOT NULL, finished REAL, status TEXT NOT NULL,
-        controller_id TEXT, host TEXT, pid INTEGER, baseline TEXT, driver TEXT,
-        parallel INTEGER, meta TEXT NOT NULL DEFAULT '{}')""",
-    """CREATE TABLE IF NOT EXISTS episodes (
-        run_id TEXT NOT NULL, episode_id TEXT NOT NULL, attempt INTEGER NOT NULL,
-        state TEXT NOT NULL, outcome TEXT, verdict TEXT, reward REAL, error TEXT, env_id TEXT,
-        queued_at REAL NOT NULL, started_at REAL, ended_at REAL,
-        PRIMARY KEY (run_id, episode_id, attempt))""",
-    """CREATE TABLE IF NOT EXISTS envs (
-        env_id TEXT PRIMARY KEY, run_id TEXT, episode_id TEXT, attempt INTEGER, driver TEXT,
-        accelerator TEXT, owner_controller TEXT, owner_pid INTEGER, owner_host TEXT,
-        intent_at REAL NOT NULL, created_at REAL, ready_at REAL, pid INTEGER, run_dir TEXT,
-        destroy_started_at REAL, destroyed_at REAL, confirmed_absent_at REAL, cleanup_ms REAL,
-        destroy_attempts INTEGER, state TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS envs_by_run ON envs (run_id)",
-    "CREATE INDEX IF NOT EXISTS envs_live ON envs (env_id) WHERE confirmed_absent_at IS NULL",
-    """CREATE TABLE IF NOT EXISTS events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id TEXT, episode_id TEXT,
-        env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}')""",
-    "CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind)",
+from cleanroom.ledger.rows import (
+    QUEUED,
+    SCHEMA,
+    SCHEMA_VERSION,
+    EnvRow,
+    EpisodeRow,
+    EventRow,
+    RunRow,
+    run_row,
 )
 
-
-@dataclass(frozen=True)
-class RunRow:
-    run_id: str
-    created: float
-    finished: float | None
-    status: str
-    controller_id: str | None
-    host: str | None
-    pid: int | None
-    baseline: str | None
-    driver: str | None
-    parallel: int | None
-    meta: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class EpisodeRow:
-    run_id: str
-    episode_id: str
-    attempt: int
-    state: str
-    outcome: str | None
-    verdict: str | None
-    reward: float | None
-    error: str | None
-    env_id: str | None
-    queued_at: float
-    started_at: float | None
-    ended_at: float | None
-
-
-@dataclass(frozen=True)
-class EnvRow:
-    env_id: str
-    run_id: str | None
-    episode_id: str | None
-    attempt: int | None
-    driver: str | None
-    accelerator: str | None
-    owner_controller: str | None
-    owner_pid: int | None
-    owner_host: str | None
-    intent_at: float
-    created_at: float | None
-    ready_at: float | None
-    pid: int | None
-    run_dir: str | None
-    destroy_started_at: float | None
-    destroyed_at: float | None
-    confirmed_absent_at: float | None
-    cleanup_ms: float | None
-    destroy_attempts: int | None
-    state: str
-
-    @property
-    def live(self) -> bool:
-        """Not confirmed absent: it may still exist on the host."""
-        return self.confirmed_absent_at is None
-
-
-@dataclass(frozen=True)
-class EventRow:
-    id: int
-    ts: float
-    run_id: str | None
-    episode_id: str | None
-    env_id: str | None
-    kind: str
-    data: dict[str, Any]
-
+__all__ = ["QUEUED", "SCHEMA_VERSION", "EnvRow", "EpisodeRow", "EventRow", "Ledger", "RunRow"]
 
 _LATEST = (
     "attempt = (SELECT MAX(attempt) FROM episodes AS e2 "
@@ -166,7 +78,7 @@ class Ledger:
                         f"{self.path}: schema version {version} is newer than this cleanroom "
                         f"({SCHEMA_VERSION}); upgrade cleanroom"
                     )
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
@@ -254,12 +166,12 @@ class Ledger:
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = self._rows("get_run", "SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        return _run(rows[0]) if rows else None
+        return run_row(rows[0]) if rows else None
 
     def list_runs(self) -> list[RunRow]:
         """Every run, newest first."""
         return [
-            _run(r) for r in self._rows("list_runs", "SELECT * FROM runs ORDER BY created DESC")
+            run_row(r) for r in self._rows("list_runs", "SELECT * FROM runs ORDER BY created DESC")
         ]
 
     # -- episodes ---------------------------------------------------------------------------
@@ -451,7 +363,3 @@ class Ledger:
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, default=str)
-
-
-def _run(row: sqlite3.Row) -> RunRow:
-    return RunRow(**{**dict(row), "meta": json.loads(row["meta"])})
