@@ -81,11 +81,11 @@ class EgressProxy:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._sock is not None:
-            self._sock.close()
-        for task in list(self._tasks):
+        for task in list(self._tasks):  # the accept loop first stops watching the socket
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close()
 
     def record(self, flow: Flow) -> None:
         if len(self.events) >= self._max_events:
@@ -102,8 +102,8 @@ class EgressProxy:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(target, port), self.connect_timeout_s
         )
-        peer = writer.get_extra_info("peername")
-        return reader, writer, f"{peer[0]}:{peer[1]}" if peer else target
+        address, used = writer.get_extra_info("peername")[:2]
+        return reader, writer, f"[{address}]:{used}" if ":" in address else f"{address}:{used}"
 
     # -- the hand-off from QEMU's helper --------------------------------------------------------
 
