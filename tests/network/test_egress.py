@@ -14,7 +14,7 @@ from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.errors import NetworkPolicyError
+from cleanroom.errors import LaunchError, NetworkPolicyError
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.network.egress import Egress, check_manifests, episode_policy
@@ -140,3 +140,12 @@ async def test_events_reach_the_ledger_and_the_log_redacted(
         "denied": 2,
         "events_dropped": 0,
     }
+
+
+async def test_a_guest_that_did_not_configure_its_nic_fails_the_launch() -> None:
+    egress = Egress(Policy.parse(["a.test:1"]), ledger=None, run_id="r", episode_id="e", env_id="x")  # type: ignore[arg-type]
+    egress.check_ready({"network": {"address": "10.0.2.15", "env": {}}})
+    with pytest.raises(LaunchError, match="no NIC found"):
+        egress.check_ready({"agent_version": "0.3.0"})
+    with pytest.raises(LaunchError, match="OSError: boom"):
+        egress.check_ready({"network": {"error": "OSError: boom"}})
