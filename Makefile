@@ -27,6 +27,7 @@ bench: setup
 	$(PY) bench/start.py
 	$(PY) bench/destroy.py
 	$(PY) bench/drivers.py
+	$(PY) bench/egress.py
 
 # Build and cache leftovers; keeps .venv (distclean removes it too).
 clean:

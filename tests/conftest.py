@@ -63,6 +63,25 @@ def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
     return baseline
 
 
+def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline":  # noqa: UP037
+    """``baseline`` with an egress allowlist: a new baseline (its own digest, which covers the
+    list) whose components are hard links to the original's, so nothing is rebuilt."""
+    import dataclasses
+
+    from cleanroom.baseline.model import digest_of
+
+    spec = {**baseline.spec, "network": {"allow": list(allow)}}
+    derived = dataclasses.replace(baseline, network=tuple(allow), spec=spec)
+    derived = dataclasses.replace(derived, digest=digest_of(derived.identity()))
+    folder = tmp / "baselines" / derived.digest.removeprefix("sha256:")
+    folder.mkdir(parents=True)
+    for component in baseline.components:
+        os.link(baseline.path / component.name, folder / component.name)
+    derived = dataclasses.replace(derived, path=folder)
+    (folder / "baseline.json").write_text(json.dumps(derived.to_json()))
+    return derived
+
+
 @pytest.fixture(scope="session")
 def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     """The tiny test baseline, built once (minutes on a fresh machine) and cached."""

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from cleanroom.errors import ManifestError
-from cleanroom.manifest import Limits, Manifest, load_manifests, parse_manifests
+from cleanroom.manifest import (
+    Limits,
+    Manifest,
+    NetworkRequest,
+    load_manifests,
+    parse_manifests,
+)
 
 GOOD = {"episode_id": "ep-1", "seed": 3, "policy": {"id": "angle", "params": {"k": 0.5}}}
 
@@ -74,3 +80,31 @@ def test_digest_is_stable_and_content_sensitive() -> None:
     b = Manifest.model_validate(json.loads(json.dumps(GOOD)))
     c = Manifest.model_validate({**GOOD, "seed": 4})
     assert a.digest() == b.digest() != c.digest()
+
+
+def test_network_allow_entries_are_validated_per_line() -> None:
+    ok = {**GOOD, "network": {"allow": ["api.example.com:443", "10.0.0.0/8:5432"]}}
+    [manifest] = parse_manifests(_lines(ok))
+    assert manifest.network is not None
+    assert manifest.network.allow == ["api.example.com:443", "10.0.0.0/8:5432"]
+    bad = _lines(
+        {**GOOD, "network": {"allow": ["api.example.com"]}},
+        {**GOOD, "episode_id": "ep-2", "network": {"deny": []}},
+    )
+    with pytest.raises(ManifestError) as info:
+        parse_manifests(bad)
+    assert any(
+        p.startswith("line 1: network.allow:") and "HOST:PORT" in p for p in info.value.problems
+    )
+    assert any(p.startswith("line 2: network.deny:") for p in info.value.problems)
+
+
+def test_a_manifest_without_network_keeps_its_digest() -> None:
+    manifest = Manifest.model_validate({"episode_id": "a", "seed": 1, "policy": {"id": "p"}})
+    # computed before ``network`` became a typed field: unchanged
+    assert manifest.digest() == (
+        "sha256:46dd259dd24139ad8a24019f277a5c36b658eec69c0b505b4d335a9a9803d1fe"
+    )
+    networked = manifest.model_copy(update={"network": NetworkRequest(allow=["a.test:1"])})
+    assert networked.digest() != manifest.digest()
+    assert networked.guest_view()["network"] == {"allow": ["a.test:1"]}

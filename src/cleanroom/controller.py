@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from cleanroom.errors import (
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.network.egress import Egress, check_manifests, episode_policy
+from cleanroom.network.qemu_args import Attachment
 from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome, parse_guest_result
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
@@ -52,6 +54,7 @@ class RunOptions:
     boot_timeout_s: float = 120.0
     collect_grace_s: float = 30.0
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
+    egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Controller:
         names = sorted({s.name for m in manifests for s in m.secrets})
         resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
         self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
+        check_manifests(manifests, baseline, self.driver)  # and network beyond the baseline's
         reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
         if reaped.destroyed or reaped.failed:
             self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
@@ -218,6 +222,7 @@ class Controller:
         output: EpisodeOutput | None = None
         env: Env | None = None
         redactor: Redactor | None = None
+        egress: Egress | None = None
         episode = EpisodeResult(eid, attempt, outcome)
         self._emit("episode_started", episode_id=eid, attempt=attempt, env_id=env_id)
         cancelled = False
@@ -234,7 +239,23 @@ class Controller:
             baseline_store.quick_check(baseline)
             values = resolve_secrets(self.secret_provider, [s.name for s in manifest.secrets])
             redactor = Redactor(values)
-            env = await self.driver.create(self._request(env_id, baseline, limits, run_id, eid))
+            policy = episode_policy(baseline, manifest)
+            network: Attachment | None = None
+            if policy:
+                egress = Egress(
+                    policy,
+                    ledger=self.ledger,
+                    run_id=run_id,
+                    episode_id=eid,
+                    env_id=env_id,
+                    redactor=redactor,
+                    hosts=self.options.egress_hosts,
+                )
+                network = await egress.start()
+            request = self._request(env_id, baseline, limits, run_id, eid, network)
+            env = await self.driver.create(request)
+            if egress is not None:
+                egress.check_ready(env.hello)
             clock.lap("provision_s")
             self.ledger.env_created(
                 env_id,
@@ -289,6 +310,7 @@ class Controller:
                 output,
                 episode,
                 redactor,
+                egress,
             )
         )
         cancelled = await _until_done(finish) or cancelled
@@ -311,6 +333,7 @@ class Controller:
         output: EpisodeOutput | None,
         episode: EpisodeResult,
         redactor: Redactor | None,
+        egress: Egress | None = None,
     ) -> None:
         """Export the evidence, destroy the env, write the ledger. Runs shielded."""
         eid = manifest.episode_id
@@ -320,6 +343,9 @@ class Controller:
             self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
             diagnostics = env.diagnostics() if env is not None else {}
             facts = {**self.driver.describe(), **(_env_facts(env) if env else {})}
+            if egress is not None:  # the episode is over: cut its network, keep its log
+                diagnostics.update(await egress.finish())
+                facts["network"] = egress.summary()
             try:
                 if outcome.final and output is not None:
                     if manifest.verifier is not None:
@@ -378,6 +404,8 @@ class Controller:
         finally:
             self.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
             episode.destroy = await self._destroy(env, env_id, run_id, eid, attempt)
+            if egress is not None:
+                await egress.aclose()
             await asyncio.to_thread(shutil.rmtree, staging, ignore_errors=True)
             episode.outcome, episode.error = outcome, error
             self.ledger.episode_finished(
@@ -452,7 +480,13 @@ class Controller:
         return Outcome.COMPLETED, None, output
 
     def _request(
-        self, env_id: str, baseline: Baseline, limits: ResolvedLimits, run_id: str, eid: str
+        self,
+        env_id: str,
+        baseline: Baseline,
+        limits: ResolvedLimits,
+        run_id: str,
+        eid: str,
+        network: Attachment | None = None,
     ) -> EnvRequest:
         o = self.options
         deadline = o.boot_timeout_s + limits.timeout_s + o.collect_grace_s + o.cleanup_window_s
@@ -463,6 +497,7 @@ class Controller:
             owner=self.owner,
             hard_deadline_s=deadline,
             labels={"run_id": run_id, "episode_id": eid},
+            network=network,
         )
 
     async def _destroy(

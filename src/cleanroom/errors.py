@@ -7,6 +7,8 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     CleanroomError
     ├── ConfigError                 bad settings or environment (missing tool, bad CLEANROOM_HOME)
     ├── ManifestError               a manifest file or line that does not validate
+    │   └── NetworkPolicyError      an egress allowlist that is malformed, widens its baseline's,
+    │                               or cannot be enforced by the driver
     ├── BaselineError
     │   ├── SpecError               a baseline.toml that does not validate
     │   ├── BuildError              a step of the build failed (mmdebstrap, mkfs.erofs, kernel)
@@ -51,6 +53,11 @@ class ManifestError(CleanroomError):
         self.problems = problems or []
         detail = "\n".join(f"  {p}" for p in self.problems)
         super().__init__(f"{message}\n{detail}" if detail else message)
+
+
+class NetworkPolicyError(ManifestError):
+    """An egress allowlist entry that does not parse, a manifest asking for more network than
+    its baseline allows, or a driver that cannot enforce an allowlist (refused before a run)."""
 
 
 class BaselineError(CleanroomError):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from cleanroom.errors import ManifestError
+from cleanroom.errors import ManifestError, NetworkPolicyError
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -91,6 +91,26 @@ class VerifierRef(BaseModel):
     timeout_s: float = Field(default=300.0, gt=0, le=24 * 3600)
 
 
+class NetworkRequest(BaseModel):
+    """The egress an episode asks for: a subset of its baseline's allowlist (see
+    ``cleanroom.network.policy``). ``allow: []`` turns the network off for this episode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: list[str] = Field(default_factory=list)
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, value: list[str]) -> list[str]:
+        from cleanroom.network.policy import Policy
+
+        try:
+            Policy.parse(value)
+        except NetworkPolicyError as exc:
+            raise ValueError("; ".join(exc.problems)) from exc
+        return value
+
+
 class Manifest(BaseModel):
     """One episode's unit of work."""
 
@@ -103,7 +123,7 @@ class Manifest(BaseModel):
     task: dict[str, Any] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     secrets: list[SecretRef] = Field(default_factory=list)
-    network: dict[str, Any] | None = None
+    network: NetworkRequest | None = None
     output: str | None = Field(default=None, description="store URL or folder override")
     verifier: VerifierRef | None = None
 
@@ -129,13 +149,6 @@ class Manifest(BaseModel):
     def _baseline_is_digest(cls, value: str | None) -> str | None:
         if value is not None and not DIGEST_RE.match(value):
             raise ValueError("must be a full digest 'sha256:<64 hex>'")
-        return value
-
-    @field_validator("network")
-    @classmethod
-    def _network_off_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value and value.get("allow"):
-            raise ValueError("network egress is not supported yet; leave it unset (off)")
         return value
 
     def digest(self) -> str:

@@ -161,3 +161,38 @@ def test_the_tiny_test_spec_is_valid() -> None:
     assert spec.name == "tiny"
     assert spec.entrypoint.command == ["python3", "/opt/tiny/entry.py"]
     assert spec.limits.timeout_s == 30 and spec.limits.memory_mib == 256
+
+
+def test_a_network_allowlist_is_part_of_the_spec_only_when_set(tmp_path: Path) -> None:
+    plain = load_spec(write_spec(tmp_path))
+    assert plain.network is None and "network" not in plain.canonical()  # digests stay as they were
+    assert set(plain.canonical()) == set(plain.model_dump(mode="json")) - {"network"}
+    allow = '\n[network]\nallow = ["api.example.com:443", "*.svc.internal:8080"]\n'
+    networked = load_spec(write_spec(tmp_path / "net", GOOD + allow))
+    assert networked.canonical()["network"] == {
+        "allow": ["api.example.com:443", "*.svc.internal:8080"]
+    }
+    assert spec_digest(networked) != spec_digest(plain)
+
+
+def test_a_bad_allowlist_entry_is_named(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, GOOD + '\n[network]\nallow = ["ok.example:443", "nope"]\n')
+    with pytest.raises(SpecError, match=r"network\.allow: .*allow\[1\] 'nope'"):
+        load_spec(path)
+
+
+def test_the_allowlist_is_covered_by_the_baseline_digest() -> None:
+    from cleanroom.baseline.model import Baseline, Component, digest_of, identity
+    from cleanroom.manifest import Limits
+
+    parts = ((Component("vmlinux", 1, "0" * 64),), ("true",), Limits(), "6.1", "0.3.0", "sha256:x")
+    plain = identity(*parts)
+    assert "network" not in plain  # baselines without one keep their digests
+    networked = identity(*parts, network=("a.test:443",))
+    assert networked["network"] == ["a.test:443"] and digest_of(networked) != digest_of(plain)
+    baseline = Baseline.from_json(
+        Path("/x"), {**networked, "digest": digest_of(networked), "name": "n", "spec": {}}
+    )
+    assert baseline.network == ("a.test:443",)
+    assert digest_of(baseline.identity()) == baseline.digest
+    assert Baseline.from_json(Path("/x"), {**plain, "digest": "d", "spec": {}}).network is None

@@ -12,6 +12,9 @@ kernel's pool and forces a CRNG reseed, reseeds Python's ``random`` if it is loa
 clock and says HELLO again. Nothing here reads ``/proc/sys/kernel/random/boot_id`` before
 that (the kernel fixes it at its first read, so each clone must be the first to read it).
 
+A VM whose episode has an egress allowlist has a NIC: at boot ``guestnet.setup()`` configures
+it, reports it in HELLO (``network``) and gives every process it starts the proxy variables.
+
 As PID 1 it forks: the parent only reaps orphans and powers off when the agent child ends; the
 child does the work. Outside a VM (the ``fake`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
 a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/cleanroom``; the
@@ -34,18 +37,21 @@ if TYPE_CHECKING:
     from typing import Any
 
 try:  # on the host, as part of the package
+    from cleanroom.agent import guestnet
     from cleanroom.agent.protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame
 except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import guestnet  # type: ignore[import-not-found,no-redef]
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.3.0"
 PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 RECONNECT_POLL_S = 0.002
 RESULT_LIMIT = 4 * 1024 * 1024
 PIPE_CHUNK = 64 * 1024
+NETWORK: dict[str, Any] = {}  # guestnet.setup() at boot: the NIC's address and proxy env, if any
 
 
 def guest_root() -> str:
@@ -136,6 +142,8 @@ class Agent:
             "python": sys.version.split()[0],
             "pid": os.getpid(),
         }
+        if NETWORK:
+            header["network"] = NETWORK
         header.update(extra or {})
         self.send(Kind.HELLO, header)
 
@@ -233,6 +241,7 @@ class Agent:
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root",
             "LANG": "C.UTF-8",
+            **(NETWORK.get("env") or {}),
         }
         env.update(header.get("env") or {})
         started = time.monotonic()
@@ -399,6 +408,7 @@ def main() -> None:
         serve_forever()
         return
     prepare_guest_root()
+    NETWORK.update(guestnet.setup())  # a NIC only if the episode has an egress allowlist
     child = os.fork()
     if child == 0:
         try:

@@ -117,7 +117,10 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
     components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
     entrypoint = tuple(spec.entrypoint.command)
     version = agent_version()
-    ident = identity(components, entrypoint, spec.limits, kernel.version, version, sdigest)
+    network = tuple(spec.network.allow) if spec.network is not None else None
+    ident = identity(
+        components, entrypoint, spec.limits, kernel.version, version, sdigest, network=network
+    )
     digest = digest_of(ident)
     for component in components:
         (out / component.name).chmod(0o444)
@@ -132,6 +135,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         kernel_version=kernel.version,
         agent_version=version,
         spec=spec.canonical(),
+        network=network,
     )
     data = baseline.to_json()
     data["built"] = {

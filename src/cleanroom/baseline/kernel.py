@@ -33,8 +33,9 @@ from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.errors import BuildError
 from cleanroom.paths import cache_dir
 
-MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "erofs", "overlay")
-"""What the initramfs must load (their dependencies are added)."""
+MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "erofs", "overlay")
+"""What the initramfs must load (their dependencies are added). ``virtio_net`` is for VMs with
+an egress allowlist (the only ones with a NIC); without a NIC it just registers its driver."""
 
 LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"
 ELF_MAGIC = b"\x7fELF"

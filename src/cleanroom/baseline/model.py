@@ -3,7 +3,8 @@
 On disk a baseline is one folder ``$CLEANROOM_HOME/baselines/<hex>/`` holding its components and
 ``baseline.json``. The digest is the sha256 of the canonical JSON of ``identity()``: every
 component's name, size and sha256, plus the entrypoint, default limits, kernel version and agent
-version. Nothing time- or host-dependent enters it, so the same spec builds to the same digest.
+version (and the egress allowlist, if the spec has one). Nothing time- or host-dependent enters
+it, so the same spec builds to the same digest.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Baseline:
     kernel_version: str
     agent_version: str
     spec: dict[str, Any] = field(default_factory=dict)
+    network: tuple[str, ...] | None = None  # the egress allowlist (None: no network)
 
     @property
     def short(self) -> str:
@@ -72,6 +74,7 @@ class Baseline:
             self.kernel_version,
             self.agent_version,
             self.spec_digest,
+            network=self.network,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +95,7 @@ class Baseline:
             kernel_version=data["kernel_version"],
             agent_version=data["agent_version"],
             spec=data.get("spec", {}),
+            network=tuple(data["network"]) if data.get("network") is not None else None,
         )
 
 
@@ -102,9 +106,12 @@ def identity(
     kernel_version: str,
     agent_version: str,
     spec_digest: str,
+    *,
+    network: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The canonical, digest-covered description of a baseline."""
-    return {
+    """The canonical, digest-covered description of a baseline (``network`` only if set, so
+    baselines without one keep their digests)."""
+    ident = {
         "format": FORMAT_VERSION,
         "components": [
             {"name": c.name, "size": c.size, "sha256": c.sha256}
@@ -116,6 +123,9 @@ def identity(
         "agent_version": agent_version,
         "spec_digest": spec_digest,
     }
+    if network is not None:
+        ident["network"] = list(network)
+    return ident
 
 
 def digest_of(identity_json: dict[str, Any]) -> str:

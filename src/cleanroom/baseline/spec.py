@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from cleanroom.errors import SpecError
+from cleanroom.errors import NetworkPolicyError, SpecError
 from cleanroom.manifest import Limits
+from cleanroom.network.policy import Policy
 
 BUILDER_VERSION = "1"
 """Bump when the builder's output changes for the same inputs (invalidates every cached build)."""
@@ -46,7 +47,7 @@ ALWAYS_PACKAGES = ("libpython3-stdlib", "python3-minimal")
 """Always installed: the guest agent needs Python and its standard library (json is not in
 python3-minimal)."""
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-AGENT_FILES = ("guest.py", "protocol.py")
+AGENT_FILES = ("guest.py", "guestnet.py", "protocol.py")
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
 SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
@@ -126,6 +127,22 @@ class KernelSection(_Section):
     package: str = Field(default="linux-image-cloud-amd64", pattern=r"^linux-image-[a-z0-9.+-]+$")
 
 
+class NetworkSection(_Section):
+    """The most network any episode of this baseline may get: an egress allowlist
+    (``cleanroom.network.policy``). Unset: no network at all."""
+
+    allow: list[str] = Field(default_factory=list)
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, value: list[str]) -> list[str]:
+        try:
+            Policy.parse(value)
+        except NetworkPolicyError as exc:
+            raise ValueError("; ".join(exc.problems)) from exc
+        return value
+
+
 class BaselineSpec(_Section):
     """A validated ``baseline.toml``; ``folder`` is where relative ``files.src`` resolve."""
 
@@ -136,6 +153,7 @@ class BaselineSpec(_Section):
     entrypoint: EntrypointSection
     limits: Limits = Field(default_factory=Limits)
     kernel: KernelSection = Field(default_factory=KernelSection)
+    network: NetworkSection | None = None
 
     _folder: Path = PrivateAttr(default=Path("."))
 
@@ -151,8 +169,13 @@ class BaselineSpec(_Section):
         return self._folder
 
     def canonical(self) -> dict[str, Any]:
-        """The spec as plain JSON data (what ``baseline.json`` records under ``spec``)."""
-        return self.model_dump(mode="json")
+        """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
+
+        ``network`` appears only when set, so specs without it keep their digests."""
+        data = self.model_dump(mode="json")
+        if self.network is None:
+            del data["network"]
+        return data
 
     def sources(self) -> Iterator[tuple[Path, FileEntry]]:
         """Each files entry with its source resolved against the spec's folder."""

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.manifest import ResolvedLimits
+from cleanroom.network.qemu_args import Attachment
 
 
 def new_env_id() -> str:
@@ -54,6 +55,7 @@ class EnvRequest:
     owner: Owner
     hard_deadline_s: float  # the host kills the env after this, even if the controller is gone
     labels: dict[str, str] = field(default_factory=dict)
+    network: Attachment | None = None  # egress through a proxy (drivers with "egress" only)
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,14 @@ async def fail_launch(
     if isinstance(exc, DriverError):
         raise LaunchError(f"{exc}; console:\n{tail}") from exc
     raise exc
+
+
+def refuse_network(driver: Driver, request: EnvRequest) -> None:
+    """Refuse a request with egress from a driver that cannot enforce an allowlist."""
+    if request.network is not None and "egress" not in driver.capabilities:
+        from cleanroom.errors import NetworkPolicyError
+
+        raise NetworkPolicyError(f"the {driver.name} driver cannot enforce an egress allowlist")
 
 
 def write_owner(run_dir: Path, request: EnvRequest, driver: str) -> None:

@@ -28,6 +28,7 @@ from cleanroom.drivers.base import (
     EnvInfo,
     EnvRequest,
     read_owner,
+    refuse_network,
     write_owner,
 )
 from cleanroom.errors import LaunchError
@@ -62,6 +63,7 @@ class FakeDriver(Driver):
         return str(self.run_dir(env_id) / "root")
 
     async def create(self, request: EnvRequest) -> Env:
+        refuse_network(self, request)
         run_dir = self.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.name)

@@ -41,6 +41,7 @@ from cleanroom.drivers.base import (
     EnvRequest,
     fail_launch,
     read_owner,
+    refuse_network,
     write_owner,
 )
 from cleanroom.errors import ConfigError, LaunchError
@@ -132,6 +133,7 @@ class GvisorDriver(Driver):
         return hostproc.supervised(runsc, request.hard_deadline_s)
 
     async def create(self, request: EnvRequest) -> Env:
+        refuse_network(self, request)
         runsc_version()
         rootfs = await bundle_mod.ensure_tree(request.baseline)
         env_id = request.env_id

@@ -1,8 +1,10 @@
 """The qemu driver: one ``-M microvm`` QEMU process per environment.
 
 Per env: a run folder ``$CLEANROOM_HOME/run/<env_id>/`` (owner.json, pid, the agent socket and
-the QMP socket); the baseline's root image as a read-only virtio-blk disk; no network device;
-the agent on a virtio-serial port; the serial console piped to the driver, which keeps a
+the QMP socket); the baseline's root image as a read-only virtio-blk disk; no network device
+(with an egress allowlist: a restricted user-mode network whose only exits lead to the env's
+egress proxy, ``cleanroom.network.qemu_args``; such VMs always boot cold); the agent on a
+virtio-serial port; the serial console piped to the driver, which keeps a
 bounded tail for diagnostics. The process runs under ``hostproc.supervised`` so it dies with
 its controller and at its hard deadline. destroy = SIGKILL the process group, reap, remove the
 run folder, then confirm (one /proc scan) that neither a process nor the folder remains.
@@ -53,8 +55,10 @@ from cleanroom.drivers.base import (
 )
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, ConfigError, DriftError, DriverError, LaunchError
+from cleanroom.network import qemu_args as net_args
 
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 STARTS = ("auto", "cold", "snapshot")
 START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
@@ -82,7 +86,7 @@ class QemuDriver(Driver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset({"exec", "files", "console", "snapshot"})
+    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress"})
 
     def __init__(
         self,
@@ -136,7 +140,7 @@ class QemuDriver(Driver):
             "-nographic",
             "-no-reboot",
             "-sandbox",
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            SANDBOX if request.network is None else net_args.SANDBOX_NETWORKED,
             "-serial",
             "stdio",
             "-kernel",
@@ -153,6 +157,7 @@ class QemuDriver(Driver):
             "virtio-serial-device",
             "-device",
             "virtserialport,chardev=ctl,name=ctl",
+            *(net_args.netdev_args(request.network) if request.network else []),
         ]
 
     def command(
@@ -183,7 +188,9 @@ class QemuDriver(Driver):
         accel = self.accel
         started = time.monotonic()
         note: str | None = None
-        if self.start != "cold":
+        if request.network is not None and self.start != "cold":
+            note = "egress needs a NIC and snapshot templates have none: booted cold"
+        elif self.start != "cold":
             try:
                 template, note = await self.template_for(request, accel)
                 return await self._clone(request, accel, template, started, note)

@@ -14,6 +14,12 @@ Reads ``/run/cleanroom/manifest.json`` and acts on ``manifest["task"]["mode"]``:
   stderr, an artifact and the result record, and reports whether its file exists.
 - ``net``: tries to reach the outside (TCP to addresses in ``task["targets"]``, DNS for
   ``task["names"]``) and reports each attempt's error, plus the network interfaces it sees.
+- ``egress``: runs each probe of ``task["probes"]`` and reports its outcome in
+  ``info["results"]`` (plus the interfaces, the proxy variable and resolv.conf): ``connect``
+  (HTTP CONNECT to ``target`` through ``$HTTPS_PROXY``, then sends ``send``), ``http`` (an
+  absolute-form GET of ``url`` through the proxy), ``tcp`` (a straight connection to
+  ``target``, sending ``send``), ``resolve`` (DNS for ``name``; ``secret`` prefixes the value of
+  that secret variable as a label).
 - ``noresult``: exits 0 without writing result.json.
 - ``panic``: crashes the guest kernel (sysrq ``c``).
 - ``kill-agent``: SIGKILLs the guest agent (its channel closes).
@@ -83,6 +89,68 @@ def probe_network(task):
     return {"attempts": attempts, "interfaces": sorted(os.listdir("/sys/class/net"))}
 
 
+def _exchange(sock, data):
+    sock.sendall(data)
+    sock.shutdown(1)  # SHUT_WR: the other side sees our EOF
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out.decode(errors="replace")
+
+
+def _proxy_socket():
+    import socket
+
+    host, port = os.environ["HTTPS_PROXY"].removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def egress_probe(probe):
+    import socket
+
+    kind = probe["kind"]
+    if kind == "connect":
+        with _proxy_socket() as sock:
+            sock.sendall(f"CONNECT {probe['target']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := sock.recv(1)):
+                head += chunk
+            status = head.split(b"\r\n", 1)[0].decode()
+            if " 200 " not in status:
+                return status + " | " + _exchange(sock, b"")
+            return status + " | " + _exchange(sock, probe.get("send", "").encode())
+    if kind == "http":
+        with _proxy_socket() as sock:
+            return _exchange(sock, f"GET {probe['url']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    if kind == "tcp":
+        host, port = probe["target"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            return "reply " + _exchange(sock, probe.get("send", "").encode())
+    if kind == "resolve":
+        name = probe["name"]
+        if probe.get("secret"):
+            name = os.environ[probe["secret"]].lower() + "." + name
+        return "resolved " + socket.gethostbyname(name)
+    return f"unknown probe {kind}"
+
+
+def probe_egress(task):
+    results = []
+    for probe in task.get("probes", []):
+        try:
+            results.append(egress_probe(probe))
+        except (OSError, KeyError) as exc:
+            results.append(f"{type(exc).__name__}: {exc}")
+    with open("/etc/resolv.conf") as f:
+        resolv = f.read()
+    return {
+        "results": results,
+        "interfaces": sorted(os.listdir("/sys/class/net")),
+        "proxy": os.environ.get("HTTPS_PROXY"),
+        "resolv": resolv,
+    }
+
+
 def panic():
     with open("/proc/sysrq-trigger", "w") as f:
         f.write("c")
@@ -133,6 +201,9 @@ def main():
         return CHAOS[mode]()
     if mode == "net":
         write_result(0.0, probe_network(task))
+        return 0
+    if mode == "egress":
+        write_result(0.0, probe_egress(task))
         return 0
     if mode == "leak":
         name = task["secret"]
