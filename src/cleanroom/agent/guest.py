@@ -2,15 +2,19 @@
 
 It sets up the guest's pseudo file systems, finds the control port (a virtio-serial port named
 ``ctl``), says HELLO, and then serves the host's frames one at a time: RUN (the episode), EXEC,
-PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off.
+PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off. An
+episode is a command, or a Python function run by the warm worker (``warm.py``): when the
+baseline has one, the agent starts that worker at boot and says HELLO once it is ready.
 
 Snapshots (the qemu driver's templates): after SNAPSHOT_PREPARE the agent no longer takes a
 closed channel for "host gone": the VM is about to be saved, and every clone restored from it
 sees the template's host connection vanish. It waits for the next host instead, which sends
 RESEED (host entropy, the clone's id, the wall clock); the agent mixes the entropy into the
 kernel's pool and forces a CRNG reseed, reseeds Python's ``random`` if it is loaded, sets the
-clock and says HELLO again. Nothing here reads ``/proc/sys/kernel/random/boot_id`` before
-that (the kernel fixes it at its first read, so each clone must be the first to read it).
+clock and says HELLO again. It keeps the entropy: each function episode's child reseeds its
+``random`` (and numpy's) from it, since a template's worker shares its state with every clone.
+Nothing here reads ``/proc/sys/kernel/random/boot_id`` before that (the kernel fixes it at its
+first read, so each clone must be the first to read it).
 
 As PID 1 it forks: the parent only reaps orphans and powers off when the agent child ends; the
 child does the work. Outside a VM (the ``fake`` driver, tests) set ``CLEANROOM_AGENT_SOCKET`` to
@@ -39,13 +43,19 @@ except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.3.0"
 PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 RECONNECT_POLL_S = 0.002
 RESULT_LIMIT = 4 * 1024 * 1024
 PIPE_CHUNK = 64 * 1024
+ENTRY_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "entry.json")
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
 
 
 def guest_root() -> str:
@@ -118,6 +128,8 @@ class Agent:
         self.snapshotted = False  # after SNAPSHOT_PREPARE: EOF means "wait for the next host"
         self.pool: Any = None  # /dev/urandom, opened by SNAPSHOT_PREPARE for RESEED
         self.worker: threading.Thread | None = None
+        self.warm: Any = None  # warm.Worker: the pre-importing Python worker, if any
+        self.entropy = b""  # the host's RESEED bytes (function episodes reseed from them)
 
     def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         data = encode(kind, header, body)
@@ -136,6 +148,8 @@ class Agent:
             "python": sys.version.split()[0],
             "pid": os.getpid(),
         }
+        if self.warm is not None:
+            header["warm"] = self.warm.hello_facts()
         header.update(extra or {})
         self.send(Kind.HELLO, header)
 
@@ -160,6 +174,7 @@ class Agent:
                 self.send(Kind.OK, {"prepared": True})
             elif frame.kind == Kind.RESEED and not self.busy.is_set() and self.pool is not None:
                 self.snapshotted = False  # a clone now: its host closing the channel ends it
+                self.entropy = frame.body
                 self.hello(reseed(self.pool, frame.body, frame.header))
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
@@ -229,12 +244,7 @@ class Agent:
 
     def run_process(self, header: dict[str, Any]) -> None:
         """Run argv, streaming its output; send EXIT. Kills its process group on timeout."""
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-        }
-        env.update(header.get("env") or {})
+        env = {**BASE_ENV, **(header.get("env") or {})}
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -299,14 +309,19 @@ class Agent:
                 timer.start()
         env = {"CLEANROOM_DIR": root, **(header.get("env") or {})}
         try:
-            self.run_process(
-                {
-                    "argv": header["entrypoint"],
-                    "env": env,
-                    "cwd": header.get("cwd"),
-                    "timeout_s": header.get("timeout_s"),
-                }
-            )
+            if header.get("function"):
+                seed = self.entropy + os.urandom(16)  # the host's bytes, and this guest's own
+                exit_header = warm_module().run(self, header, {**BASE_ENV, **env}, seed)
+                self.send(Kind.EXIT, exit_header)
+            else:
+                self.run_process(
+                    {
+                        "argv": header["entrypoint"],
+                        "env": env,
+                        "cwd": header.get("cwd"),
+                        "timeout_s": header.get("timeout_s"),
+                    }
+                )
         finally:
             for path in secret_paths:  # a secret lives no longer than the entrypoint
                 _remove(path)
@@ -379,8 +394,26 @@ def _remove(path: str) -> None:
 
 
 def serve_forever() -> None:
-    stream = open_control_port()
-    Agent(stream).serve()
+    """Serve the host; a baseline's warm worker starts first and is ready before HELLO."""
+    worker = None
+    if os.path.isfile(ENTRY_FILE):  # a function entrypoint (written by the baseline builder)
+        warm = warm_module()
+        config = warm.boot_config(ENTRY_FILE)
+        worker = warm.start(config, dict(BASE_ENV)) if config is not None else None
+    agent = Agent(open_control_port())
+    if worker is not None:
+        worker.wait_ready(warm.READY_S)
+        agent.warm = worker
+    agent.serve()
+
+
+def warm_module() -> Any:
+    """``warm.py``, imported on first use (a command baseline never pays for it)."""
+    try:
+        from cleanroom.agent import warm
+    except ImportError:
+        import warm  # type: ignore[import-not-found,no-redef]
+    return warm
 
 
 def become_subreaper() -> None:
