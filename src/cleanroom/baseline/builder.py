@@ -38,6 +38,7 @@ from cleanroom.baseline.model import (
     ROOTFS_FILE,
     Baseline,
     Component,
+    FunctionEntry,
     digest_of,
     identity,
     sha256_file,
@@ -115,9 +116,13 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
 
     progress("digest", "hashing components")
     components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
-    entrypoint = tuple(spec.entrypoint.command)
+    entrypoint = tuple(spec.entrypoint.command or ())
+    warm = spec.warm_config()
+    function = FunctionEntry.from_json(warm) if warm is not None else None
     version = agent_version()
-    ident = identity(components, entrypoint, spec.limits, kernel.version, version, sdigest)
+    ident = identity(
+        components, entrypoint, spec.limits, kernel.version, version, sdigest, function
+    )
     digest = digest_of(ident)
     for component in components:
         (out / component.name).chmod(0o444)
@@ -132,6 +137,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         kernel_version=kernel.version,
         agent_version=version,
         spec=spec.canonical(),
+        function=function,
     )
     data = baseline.to_json()
     data["built"] = {

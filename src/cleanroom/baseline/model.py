@@ -2,8 +2,10 @@
 
 On disk a baseline is one folder ``$CLEANROOM_HOME/baselines/<hex>/`` holding its components and
 ``baseline.json``. The digest is the sha256 of the canonical JSON of ``identity()``: every
-component's name, size and sha256, plus the entrypoint, default limits, kernel version and agent
-version. Nothing time- or host-dependent enters it, so the same spec builds to the same digest.
+component's name, size and sha256, plus the entrypoint (a command, or a ``function`` entry:
+only present when set, so command baselines keep their identity), default limits, kernel version
+and agent version. Nothing time- or host-dependent enters it, so the same spec builds to the same
+digest.
 """
 
 from __future__ import annotations
@@ -33,6 +35,27 @@ class Component:
 
 
 @dataclass(frozen=True)
+class FunctionEntry:
+    """A Python entrypoint: ``module:function`` called in a fork of the warm worker, which
+    imported ``preimport`` with ``path`` first on ``sys.path`` (the guest's ``entry.json``)."""
+
+    function: str
+    preimport: tuple[str, ...] = ()
+    path: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "preimport": list(self.preimport),
+            "path": list(self.path),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FunctionEntry:
+        return cls(str(data["function"]), tuple(data["preimport"]), tuple(data["path"]))
+
+
+@dataclass(frozen=True)
 class Baseline:
     """A built, content-addressed baseline (immutable)."""
 
@@ -41,11 +64,12 @@ class Baseline:
     spec_digest: str
     name: str
     components: tuple[Component, ...]
-    entrypoint: tuple[str, ...]
+    entrypoint: tuple[str, ...]  # the command; empty when ``function`` is set
     limits: Limits
     kernel_version: str
     agent_version: str
     spec: dict[str, Any] = field(default_factory=dict)
+    function: FunctionEntry | None = None
 
     @property
     def short(self) -> str:
@@ -72,6 +96,7 @@ class Baseline:
             self.kernel_version,
             self.agent_version,
             self.spec_digest,
+            self.function,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +117,7 @@ class Baseline:
             kernel_version=data["kernel_version"],
             agent_version=data["agent_version"],
             spec=data.get("spec", {}),
+            function=FunctionEntry.from_json(data["function"]) if "function" in data else None,
         )
 
 
@@ -102,9 +128,10 @@ def identity(
     kernel_version: str,
     agent_version: str,
     spec_digest: str,
+    function: FunctionEntry | None = None,
 ) -> dict[str, Any]:
     """The canonical, digest-covered description of a baseline."""
-    return {
+    ident = {
         "format": FORMAT_VERSION,
         "components": [
             {"name": c.name, "size": c.size, "sha256": c.sha256}
@@ -116,6 +143,9 @@ def identity(
         "agent_version": agent_version,
         "spec_digest": spec_digest,
     }
+    if function is not None:
+        ident["function"] = function.to_json()
+    return ident
 
 
 def digest_of(identity_json: dict[str, Any]) -> str:
