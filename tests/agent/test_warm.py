@@ -98,6 +98,24 @@ def test_a_function_runs_in_a_fork_of_the_worker_that_imported_it(episode: Episo
     assert again["info"]["pid"] != info["pid"]  # a new child; the worker never runs episodes
 
 
+def test_the_next_episodes_child_is_forked_before_its_job_arrives(episode: Episode) -> None:
+    assert episode.run()["code"] == 0
+    assert episode.agent.warm is not None
+    worker_pid = episode.agent.warm.proc.pid
+    deadline = time.monotonic() + 5
+    while not (spare := _children(worker_pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(spare) == 1  # waiting, forked ahead (in a template: saved with the worker)
+    assert episode.run()["code"] == 0
+    result = episode.result()
+    assert result is not None and result["info"]["pid"] == spare[0]
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()]
+
+
 @pytest.mark.parametrize(
     ("task", "code", "stderr"),
     [

@@ -7,13 +7,15 @@ puts ``path`` first on ``sys.path``, imports every ``preimport`` module and the 
 module, says ``{"ready": true}`` (or ``{"ready": false, "error": traceback}`` and exits), and
 waits. In a snapshot template it waits there: every clone restores it with its imports done.
 
-Per job (a message carrying the child's stdout and stderr pipes) it forks a child in its own
-process group, reports ``{"pid"}``, waits for it and reports ``{"code"}`` (negative: killed by
-that signal). The child looks like a fresh process to the episode: stdin ``/dev/null``,
-stdout/stderr the pipes, the job's cwd and environment, ``random`` (and numpy's global
-generator, if loaded) reseeded from the job's seed. It calls ``function(manifest)`` and writes
-the returned dict as ``result.json``; a non-dict, an unserialisable dict or an exception exits
-1 with the traceback on stderr. The worker itself never runs episode code.
+It keeps one child forked ahead, in its own process group, waiting for a job (a message
+carrying the child's stdout and stderr pipes): in a template that child is saved too, so a
+clone forks nothing. The child says ``{"pid"}`` and runs the job; the worker waits for it,
+reports ``{"code"}`` (negative: killed by that signal) and forks the next. To the episode the
+child looks like a fresh process: stdin ``/dev/null``, stdout/stderr the pipes, the job's cwd
+and environment, ``random`` (and numpy's global generator, if loaded) reseeded from the job's
+seed. It calls ``function(manifest)`` and writes the returned dict as ``result.json``; a
+non-dict, an unserialisable dict or an exception exits 1 with the traceback on stderr. The
+worker itself never runs episode code.
 
 Messages both ways: a 4-byte big-endian length, then a JSON object; a job's two descriptors
 ride on its first bytes (``SCM_RIGHTS``).
@@ -111,7 +113,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 def call_entry(job: dict[str, Any]) -> int:
     """Run the episode's function in this (child) process; returns its exit code."""
-    import traceback
+    import traceback  # imported by warm_up already: a child must not pay for imports
 
     root = job["root"]
     try:
@@ -132,22 +134,29 @@ def call_entry(job: dict[str, Any]) -> int:
         return 1
 
 
-def child(job: dict[str, Any], out_fd: int, err_fd: int) -> int:
-    """Become the episode's process (group, descriptors, cwd, environment, seed), run it."""
+def prepare_child() -> None:
+    """What a child can do before its job arrives (in a template: before the snapshot): its
+    own process group, stdin ``/dev/null``, fresh text streams on fds 0-2, an empty
+    environment."""
     with contextlib.suppress(OSError):  # the worker may have set it already
         os.setpgid(0, 0)
     null = os.open(os.devnull, os.O_RDONLY)
-    for fd, target in ((null, 0), (out_fd, 1), (err_fd, 2)):
-        if fd != target:
-            os.dup2(fd, target)
-            os.close(fd)
+    os.dup2(null, 0)
+    os.close(null)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", 8192, encoding="utf-8", closefd=False)  # noqa: SIM115 - no tty
     sys.stderr = open(  # noqa: SIM115
         2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
     )
-    os.chdir(job.get("cwd") or "/")
     os.environ.clear()
+
+
+def child(job: dict[str, Any], out_fd: int, err_fd: int) -> int:
+    """Become the episode's process (pipes, cwd, environment, seed), run it."""
+    for fd, target in ((out_fd, 1), (err_fd, 2)):
+        os.dup2(fd, target)  # the streams made by prepare_child now write to the pipes
+        os.close(fd)
+    os.chdir(job.get("cwd") or "/")
     os.environ.update(job.get("env") or {})
     sys.argv = [job["function"]]
     reseed(bytes.fromhex(job.get("seed") or "") or os.urandom(32))
@@ -161,38 +170,51 @@ def child(job: dict[str, Any], out_fd: int, err_fd: int) -> int:
 # -- the worker ---------------------------------------------------------------------------------
 
 
-def serve(sock: socket.socket) -> None:
-    """Fork a child per job until the agent closes the channel."""
+def next_job(sock: socket.socket) -> int:
+    """A child forked ahead of its job: prepare, wait for the job, say ``{"pid"}``, run it."""
+    prepare_child()
+    job, fds = recv_msg(sock, max_fds=2)
+    if job is None:
+        return 0  # the agent is gone
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        send_msg(sock, {"error": "a job needs its stdout and stderr descriptors"})
+        return 1
+    send_msg(sock, {"pid": os.getpid()})
+    sock.close()  # the episode's code never holds the agent's channel
+    return child(job, fds[0], fds[1])
+
+
+def serve(sock: socket.socket, facts: dict[str, Any]) -> None:
+    """Keep one child forked ahead, waiting for the next job (so a clone restores it and forks
+    nothing); report each child's exit code. Says ``facts`` (ready) once the first one waits."""
     while True:
-        job, fds = recv_msg(sock, max_fds=2)
-        if job is None:
-            return
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            send_msg(sock, {"error": "a job needs its stdout and stderr descriptors"})
-            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                sock.close()
-                code = child(job, fds[0], fds[1])
+                code = next_job(sock)
             finally:
                 os._exit(code)
-        for fd in fds:
-            os.close(fd)
         with contextlib.suppress(OSError):  # the child may have done it first
             os.setpgid(pid, pid)
-        send_msg(sock, {"pid": pid})
+        if facts:
+            send_msg(sock, facts)
+            facts = {}
         _, status = os.waitpid(pid, 0)
-        send_msg(sock, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        try:
+            send_msg(sock, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        except OSError:
+            return  # the agent closed the channel
 
 
 def warm_up(config: dict[str, Any]) -> dict[str, Any]:
     """Put ``path`` on ``sys.path`` and import every module the config names; returns facts."""
+    import traceback  # noqa: F401 - what a child needs, imported once (the template keeps it)
+
     started = time.monotonic()
     sys.path[:0] = [p for p in config.get("path") or [] if p not in sys.path]
     for name in config.get("preimport") or []:
@@ -215,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
         send_msg(sock, {"ready": False, "error": traceback.format_exc()})
         return 1
-    send_msg(sock, facts)
-    serve(sock)
+    serve(sock, facts)
     return 0
 
 
