@@ -9,10 +9,17 @@ Measures, on the tiny test baseline (the template is built first, if needed, and
   PSS per QEMU process with --idle idle clones alive (/proc/PID/smaps_rollup), and one cold VM
   trivial episodes per second end to end   (Controller + LocalStore + Ledger in a temp dir,
                                             task {"mode": "ok"}, --episodes at --parallel 2, 4)
+and, for the warm test baseline (a function entrypoint run by the agent's warm worker):
+  clone: function episode answered         (--warm fresh clones: RUN -> DONE of a trivial
+                                            function episode), beside a command episode
+                                            (tiny) and `python3 -c pass` in fresh clones
+  trivial function episodes per second end to end (--episodes at --parallel 2, 4)
 Cold and clone runs alternate, so machine noise hits both alike; every time is also given as
-a ratio to the cold boot's p50 measured in the same run. Results: bench/results/start.txt.
+a ratio to the cold boot's p50 measured in the same run. Results: bench/results/start.txt;
+``--only-warm`` runs just the warm rows (and their command baselines) into
+bench/results/warm.txt.
 
-    python bench/start.py [--cold 10] [--runs 30] [--bursts 30] [--episodes 40]
+    python bench/start.py [--cold 10] [--runs 30] [--bursts 30] [--episodes 40] [--warm 10]
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
+WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
 
 
 def manifest(i: int) -> Manifest:
@@ -74,6 +82,58 @@ async def timed_env(driver: QemuDriver, baseline: Baseline, python: bool) -> dic
     times["destroy"] = time.perf_counter() - t3
     assert report.confirmed_absent, report
     return times
+
+
+async def timed_episode(driver: QemuDriver, baseline: Baseline, staging: Path) -> float:
+    """A fresh clone runs one trivial episode: seconds from RUN to DONE (agent ready before)."""
+    env = await driver.create(request(baseline))
+    try:
+        m = manifest(0)
+        entry: dict[str, Any] = (
+            {"function": baseline.function.to_json()}
+            if baseline.function is not None
+            else {"entrypoint": list(baseline.entrypoint)}
+        )
+        run = {"manifest": m.guest_view(), **entry, "timeout_s": 60, "env": {}}
+        t0 = time.perf_counter()
+        output = await env.run_episode(run, staging / env.env_id, quota_bytes=1 << 24)
+        elapsed = time.perf_counter() - t0
+    finally:
+        assert (await env.aclose()).confirmed_absent
+    assert output.exit.exit_code == 0 and output.result_raw, output.exit
+    return elapsed
+
+
+async def warm_rows(
+    snap: QemuDriver, tiny: Baseline, runs: int, episodes: int, parallel: tuple[int, ...]
+) -> tuple[list[str], list[str]]:
+    """The warm baseline's rows (fresh clones, side by side with tiny's) and its episodes/s."""
+    warm = resolve_or_build(str(WARM), progress=lambda s, d: print(f"build {s}: {d}"))
+    await (await snap.create(request(warm))).aclose()  # its template, built unless cached
+    await (await snap.create(request(tiny))).aclose()
+    function, command, python = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):  # interleaved: machine noise hits all three alike
+            function.append(await timed_episode(snap, warm, Path(tmp)))
+            command.append(await timed_episode(snap, tiny, Path(tmp)))
+            python.append((await timed_env(snap, tiny, python=True))["python"])
+            print(f"warm run {i + 1}/{runs}: function episode {function[-1] * 1000:.0f} ms")
+    rows = [
+        row("clone: function episode answered", function, None),
+        row("clone: command episode answered", command, None),
+        row("clone: then `python3 -c pass` (i)", python, None),
+    ]
+    rates = []
+    for baseline, kind in ((warm, "function"), (tiny, "command")):
+        for p in parallel if kind == "function" else parallel[:1]:
+            rate = await episodes_per_s(baseline, episodes, p, "snapshot")
+            rates.append(
+                f"  {kind} entrypoint, snapshot, parallel {p}: {rate['wall']:.2f}/s wall incl. "
+                f"run setup, {rate['episodes']:.2f}/s first start -> last finish ({episodes} "
+                f"episodes); median provision {rate['provision_s'] * 1000:.0f} ms, run "
+                f"{rate['run_s'] * 1000:.0f} ms, export {rate['export_s'] * 1000:.0f} ms"
+            )
+    return rows, rates
 
 
 async def burst(driver: QemuDriver, baseline: Baseline, n: int) -> float:
@@ -159,11 +219,16 @@ async def main() -> None:
     parser.add_argument("--idle", type=int, default=20)
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--python", type=int, default=10, help="runs that also time python3")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "start.txt")
+    parser.add_argument("--warm", type=int, default=10, help="fresh clones per warm row")
+    parser.add_argument("--only-warm", action="store_true", help="just the warm rows")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     baseline = resolve_or_build(str(TINY), progress=lambda s, d: print(f"build {s}: {d}"))
     cold, snap = QemuDriver(start="cold"), QemuDriver(start="snapshot")
     load_at_start = os.getloadavg()[0]
+    if args.only_warm:
+        await only_warm(args, snap, baseline, load_at_start)
+        return
 
     t0 = time.perf_counter()
     first = await snap.create(request(baseline))  # builds the template unless cached
@@ -194,6 +259,7 @@ async def main() -> None:
     load_at_episodes = os.getloadavg()[0]
     rates = {p: await episodes_per_s(baseline, args.episodes, p, "snapshot") for p in (2, 4)}
     cold_rate = await episodes_per_s(baseline, 6, 2, "cold")
+    warm_table, warm_rates = await warm_rows(snap, baseline, args.warm, args.episodes, (2, 4))
 
     cold_p50 = statistics.median(r["ready"] for r in cold_runs)
     qemu_pss = [q / 1024 for q, _ in pss]
@@ -234,6 +300,7 @@ async def main() -> None:
         ),
         row("destroy + confirm (clone)", [r["destroy"] for r in clone_runs], None),
         row("destroy + confirm (cold)", [r["destroy"] for r in cold_runs], None),
+        *warm_table,
         "",
         f"PSS with {len(pss)} idle clones alive: QEMU p50 {statistics.median(qemu_pss):.1f} MiB,"
         f" max {max(qemu_pss):.1f} MiB (target <= 32 MiB); supervisor (timeout) "
@@ -252,10 +319,41 @@ async def main() -> None:
         f"  cold, parallel 2: {cold_rate['wall']:.2f}/s wall, {cold_rate['episodes']:.2f}/s "
         f"episodes (6 episodes)"
     )
+    lines += ["", "function entrypoint (the warm baseline) against a command (tiny):", *warm_rates]
+    write(args.out or ROOT / "bench" / "results" / "start.txt", lines)
+
+
+def write(out: Path, lines: list[str]) -> None:
     text = "\n".join(lines)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+
+
+async def only_warm(
+    args: argparse.Namespace, snap: QemuDriver, tiny: Baseline, load_at_start: float
+) -> None:
+    """``--only-warm``: the warm rows, with the command rows they compare against."""
+    table, rates = await warm_rows(snap, tiny, args.warm, args.episodes, (2, 4))
+    facts = snap.describe()
+    lines = [
+        f"# bench/start.py --only-warm — {time.strftime('%Y-%m-%d %H:%M')} — "
+        f"{platform.node()}, {os.cpu_count()} cores, qemu {facts.get('accelerator_version')}, "
+        f"accelerator {facts.get('accelerator')}, load average (1 min) at the start "
+        f"{load_at_start:.1f}, at the end {os.getloadavg()[0]:.1f}",
+        f"# fresh snapshot clones, {args.warm} of each, interleaved; the function is "
+        "tests/baselines/warm (entry:run, json and random pre-imported), the command "
+        "tests/baselines/tiny (python3 /opt/tiny/entry.py); both do the same trivial episode "
+        "(RUN -> DONE: manifest in, stdout/stderr, an artifact, result.json out); "
+        "(i): `python3 -c pass` in a tiny clone after a first `true`, interleaved with them",
+        "",
+        f"{'start path (ms)':<34} {'n':>4} {'p50':>9} {'p95':>9} {'':>9}",
+        *table,
+        "",
+        "trivial episodes/s end to end (Controller + LocalStore + Ledger, task mode ok):",
+        *rates,
+    ]
+    write(args.out or ROOT / "bench" / "results" / "warm.txt", lines)
 
 
 if __name__ == "__main__":

@@ -342,7 +342,11 @@ class Controller:
         try:
             self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
             diagnostics = env.diagnostics() if env is not None else {}
-            facts = {**self.driver.describe(), **(_env_facts(env) if env else {})}
+            facts = {
+                **self.driver.describe(),
+                **(_env_facts(env) if env else {}),
+                **_entry_facts(baseline, output),
+            }
             if egress is not None:  # the episode is over: cut its network, keep its log
                 diagnostics.update(await egress.finish())
                 facts["network"] = egress.summary()
@@ -443,7 +447,7 @@ class Controller:
         lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
         request = {
             "manifest": manifest.guest_view(),
-            "entrypoint": list(baseline.entrypoint),
+            **_entry(baseline),
             "timeout_s": limits.timeout_s,
             "env": {
                 "CLEANROOM_EPISODE_ID": manifest.episode_id,
@@ -597,6 +601,26 @@ def _env_facts(env: Env) -> dict[str, Any]:
         "agent_version": env.hello.get("agent_version"),
         "guest_boot_s": env.hello.get("boot_time_s"),
         **env.info.start_facts(),
+    }
+
+
+def _entry(baseline: Baseline) -> dict[str, Any]:
+    """What RUN says to run: the function (the agent's warm worker calls it) or the command."""
+    if baseline.function is not None:
+        return {"function": baseline.function.to_json()}
+    return {"entrypoint": list(baseline.entrypoint)}
+
+
+def _entry_facts(baseline: Baseline, output: EpisodeOutput | None) -> dict[str, Any]:
+    """``entry_kind`` (the baseline's) and, for a function, ``worker``: ``warm`` when the
+    worker had its imports done before the episode (template, boot), ``started`` if not."""
+    if baseline.function is None:
+        return {"entry_kind": "command"}
+    worker = (output.entry if output is not None else {}).get("worker")
+    return {
+        "entry_kind": "function",
+        "entry_function": baseline.function.function,
+        "worker": worker,
     }
 
 

@@ -106,6 +106,18 @@ async def test_episode_collects_artifacts_with_digests(
     assert out.stdout_path is not None and out.stdout_path.read_bytes() == b"log line\n"
 
 
+async def test_how_the_entrypoint_ran_is_taken_only_as_short_identifiers(
+    pair: tuple[AgentSession, Guest], tmp_path: Path
+) -> None:
+    session, guest = pair
+    exit_header = {"code": 0, "entry": "function", "worker": "../../etc", "other": "x"}
+    for data in (encode(Kind.EXIT, exit_header), encode(Kind.RESULT, {"present": False})):
+        guest.send(data)
+    guest.send(encode(Kind.DONE))
+    out = await session.run_episode({"manifest": {}}, tmp_path, quota_bytes=1000)
+    assert out.entry == {"entry": "function"}
+
+
 @pytest.mark.parametrize(
     "name", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "", "a\x00b", "a\\..\\b"]
 )

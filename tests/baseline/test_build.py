@@ -6,6 +6,7 @@ later runs reuse ``.cache/test-home``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -93,8 +94,16 @@ def test_the_image_holds_the_files_the_agent_and_no_host_state(tiny: Baseline) -
         assert entry.read_bytes() == TINY_SPEC.parent.joinpath("files", "entry.py").read_bytes()
         assert entry.stat().st_mode & 0o777 == 0o644
         agent = root / "opt" / "cleanroom" / "agent"
-        assert {p.name for p in agent.iterdir()} >= {"guest.py", "protocol.py", "__pycache__"}
+        assert {p.name for p in agent.iterdir()} >= {
+            "guest.py",
+            "protocol.py",
+            "warm.py",
+            "worker.py",
+            "__pycache__",
+        }
         assert list((agent / "__pycache__").glob("protocol.cpython-3*.pyc"))
+        assert list((agent / "__pycache__").glob("worker.cpython-3*.pyc"))
+        assert not (root / "opt" / "cleanroom" / "entry.json").exists()  # a command baseline
         assert (root / "etc" / "hostname").read_text() == "cleanroom\n"
         assert (root / "etc" / "machine-id").read_bytes() == b""
         assert (root / "etc" / "resolv.conf").read_bytes() == b""
@@ -192,3 +201,18 @@ def test_an_ambiguous_prefix_is_refused(
     twin.mkdir()
     with pytest.raises(BaselineNotFound, match="ambiguous"):
         store.resolve(tiny.path.name[:8])
+
+
+def test_a_function_baseline_carries_its_workers_config(tmp_path: Path) -> None:
+    spec = TINY_SPEC.parents[1] / "warm" / "baseline.toml"
+    warm = build(spec)
+    assert warm.function is not None and warm.entrypoint == ()
+    assert warm.function.to_json() == load_spec(spec).warm_config()
+    assert warm.identity()["function"] == warm.function.to_json()
+    with tempfile.TemporaryDirectory(dir=scratch_parent()) as tmp:
+        subprocess.run(
+            ["fsck.erofs", f"--extract={tmp}", str(warm.rootfs)], check=True, capture_output=True
+        )
+        entry = Path(tmp) / "opt" / "cleanroom" / "entry.json"
+        assert json.loads(entry.read_text()) == warm.function.to_json()
+        assert list(Path(tmp).glob("opt/warm/__pycache__/entry.cpython-3*.pyc"))

@@ -196,3 +196,58 @@ def test_the_allowlist_is_covered_by_the_baseline_digest() -> None:
     assert baseline.network == ("a.test:443",)
     assert digest_of(baseline.identity()) == baseline.digest
     assert Baseline.from_json(Path("/x"), {**plain, "digest": "d", "spec": {}}).network is None
+
+
+FUNCTION = 'function = "main:run"\npreimport = ["json", "email.utils"]'
+
+
+def test_a_function_entrypoint_gives_the_warm_workers_config(tmp_path: Path) -> None:
+    text = GOOD.replace('command = ["python3", "/opt/demo/main.py"]', FUNCTION)
+    spec = load_spec(write_spec(tmp_path, text))
+    assert spec.entrypoint.command is None and spec.entrypoint.function == "main:run"
+    assert spec.warm_config() == {
+        "function": "main:run",
+        "preimport": ["json", "email.utils"],
+        "path": ["/opt/demo", "/usr/local/bin"],  # a folder's dest; a single file's folder
+    }
+    assert spec.canonical()["entrypoint"] == {
+        "function": "main:run",
+        "preimport": ["json", "email.utils"],
+    }
+    command = load_spec(write_spec(tmp_path / "c"))
+    assert spec_digest(spec) != spec_digest(command)
+
+
+def test_a_command_spec_keeps_its_canonical_json(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    assert spec.canonical()["entrypoint"] == {"command": ["python3", "/opt/demo/main.py"]}
+    assert spec.warm_config() is None
+    text = GOOD.replace("[entrypoint]", "[entrypoint]\npreimport = []")
+    assert load_spec(write_spec(tmp_path / "b", text)).canonical() == spec.canonical()
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "message"),
+    [
+        ('command = ["x"]\nfunction = "m:f"', "exactly one of command or function"),
+        ("preimport = []", "exactly one of command or function"),
+        ('command = ["x"]\npreimport = ["json"]', "preimport needs a function entrypoint"),
+        ('function = "no_colon"', "entrypoint.function"),
+        ('function = "m:f()"', "entrypoint.function"),
+        ('function = "m:f"\npreimport = ["os; rm"]', "entrypoint.preimport"),
+    ],
+)
+def test_bad_function_entrypoints_are_named(tmp_path: Path, entrypoint: str, message: str) -> None:
+    text = GOOD.replace('command = ["python3", "/opt/demo/main.py"]', entrypoint)
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        load_spec(write_spec(tmp_path, text))
+
+
+def test_the_warm_test_spec_is_valid() -> None:
+    warm = Path(__file__).resolve().parents[1] / "baselines" / "warm" / "baseline.toml"
+    spec = load_spec(warm)
+    assert spec.warm_config() == {
+        "function": "entry:run",
+        "preimport": ["json", "random"],
+        "path": ["/opt/warm"],
+    }

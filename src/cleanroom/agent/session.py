@@ -68,6 +68,7 @@ class EpisodeOutput:
     result_raw: bytes | None = None
     stdout_path: Path | None = None
     stderr_path: Path | None = None
+    entry: dict[str, str] = field(default_factory=dict)  # EXIT's "entry"/"worker" (guest's word)
 
 
 def safe_relpath(name: str) -> PurePosixPath:
@@ -254,6 +255,15 @@ def _exit_result(header: dict[str, Any], out: bytes, err: bytes) -> ExecResult:
     )
 
 
+def _entry_facts(header: dict[str, Any]) -> dict[str, str]:
+    """How the guest ran the entrypoint (``entry``: function; ``worker``: warm or started)."""
+    return {
+        key: value[:32]
+        for key in ("entry", "worker")
+        if isinstance(value := header.get(key), str) and value.isidentifier()
+    }
+
+
 class _EpisodeCollector:
     """Receives one RUN's frames into a staging folder, enforcing the quota and names."""
 
@@ -283,6 +293,7 @@ class _EpisodeCollector:
                         (out if frame.kind == Kind.STDOUT else err).write(frame.body)
                     elif frame.kind == Kind.EXIT:
                         exit_result = _exit_result(frame.header, b"", b"")
+                        output.entry = _entry_facts(frame.header)
                     elif frame.kind == Kind.FILE:
                         self._file_chunk(frame)
                     elif frame.kind == Kind.RESULT:

@@ -38,6 +38,7 @@ from cleanroom.baseline.model import (
     ROOTFS_FILE,
     Baseline,
     Component,
+    FunctionEntry,
     digest_of,
     identity,
     sha256_file,
@@ -115,11 +116,20 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
 
     progress("digest", "hashing components")
     components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
-    entrypoint = tuple(spec.entrypoint.command)
+    entrypoint = tuple(spec.entrypoint.command or ())
+    warm = spec.warm_config()
+    function = FunctionEntry.from_json(warm) if warm is not None else None
     version = agent_version()
     network = tuple(spec.network.allow) if spec.network is not None else None
     ident = identity(
-        components, entrypoint, spec.limits, kernel.version, version, sdigest, network=network
+        components,
+        entrypoint,
+        spec.limits,
+        kernel.version,
+        version,
+        sdigest,
+        function,
+        network=network,
     )
     digest = digest_of(ident)
     for component in components:
@@ -135,6 +145,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         kernel_version=kernel.version,
         agent_version=version,
         spec=spec.canonical(),
+        function=function,
         network=network,
     )
     data = baseline.to_json()

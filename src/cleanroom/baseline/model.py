@@ -2,9 +2,10 @@
 
 On disk a baseline is one folder ``$CLEANROOM_HOME/baselines/<hex>/`` holding its components and
 ``baseline.json``. The digest is the sha256 of the canonical JSON of ``identity()``: every
-component's name, size and sha256, plus the entrypoint, default limits, kernel version and agent
-version (and the egress allowlist, if the spec has one). Nothing time- or host-dependent enters
-it, so the same spec builds to the same digest.
+component's name, size and sha256, plus the entrypoint (a command, or a ``function`` entry:
+only present when set, so command baselines keep their identity), default limits, kernel version,
+agent version and the egress allowlist (only if the spec has one). Nothing time- or
+host-dependent enters it, so the same spec builds to the same digest.
 """
 
 from __future__ import annotations
@@ -34,6 +35,27 @@ class Component:
 
 
 @dataclass(frozen=True)
+class FunctionEntry:
+    """A Python entrypoint: ``module:function`` called in a fork of the warm worker, which
+    imported ``preimport`` with ``path`` first on ``sys.path`` (the guest's ``entry.json``)."""
+
+    function: str
+    preimport: tuple[str, ...] = ()
+    path: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "preimport": list(self.preimport),
+            "path": list(self.path),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FunctionEntry:
+        return cls(str(data["function"]), tuple(data["preimport"]), tuple(data["path"]))
+
+
+@dataclass(frozen=True)
 class Baseline:
     """A built, content-addressed baseline (immutable)."""
 
@@ -42,11 +64,12 @@ class Baseline:
     spec_digest: str
     name: str
     components: tuple[Component, ...]
-    entrypoint: tuple[str, ...]
+    entrypoint: tuple[str, ...]  # the command; empty when ``function`` is set
     limits: Limits
     kernel_version: str
     agent_version: str
     spec: dict[str, Any] = field(default_factory=dict)
+    function: FunctionEntry | None = None
     network: tuple[str, ...] | None = None  # the egress allowlist (None: no network)
 
     @property
@@ -74,6 +97,7 @@ class Baseline:
             self.kernel_version,
             self.agent_version,
             self.spec_digest,
+            self.function,
             network=self.network,
         )
 
@@ -95,6 +119,7 @@ class Baseline:
             kernel_version=data["kernel_version"],
             agent_version=data["agent_version"],
             spec=data.get("spec", {}),
+            function=FunctionEntry.from_json(data["function"]) if "function" in data else None,
             network=tuple(data["network"]) if data.get("network") is not None else None,
         )
 
@@ -106,11 +131,12 @@ def identity(
     kernel_version: str,
     agent_version: str,
     spec_digest: str,
+    function: FunctionEntry | None = None,
     *,
     network: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The canonical, digest-covered description of a baseline (``network`` only if set, so
-    baselines without one keep their digests)."""
+    """The canonical, digest-covered description of a baseline (``function`` and ``network``
+    only if set, so baselines without them keep their digests)."""
     ident = {
         "format": FORMAT_VERSION,
         "components": [
@@ -123,6 +149,8 @@ def identity(
         "agent_version": agent_version,
         "spec_digest": spec_digest,
     }
+    if function is not None:
+        ident["function"] = function.to_json()
     if network is not None:
         ident["network"] = list(network)
     return ident

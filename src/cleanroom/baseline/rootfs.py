@@ -7,7 +7,8 @@ Steps, each reported to the progress callback:
    ``cache_dir()/rootfs/<key>.tar``; every build extracts that tarball, so builds that share
    packages share one debootstrap and a rebuild starts from identical bytes.
 2. ``pip``: wheels for the guest's Python (``pyinstall.install_pip``).
-3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/``.
+3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/`` (and, for a
+   function entrypoint, the warm worker's config as ``/opt/cleanroom/entry.json``).
 4. ``compile``: byte-compiled by the guest's own Python, reproducibly
    (``pyinstall.byte_compile``); the agent is test-imported so a missing module fails the build.
 5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
@@ -25,6 +26,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
@@ -172,8 +174,9 @@ def copy_files(spec: BaselineSpec, rootfs: Path, progress: Progress = quiet) -> 
             _copy_file(str(src), str(dest))
 
 
-def install_agent(rootfs: Path) -> None:
-    """Copy the guest agent (guest.py, protocol.py) to ``/opt/cleanroom/agent``."""
+def install_agent(rootfs: Path, warm_config: dict[str, Any] | None = None) -> None:
+    """Copy the guest agent (``AGENT_FILES``) to ``/opt/cleanroom/agent``; with a function
+    entrypoint, write the warm worker's config to ``/opt/cleanroom/entry.json``."""
     dest = rootfs / AGENT_DEST
     dest.mkdir(parents=True, exist_ok=True)
     for name in AGENT_FILES:
@@ -181,6 +184,10 @@ def install_agent(rootfs: Path) -> None:
         if not source.is_file():
             raise BuildError(f"files: the guest agent file {source} is missing")
         _copy_file(str(source), str(dest / name))
+    if warm_config is not None:
+        entry = dest.parent / "entry.json"
+        entry.write_text(json.dumps(warm_config, sort_keys=True) + "\n")
+        entry.chmod(0o644)
     for folder in (dest, dest.parent):
         folder.chmod(0o755)
 
@@ -261,7 +268,7 @@ def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress =
         extract_base(spec.base, tree, progress)
         install_pip(spec.pip.packages, tree, progress)
         copy_files(spec, tree, progress)
-        install_agent(tree)
+        install_agent(tree, spec.warm_config())
         byte_compile(tree, spec, progress)
         scrub(tree)
         make_erofs(tree, out, progress)

@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cleanroom.errors import NetworkPolicyError, SpecError
 from cleanroom.manifest import Limits
@@ -47,7 +55,7 @@ ALWAYS_PACKAGES = ("libpython3-stdlib", "python3-minimal")
 """Always installed: the guest agent needs Python and its standard library (json is not in
 python3-minimal)."""
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-AGENT_FILES = ("guest.py", "guestnet.py", "protocol.py")
+AGENT_FILES = ("guest.py", "guestnet.py", "protocol.py", "warm.py", "worker.py")
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
 SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
@@ -55,6 +63,8 @@ SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", "
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 DEB_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
 RESERVED_DESTS = ("/proc", "/sys", "/dev", "/run", "/opt/cleanroom")
+MODULE_RE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+FUNCTION_RE = rf"^{MODULE_RE}:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 class _Section(BaseModel):
@@ -116,9 +126,34 @@ class FileEntry(_Section):
 
 
 class EntrypointSection(_Section):
-    """The command the guest agent runs for each episode."""
+    """What the guest agent runs for each episode: a ``command``, or a Python ``function``
+    (``module:function``) called in a fork of a worker that imported ``preimport`` (and the
+    function's module) before the snapshot."""
 
-    command: list[str] = Field(min_length=1)
+    command: list[str] | None = Field(default=None, min_length=1)
+    function: str | None = Field(default=None, pattern=FUNCTION_RE)
+    preimport: list[str] = Field(default_factory=list)
+
+    @field_validator("preimport")
+    @classmethod
+    def _modules(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(MODULE_RE, name):
+                raise ValueError(f"{name!r} is not a module name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_entry(self) -> EntrypointSection:
+        if (self.command is None) == (self.function is None):
+            raise ValueError("give exactly one of command or function")
+        if self.preimport and self.function is None:
+            raise ValueError("preimport needs a function entrypoint")
+        return self
+
+    def canonical(self) -> dict[str, Any]:
+        """Only the fields that are set: a command spec keeps its JSON (and digest) as before."""
+        data = self.model_dump(mode="json")
+        return {k: v for k, v in data.items() if v is not None and v != []}
 
 
 class KernelSection(_Section):
@@ -172,10 +207,24 @@ class BaselineSpec(_Section):
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
         ``network`` appears only when set, so specs without it keep their digests."""
-        data = self.model_dump(mode="json")
+        data = {**self.model_dump(mode="json"), "entrypoint": self.entrypoint.canonical()}
         if self.network is None:
             del data["network"]
         return data
+
+    def warm_config(self) -> dict[str, Any] | None:
+        """The warm worker's config for a function entrypoint (None for a command): the
+        function, the modules to pre-import and ``path``, the guest folders put first on
+        ``sys.path`` (each ``[[files]]`` folder's dest; a single file's parent folder)."""
+        entry = self.entrypoint
+        if entry.function is None:
+            return None
+        path: list[str] = []
+        for src, item in self.sources():
+            folder = item.dest if src.is_dir() else str(PurePosixPath(item.dest).parent)
+            if folder not in path:
+                path.append(folder)
+        return {"function": entry.function, "preimport": list(entry.preimport), "path": path}
 
     def sources(self) -> Iterator[tuple[Path, FileEntry]]:
         """Each files entry with its source resolved against the spec's folder."""

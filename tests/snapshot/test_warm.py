@@ -1,0 +1,196 @@
+"""Function entrypoints on real VMs: the warm baseline's worker imports ``entry`` before the
+snapshot, and each clone's episode runs ``entry.run`` in the worker's child saved with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import Driver
+from cleanroom.drivers.gvisor import GvisorDriver
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.ledger import Ledger
+from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.vm
+
+WARM_SPEC = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
+
+
+@pytest.fixture(scope="module")
+def warm_baseline() -> Baseline:
+    """The warm test baseline (a function entrypoint), built once and cached."""
+    from cleanroom.baseline.store import resolve_or_build
+
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
+    baseline = resolve_or_build(str(WARM_SPEC))
+    assert baseline.function is not None and baseline.entrypoint == ()
+    return baseline
+
+
+def manifest(eid: str, seed: int = 1, **fields: Any) -> Manifest:
+    task = fields.pop("task", {})
+    return Manifest.model_validate(
+        {"episode_id": eid, "seed": seed, "policy": {"id": "warm"}, "task": task, **fields}
+    )
+
+
+class Run:
+    """A controller over ``driver`` with its own ledger and store in ``tmp``."""
+
+    def __init__(self, tmp: Path, driver: Driver) -> None:
+        self.tmp = tmp
+        self.driver = driver
+        self.ledger = Ledger(tmp / "ledger.db")
+        self.store = LocalStore(tmp / "store")
+        self.ctl = Controller(
+            driver,
+            self.ledger,
+            self.store,
+            options=RunOptions(parallel=2, cleanup_window_s=30, staging_dir=tmp / "staging"),
+        )
+
+    def record(self, run_id: str, eid: str) -> dict[str, Any]:
+        record = self.store.get_record(run_id, eid)
+        assert record is not None, eid
+        return record
+
+    def log(self, run_id: str, eid: str, name: str) -> str:
+        path = self.tmp / "store" / "runs" / run_id / "episodes" / eid / "logs" / name
+        return path.read_text()
+
+    def assert_all_destroyed(self, run_id: str) -> None:
+        envs = self.ledger.envs(run_id=run_id)
+        assert envs
+        for env in envs:
+            assert env.confirmed_absent_at is not None
+            assert not self.driver.exists(env.env_id)
+            assert not hostproc.pids_with_marker(env.env_id)
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Iterator[Run]:
+    run = Run(tmp_path, QemuDriver(start="snapshot"))
+    yield run
+    run.ledger.close()
+
+
+async def test_five_clones_run_the_function_warm_and_draw_different_randoms(
+    snap: Run, warm_baseline: Baseline
+) -> None:
+    manifests = [manifest(f"w{i}", seed=i) for i in range(5)]
+    result = await snap.ctl.run(manifests, warm_baseline, run_id="warm-5")
+    assert result.counts() == {"completed": 5}, [e.error for e in result.episodes]
+    infos = []
+    for i in range(5):
+        record = snap.record("warm-5", f"w{i}")
+        assert record["reward"] == i * 0.5
+        provenance = record["provenance"]
+        assert provenance["start"] == "snapshot"
+        assert provenance["entry_kind"] == "function"
+        assert provenance["entry_function"] == "entry:run"
+        assert provenance["worker"] == "warm"  # imported before the episode: in the template
+        assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
+        assert f"warm: stdout w{i} seed={i}" in snap.log("warm-5", f"w{i}", "stdout.log")
+        assert f"warm: stderr w{i}" in snap.log("warm-5", f"w{i}", "stderr.log")
+        infos.append(record["info"])
+    # each episode ran in the worker's child (the module was imported by its parent) ...
+    assert all(info["ppid"] == info["imported_in"] != info["pid"] for info in infos)
+    assert all(info["pgid"] == info["pid"] for info in infos)  # its own group: killable
+    # ... the same child, saved in the template, restored in every clone ...
+    assert len({(info["pid"], info["imported_in"]) for info in infos}) == 1
+    # ... and still each clone drew its own randoms (reseeded from the host's RESEED bytes)
+    randoms = [info["random"] for info in infos]
+    assert len(set(randoms)) == 5, randoms
+    snap.assert_all_destroyed("warm-5")
+
+
+async def test_failures_timeouts_and_secrets_behave_as_with_a_command(
+    snap: Run, warm_baseline: Baseline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = "hf_WarmVmSecretValue"
+    monkeypatch.setenv("HF_TOKEN", value)
+    manifests = [
+        manifest("raise", task={"mode": "raise"}),
+        manifest("nondict", task={"mode": "nondict"}),
+        manifest("slow", task={"mode": "sleep"}, limits={"timeout_s": 3}),
+        manifest("leak", secrets=["HF_TOKEN"], task={"mode": "leak", "secret": "HF_TOKEN"}),
+    ]
+    result = await snap.ctl.run(manifests, warm_baseline, run_id="warm-f")
+    outcomes = {e.episode_id: (e.outcome, e.error) for e in result.episodes}
+    assert outcomes["raise"] == (Outcome.EPISODE_ERROR, "entrypoint failed (exit code 1)")
+    assert outcomes["nondict"] == (Outcome.EPISODE_ERROR, "entrypoint failed (exit code 1)")
+    assert outcomes["slow"][0] is Outcome.TIMEOUT, outcomes["slow"]
+    assert outcomes["leak"][0] is Outcome.COMPLETED, outcomes["leak"]
+    stderr = snap.log("warm-f", "raise", "stderr.log")
+    assert "Traceback (most recent call last)" in stderr and "ValueError: boom in raise" in stderr
+    assert "returned list, not a dict" in snap.log("warm-f", "nondict", "stderr.log")
+    slow = snap.record("warm-f", "slow")
+    assert slow["exit"]["timed_out"] is True and slow["exit"]["signal"] == 9
+    leak = snap.record("warm-f", "leak")
+    assert leak["info"] == {"leak": "[REDACTED:HF_TOKEN]", "file_matches": True}
+    assert leak["secrets"]["redactions"]["HF_TOKEN"] >= 4
+    stored = [p for p in (snap.tmp / "store").rglob("*") if p.is_file()]
+    assert stored and not [p for p in stored if value.encode() in p.read_bytes()]
+    snap.assert_all_destroyed("warm-f")
+
+
+async def test_a_cold_boot_starts_the_worker_at_boot(
+    tmp_path: Path, warm_baseline: Baseline
+) -> None:
+    run = Run(tmp_path, QemuDriver(start="cold"))
+    try:
+        result = await run.ctl.run([manifest("cold", seed=4)], warm_baseline, run_id="warm-c")
+        assert result.counts() == {"completed": 1}, result.episodes[0].error
+        record = run.record("warm-c", "cold")
+        assert record["reward"] == 2.0
+        assert record["provenance"]["start"] == "cold"
+        assert record["provenance"]["worker"] == "warm"  # ready before HELLO, before the RUN
+        run.assert_all_destroyed("warm-c")
+    finally:
+        run.ledger.close()
+
+
+def _gvisor_unusable(tmp: Path) -> str | None:
+    if shutil.which("runsc") is None:
+        return "runsc is not installed"
+    proc = subprocess.run(
+        ["runsc", f"--root={tmp}", "--network=none", "do", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return None if proc.returncode == 0 else f"runsc cannot run here: {proc.stderr[-300:]}"
+
+
+async def test_gvisor_runs_a_function_entry(tmp_path: Path, warm_baseline: Baseline) -> None:
+    reason = _gvisor_unusable(tmp_path / "probe")
+    if reason:
+        pytest.skip(reason)
+    run = Run(tmp_path, GvisorDriver(run_root=tmp_path / "run"))
+    try:
+        result = await run.ctl.run([manifest("gv", seed=8)], warm_baseline, run_id="warm-g")
+        assert result.counts() == {"completed": 1}, result.episodes[0].error
+        record = run.record("warm-g", "gv")
+        assert record["reward"] == 4.0
+        assert record["provenance"]["isolation"] == "userspace-kernel"
+        assert record["provenance"]["entry_kind"] == "function"
+        info = record["info"]
+        assert info["ppid"] == info["imported_in"] != info["pid"]
+        run.assert_all_destroyed("warm-g")
+    finally:
+        run.ledger.close()
