@@ -48,7 +48,7 @@ except ImportError:  # in the guest, next to protocol.py
     import guestnet  # type: ignore[import-not-found,no-redef]
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.3.0"
+AGENT_VERSION = "0.4.0"
 PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
