@@ -39,7 +39,7 @@ except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.2.1"
 PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
@@ -154,11 +154,11 @@ class Agent:
                 self.send(Kind.PONG, {"t": frame.header.get("t")})
             elif frame.kind == Kind.SHUTDOWN:
                 return
-            elif frame.kind == Kind.SNAPSHOT_PREPARE and not self.busy.is_set():
+            elif frame.kind == Kind.SNAPSHOT_PREPARE and self.wait_idle():
                 self.pool = prepare_snapshot()
                 self.snapshotted = True
                 self.send(Kind.OK, {"prepared": True})
-            elif frame.kind == Kind.RESEED and not self.busy.is_set() and self.pool is not None:
+            elif frame.kind == Kind.RESEED and self.pool is not None and self.wait_idle():
                 self.snapshotted = False  # a clone now: its host closing the channel ends it
                 self.hello(reseed(self.pool, frame.body, frame.header))
             elif self.busy.is_set() and not self.wait_idle():
@@ -169,7 +169,8 @@ class Agent:
                 self.worker.start()
 
     def wait_idle(self, timeout_s: float = 2.0) -> bool:
-        """Let a request that has sent its last frame finish (the host may already be ahead)."""
+        """Let a request that has sent its last frame finish (the host may already be ahead:
+        e.g. SNAPSHOT_PREPARE right after an EXEC's DONE, before its worker cleared ``busy``)."""
         if self.worker is not None:
             self.worker.join(timeout_s)
         return not self.busy.is_set()
