@@ -1,10 +1,12 @@
-"""The audit ledger: runs, episode attempts, environments and events in one SQLite file.
+"""The audit ledger: runs, episode attempts, environments, snapshots and events in one file.
 
 WAL mode, ``synchronous=NORMAL``, a 5 s busy timeout; one connection guarded by a lock, so an
 asyncio controller (and its worker threads) can share a ``Ledger``. Times are unix seconds.
 An environment's row is written (``env_intent``) *before* its VM exists; ``env_created`` and
 ``env_ready`` refuse an env with no intent (destroy steps log an ``env_unknown`` event instead of
-failing the cleanup path); an env is live until its absence is confirmed.
+failing the cleanup path); an env is live until its absence is confirmed. A group's warm
+snapshot (``groups.py``) has a row of its own, written before its files exist, live until its
+files are confirmed deleted.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ _SCHEMA = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id TEXT, episode_id TEXT,
         env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}')""",
     "CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind)",
+    """CREATE TABLE IF NOT EXISTS snapshots (
+        snapshot_id TEXT PRIMARY KEY, run_id TEXT, group_id TEXT, driver TEXT,
+        owner_controller TEXT, owner_pid INTEGER, owner_host TEXT, intent_at REAL NOT NULL,
+        parent_env_id TEXT, saved_at REAL, digest TEXT, setup_digest TEXT, group_digest TEXT,
+        deleted_at REAL, confirmed_absent_at REAL, state TEXT NOT NULL)""",
 )
 
 
@@ -110,6 +117,31 @@ class EnvRow:
     @property
     def live(self) -> bool:
         """Not confirmed absent: it may still exist on the host."""
+        return self.confirmed_absent_at is None
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    snapshot_id: str
+    run_id: str | None
+    group_id: str | None
+    driver: str | None
+    owner_controller: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    intent_at: float
+    parent_env_id: str | None
+    saved_at: float | None
+    digest: str | None
+    setup_digest: str | None
+    group_digest: str | None
+    deleted_at: float | None
+    confirmed_absent_at: float | None
+    state: str
+
+    @property
+    def live(self) -> bool:
+        """Its files may still be on the host."""
         return self.confirmed_absent_at is None
 
 
@@ -333,14 +365,16 @@ class Ledger:
         env_id: str,
         *,
         run_id: str,
-        episode_id: str,
-        attempt: int,
+        episode_id: str | None,
+        attempt: int | None,
         driver: str,
         owner_controller: str,
         owner_pid: int,
         owner_host: str,
     ) -> None:
-        """Record that ``env_id`` is about to be created. Must precede the VM process."""
+        """Record that ``env_id`` is about to be created. Must precede the VM process.
+
+        ``episode_id``/``attempt`` are None for a group's warm parent (it serves many)."""
         self._write(
             "env_intent",
             "INSERT INTO envs (env_id, run_id, episode_id, attempt, driver, owner_controller, "
@@ -422,6 +456,76 @@ class Ledger:
         args = (run_id,) if run_id is not None else ()
         sql = f"SELECT * FROM envs {where} ORDER BY intent_at, env_id"
         return [EnvRow(**dict(r)) for r in self._rows("envs", sql, args)]
+
+    # -- snapshots (a group's warm env, saved for its clones) --------------------------------
+
+    def snapshot_intent(
+        self,
+        snapshot_id: str,
+        *,
+        run_id: str,
+        group_id: str,
+        driver: str,
+        setup_digest: str,
+        owner_controller: str,
+        owner_pid: int,
+        owner_host: str,
+    ) -> None:
+        """Record that ``snapshot_id``'s files are about to be made. Must precede them."""
+        self._write(
+            "snapshot_intent",
+            "INSERT INTO snapshots (snapshot_id, run_id, group_id, driver, setup_digest, "
+            "owner_controller, owner_pid, owner_host, intent_at, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent')",
+            (
+                snapshot_id,
+                run_id,
+                group_id,
+                driver,
+                setup_digest,
+                owner_controller,
+                owner_pid,
+                owner_host,
+                time.time(),
+            ),
+        )
+
+    def snapshot_saved(
+        self, snapshot_id: str, *, parent_env_id: str, digest: str, group_digest: str
+    ) -> None:
+        self._write(
+            "snapshot_saved",
+            "UPDATE snapshots SET state = 'saved', saved_at = ?, parent_env_id = ?, digest = ?, "
+            "group_digest = ? WHERE snapshot_id = ?",
+            (time.time(), parent_env_id, digest, group_digest, snapshot_id),
+            must_hit=f"no intent recorded for snapshot {snapshot_id!r}",
+        )
+
+    def snapshot_deleted(self, snapshot_id: str, *, confirmed_absent: bool) -> None:
+        """Record a delete; only a confirmed absence makes the snapshot no longer live."""
+        now = time.time()
+        state, absent_at = ("absent", now) if confirmed_absent else ("leaked", None)
+        self._write(
+            "snapshot_deleted",
+            "UPDATE snapshots SET state = ?, deleted_at = ?, "
+            "confirmed_absent_at = COALESCE(confirmed_absent_at, ?) WHERE snapshot_id = ?",
+            (state, now, absent_at, snapshot_id),
+        )
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        sql = "SELECT * FROM snapshots WHERE snapshot_id = ?"
+        rows = self._rows("get_snapshot", sql, (snapshot_id,))
+        return SnapshotRow(**dict(rows[0])) if rows else None
+
+    def snapshots(self, run_id: str | None = None, live_only: bool = False) -> list[SnapshotRow]:
+        """Snapshots (of one run, or all); ``live_only``: files not yet confirmed deleted."""
+        clauses = (["run_id = ?"] if run_id is not None else []) + (
+            ["confirmed_absent_at IS NULL"] if live_only else []
+        )
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        args = (run_id,) if run_id is not None else ()
+        sql = f"SELECT * FROM snapshots {where} ORDER BY intent_at, snapshot_id"
+        return [SnapshotRow(**dict(r)) for r in self._rows("snapshots", sql, args)]
 
     # -- events -----------------------------------------------------------------------------
 
