@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,9 @@ from cleanroom.errors import (
     StoreError,
 )
 from cleanroom.export import export_attempt, export_episode
+from cleanroom.groups import GroupReport, plan, run_group
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
 from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome, parse_guest_result
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
@@ -43,6 +44,7 @@ from cleanroom.store import Store
 from cleanroom.verify import Verifiers, verdict_label
 
 EventHook = Callable[[str, dict[str, Any]], None]
+CreateEnv = Callable[[EnvRequest], Awaitable[Env]]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class RunResult:
     episodes: list[EpisodeResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # already durable (resumed run)
     leaked_envs: list[str] = field(default_factory=list)
+    groups: list[GroupReport] = field(default_factory=list)  # episodes sharing a setup
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -136,9 +139,15 @@ class Controller:
         names = sorted({s.name for m in manifests for s in m.secrets})
         resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
         self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
+        check_groups(manifests)  # and a group whose episodes disagree on its setup or machine
         reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
-        if reaped.destroyed or reaped.failed:
-            self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
+        if reaped.destroyed or reaped.failed or reaped.snapshots:
+            self._emit(
+                "reaped",
+                destroyed=reaped.destroyed,
+                failed=reaped.failed,
+                snapshots=reaped.snapshots,
+            )
         run_id = run_id or new_run_id()
         result = RunResult(run_id)
         self.ledger.start_run(
@@ -162,12 +171,15 @@ class Controller:
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         gate = asyncio.Semaphore(self.options.parallel)
         status = "failed"
+        singles, grouped = plan(todo)
         try:
             async with asyncio.TaskGroup() as group:
-                for manifest, attempt in todo:
+                for manifest, attempt in singles:
                     group.create_task(
                         self._guarded(gate, run_id, manifest, attempt, baseline, result)
                     )
+                for members in grouped.values():
+                    group.create_task(run_group(self, gate, run_id, members, baseline, result))
             status = "completed"
         except BaseException:
             status = "cancelled"
@@ -191,11 +203,13 @@ class Controller:
         attempt: int,
         baseline: Baseline,
         result: RunResult,
+        create: CreateEnv | None = None,
     ) -> None:
         queued = time.monotonic()
         async with gate:
+            queue_s = time.monotonic() - queued
             episode = await self.run_episode(
-                run_id, manifest, attempt, baseline, queue_s=time.monotonic() - queued
+                run_id, manifest, attempt, baseline, queue_s=queue_s, create=create
             )
         result.episodes.append(episode)
 
@@ -206,8 +220,11 @@ class Controller:
         attempt: int,
         baseline: Baseline,
         queue_s: float = 0.0,
+        create: CreateEnv | None = None,
     ) -> EpisodeResult:
-        """One episode, start to confirmed-absent. Never raises except CancelledError."""
+        """One episode, start to confirmed-absent. Never raises except CancelledError.
+
+        ``create`` makes its env (default ``driver.create``; a group's clones: ``groups.py``)."""
         eid = manifest.episode_id
         limits = manifest.limits.merged_over(baseline.limits)
         env_id = new_env_id()
@@ -234,7 +251,8 @@ class Controller:
             baseline_store.quick_check(baseline)
             values = resolve_secrets(self.secret_provider, [s.name for s in manifest.secrets])
             redactor = Redactor(values)
-            env = await self.driver.create(self._request(env_id, baseline, limits, run_id, eid))
+            create = create or self.driver.create
+            env = await create(self._request(env_id, baseline, limits, run_id, eid))
             clock.lap("provision_s")
             self.ledger.env_created(
                 env_id,
@@ -464,9 +482,12 @@ class Controller:
         )
 
     async def _destroy(
-        self, env: Env | None, env_id: str, run_id: str, eid: str, attempt: int
+        self, env: Env | None, env_id: str, run_id: str, eid: str | None, attempt: int | None
     ) -> DestroyReport:
-        """Destroy with retries inside the cleanup window; alert if anything remains."""
+        """Destroy with retries inside the cleanup window; alert if anything remains.
+
+        The proof goes to the episode's ``attempts/<n>/destroy.json`` (a group's warm parent,
+        ``eid`` None, has only its ledger row)."""
         self.ledger.env_destroy_started(env_id)
         start = time.monotonic()
         attempts, delay = 0, 0.05
@@ -505,10 +526,11 @@ class Controller:
                 env_id=env_id,
                 episode_id=eid,
             )
-        with contextlib.suppress(StoreError):
-            self.store.put_bytes(
-                run_id, eid, f"attempts/{attempt}/destroy.json", _destroy_json(report)
-            )
+        if eid is not None:
+            with contextlib.suppress(StoreError):
+                self.store.put_bytes(
+                    run_id, eid, f"attempts/{attempt}/destroy.json", _destroy_json(report)
+                )
         return report
 
 
