@@ -27,6 +27,7 @@ bench: setup
 	$(PY) bench/start.py
 	$(PY) bench/destroy.py
 	$(PY) bench/drivers.py
+	$(PY) bench/fork.py
 
 # Build and cache leftovers; keeps .venv (distclean removes it too).
 clean:

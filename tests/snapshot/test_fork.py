@@ -152,6 +152,36 @@ async def test_clones_diverge_and_the_parent_is_gone_before_they_start(
     assert all(r.confirmed_absent for r in reports) and sid not in driver.list_snapshots()
 
 
+async def test_without_a_template_the_parent_boots_cold_and_still_forks(
+    tiny_baseline: Baseline,
+) -> None:
+    driver = QemuDriver(start="cold")
+    limits = ResolvedLimits(timeout_s=60, memory_mib=256, vcpus=1)
+    owner = Owner("fork-tests")
+    sid = new_snapshot_id()
+    parent = await driver.fork_parent(
+        EnvRequest(new_env_id(), tiny_baseline, limits, owner, 300), sid
+    )
+    clones: list[Env] = []
+    try:
+        assert parent.info.start_kind == "cold" and parent.info.template is None
+        (await parent.exec(SETUP)).check()
+        snap = await driver.fork_save(parent, sid)
+        assert snap.facts["parent_start"] == "cold" and snap.facts["template"] is None
+        for _ in range(2):
+            request = EnvRequest(new_env_id(), tiny_baseline, limits, owner, 300)
+            clones.append(await driver.fork_clone(request, snap))
+        probe = f"cat {WARM}; echo; cat /proc/sys/kernel/random/uuid"
+        outputs = [(await c.exec(["sh", "-c", probe])).check().stdout.split() for c in clones]
+    finally:
+        await parent.aclose()
+        reports = [await c.aclose() for c in clones]
+        assert await driver.delete_snapshot(sid)
+    assert outputs[0][0] == outputs[1][0] and outputs[0][1] != outputs[1][1]
+    assert all(r.confirmed_absent for r in reports)
+    assert_gone(driver, parent.env_id)
+
+
 CRASHING_CONTROLLER = """
 import asyncio, json, sys
 from pathlib import Path
