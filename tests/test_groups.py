@@ -26,6 +26,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, parse_manifests
 from cleanroom.provenance import missing
 from cleanroom.reaper import reap
+from cleanroom.repro import differences
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
@@ -139,6 +140,24 @@ async def test_a_forked_group_runs_its_setup_once_and_records_the_warm_state(
     assert {e.data["group_digest"] for e in forked} == {report.digest}
     assert gone_at_first_finish == [[]]  # deleted once the last clone was restored
     h.assert_nothing_left("r1")
+
+
+async def test_check_repro_compares_the_setup_not_the_warm_state_made_anew(
+    forking: Harness,
+) -> None:
+    h = forking
+    for run_id in ("a", "b"):
+        result = await h.ctl.run(members("g7", h.count_setup, n=1), h.baseline, run_id=run_id)
+        assert result.counts() == {"completed": 1}
+    records = [h.store.get_record(run_id, "g7-0") for run_id in ("a", "b")]
+    assert records[0] is not None and records[1] is not None
+    groups = [r["provenance"]["group"] for r in records if r is not None]
+    assert groups[0]["digest"] != groups[1]["digest"]  # a new parent, a new snapshot
+    assert differences([r for r in records if r is not None]) == {}
+    records[1]["provenance"]["group"]["setup_digest"] = "sha256:other"  # type: ignore[index]
+    assert list(differences([r for r in records if r is not None])) == [
+        "provenance.group.setup_digest"
+    ]
 
 
 async def test_a_failing_setup_gives_every_episode_a_clear_outcome(forking: Harness) -> None:
