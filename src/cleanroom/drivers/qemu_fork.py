@@ -4,8 +4,8 @@ The parent is restored from the baseline's template like any clone, except that 
 is a sparse copy of the template's RAM file mapped *shared* (``share=on``): whatever the
 group's setup changes lands in that file, so saving the paused parent with ``x-ignore-shared``
 writes only its device state (~60 KiB, ~10 ms). A plain clone (``share=off``) can be saved as
-well, but then its RAM goes into the migration stream in full (71 MiB, ~0.55 s here) and each
-of its clones loads that into private memory (slower, no page sharing; measured in
+well, but then its RAM goes into the migration stream in full (81 MiB, ~0.7 s here) and each
+of its clones loads that into private memory (slower, ~125 MiB PSS each instead of ~28; see
 ``bench/results/fork.txt``). Without a template (``start="cold"``, or ``auto`` after a failed
 build) the parent boots with its RAM in a fresh shared file.
 
