@@ -2,7 +2,8 @@
 
 A "snapshot" is a folder (owner.json, a state file naming the parent); a "clone" is a fresh fake
 env. Nothing of the parent's state reaches a clone: what fork itself does is proven on real VMs
-in tests/snapshot/test_fork.py. ``fail_clones`` makes every fork_clone fail.
+in tests/snapshot/test_fork.py. ``fail_clones`` makes every fork_clone fail, ``fail_deletes``
+every delete_snapshot.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class ForkingFake(FakeDriver):
         super().__init__(run_root=root / "run")
         self.forks = root / "forks"
         self.fail_clones = False
+        self.fail_deletes = False
         self.calls: list[str] = []
 
     async def fork_parent(self, request: EnvRequest, snapshot_id: str) -> Env:
@@ -54,6 +56,8 @@ class ForkingFake(FakeDriver):
         return env
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
+        if self.fail_deletes:
+            return False
         shutil.rmtree(self.forks / snapshot_id, ignore_errors=True)
         return not (self.forks / snapshot_id).exists()
 

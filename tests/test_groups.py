@@ -191,6 +191,22 @@ async def test_clones_that_cannot_be_restored_fail_alone(forking: Harness) -> No
     h.assert_nothing_left("r3")
 
 
+async def test_a_snapshot_that_cannot_be_deleted_is_an_alert_and_fails_the_run(
+    forking: Harness,
+) -> None:
+    h = forking
+    h.driver.fail_deletes = True
+    result = await h.ctl.run(members("g8", h.count_setup, n=2), h.baseline, run_id="r8")
+    assert result.counts() == {"completed": 2} and not result.ok
+    [snap] = h.ledger.snapshots(run_id="r8")
+    assert result.leaked_envs == [snap.snapshot_id] and snap.state == "leaked" and snap.live
+    assert any(k == "alert" and snap.snapshot_id in d["message"] for k, d in h.events)
+    h.driver.fail_deletes = False
+    report = await reap(h.driver, h.ledger)  # the next run's reap cannot delete a live owner's
+    assert report.snapshots == [] and h.driver.list_snapshots() == [snap.snapshot_id]
+    assert await h.driver.delete_snapshot(snap.snapshot_id)
+
+
 async def test_cancelling_during_the_setup_cleans_up_the_whole_group(forking: Harness) -> None:
     h = forking
     run = asyncio.create_task(

@@ -189,7 +189,7 @@ class Controller:
                 e.episode_id
                 for e in result.episodes
                 if e.destroy and not e.destroy.confirmed_absent
-            ]
+            ] + [leak for g in result.groups for leak in g.leaked]  # a parent env, a snapshot
             shutil.rmtree(self._staging_root() / run_id, ignore_errors=True)
             self.ledger.finish_run(run_id, status)
             self._emit("run_finished", run_id=run_id, status=status)

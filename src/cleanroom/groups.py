@@ -56,6 +56,7 @@ class GroupReport:
     classification: str | None = None  # setup_failed, fork_failed, cancelled
     error: str | None = None
     snapshot_deleted: bool | None = None
+    leaked: list[str] = field(default_factory=list)  # parent env / snapshot not confirmed gone
 
     def facts(self) -> dict[str, Any]:
         """``provenance.group`` of each of its episodes."""

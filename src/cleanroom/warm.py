@@ -227,7 +227,9 @@ class WarmParent:
         if self.parent_id is None or self.parent_closed:
             return
         self.parent_closed = True
-        await self.ctl._destroy(self.parent, self.parent_id, self.run_id, None, None)
+        report = await self.ctl._destroy(self.parent, self.parent_id, self.run_id, None, None)
+        if not report.confirmed_absent:
+            self.report.leaked.append(self.parent_id)
 
     async def _delete_snapshot(self) -> None:
         sid = self.report.snapshot_id
@@ -245,6 +247,7 @@ class WarmParent:
         self.report.snapshot_deleted = gone
         self.ctl.ledger.snapshot_deleted(sid, confirmed_absent=gone)
         if not gone:
+            self.report.leaked.append(sid)
             self.ctl.ledger.event("snapshot_leaked", run_id=self.run_id, snapshot_id=sid)
             self.ctl._emit("alert", message=f"snapshot {sid} still present after delete")
 
