@@ -28,6 +28,7 @@ bench: setup
 	$(PY) bench/destroy.py
 	$(PY) bench/drivers.py
 	$(PY) bench/egress.py
+	$(PY) bench/fork.py
 
 # Build and cache leftovers; keeps .venv (distclean removes it too).
 clean:

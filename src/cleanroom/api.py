@@ -4,19 +4,27 @@ import cleanroom
 result = cleanroom.run("examples/cartpole/manifests.jsonl",
                        baseline="examples/cartpole/baseline.toml", parallel=2)
 print(result.counts())
+
+Episodes that share a setup step (one task, N rollouts) form a group: ``group(...)`` stamps
+one onto manifests; the setup then runs once in a warm env that every episode is forked from.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
+from cleanroom.errors import ManifestError
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, load_manifests
+from cleanroom.manifest import Group, GroupSetup, Manifest, check_groups, load_manifests
 from cleanroom.secrets import provider_from
 from cleanroom.store import open_store
 
@@ -73,3 +81,30 @@ def run(
             driver=driver,
         )
     )
+
+
+def group(
+    group_id: str,
+    setup: list[str] | GroupSetup | dict[str, Any],
+    episodes: Iterable[Manifest | dict[str, Any]],
+) -> list[Manifest]:
+    """``episodes`` as one group sharing ``setup`` (a command, or ``GroupSetup`` fields).
+
+    manifests = cr.group("task-7", ["sh", "-c", "cp -r /opt/repo /work && make -C /work deps"],
+                         [{"episode_id": f"task-7-{i}", "seed": i, "policy": {"id": "p"}}
+                          for i in range(8)])
+    """
+    try:
+        if isinstance(setup, list):
+            setup = GroupSetup(command=setup)
+        elif isinstance(setup, dict):
+            setup = GroupSetup.model_validate(setup)
+        stamp = Group(id=group_id, setup=setup)
+        out = []
+        for episode in episodes:
+            data = episode.model_dump() if isinstance(episode, Manifest) else dict(episode)
+            out.append(Manifest.model_validate({**data, "group": stamp}))
+    except ValidationError as exc:
+        raise ManifestError(f"group {group_id!r}: invalid", [str(exc)]) from exc
+    check_groups(out)
+    return out

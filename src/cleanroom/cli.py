@@ -274,7 +274,8 @@ def reap(
     driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
-    """Destroy every env whose controller is gone; mark its unfinished episode infra_error."""
+    """Destroy every env (and group snapshot) whose controller is gone; mark its unfinished
+    episode infra_error."""
     from cleanroom.drivers import get_driver
     from cleanroom.reaper import reap as reap_orphans
 
@@ -284,10 +285,12 @@ def reap(
         out.print(f"reaped {env_id} (confirmed absent)")
     for run_id, eid, attempt in report.episodes_marked:
         out.print(f"marked {run_id}/{eid} attempt {attempt} infra_error (controller lost)")
+    for snapshot_id in report.snapshots:
+        out.print(f"deleted snapshot {snapshot_id} (confirmed absent)")
     if report.failed:
         err.print(f"[bold red]ALERT[/]: still present after destroy: {', '.join(report.failed)}")
         raise typer.Exit(3)
-    if not report.destroyed:
+    if not report.destroyed and not report.snapshots:
         out.print("nothing to reap")
 
 

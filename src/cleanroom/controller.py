@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,9 @@ from cleanroom.errors import (
     StoreError,
 )
 from cleanroom.export import export_attempt, export_episode
+from cleanroom.groups import GroupReport, plan, run_group
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
 from cleanroom.network.egress import Egress, check_manifests, episode_policy
 from cleanroom.network.qemu_args import Attachment
 from cleanroom.reaper import reap, reconcile_durable
@@ -45,6 +46,7 @@ from cleanroom.store import Store
 from cleanroom.verify import Verifiers, verdict_label
 
 EventHook = Callable[[str, dict[str, Any]], None]
+CreateEnv = Callable[[EnvRequest], Awaitable[Env]]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class RunResult:
     episodes: list[EpisodeResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # already durable (resumed run)
     leaked_envs: list[str] = field(default_factory=list)
+    groups: list[GroupReport] = field(default_factory=list)  # episodes sharing a setup
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -140,9 +143,15 @@ class Controller:
         resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
         self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
         check_manifests(manifests, baseline, self.driver)  # and network beyond the baseline's
+        check_groups(manifests)  # and a group whose episodes disagree on its setup or machine
         reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
-        if reaped.destroyed or reaped.failed:
-            self._emit("reaped", destroyed=reaped.destroyed, failed=reaped.failed)
+        if reaped.destroyed or reaped.failed or reaped.snapshots:
+            self._emit(
+                "reaped",
+                destroyed=reaped.destroyed,
+                failed=reaped.failed,
+                snapshots=reaped.snapshots,
+            )
         run_id = run_id or new_run_id()
         result = RunResult(run_id)
         self.ledger.start_run(
@@ -166,12 +175,15 @@ class Controller:
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         gate = asyncio.Semaphore(self.options.parallel)
         status = "failed"
+        singles, grouped = plan(todo)
         try:
             async with asyncio.TaskGroup() as group:
-                for manifest, attempt in todo:
+                for manifest, attempt in singles:
                     group.create_task(
                         self._guarded(gate, run_id, manifest, attempt, baseline, result)
                     )
+                for members in grouped.values():
+                    group.create_task(run_group(self, gate, run_id, members, baseline, result))
             status = "completed"
         except BaseException:
             status = "cancelled"
@@ -181,7 +193,7 @@ class Controller:
                 e.episode_id
                 for e in result.episodes
                 if e.destroy and not e.destroy.confirmed_absent
-            ]
+            ] + [leak for g in result.groups for leak in g.leaked]  # a parent env, a snapshot
             shutil.rmtree(self._staging_root() / run_id, ignore_errors=True)
             self.ledger.finish_run(run_id, status)
             self._emit("run_finished", run_id=run_id, status=status)
@@ -195,11 +207,13 @@ class Controller:
         attempt: int,
         baseline: Baseline,
         result: RunResult,
+        create: CreateEnv | None = None,
     ) -> None:
         queued = time.monotonic()
         async with gate:
+            queue_s = time.monotonic() - queued
             episode = await self.run_episode(
-                run_id, manifest, attempt, baseline, queue_s=time.monotonic() - queued
+                run_id, manifest, attempt, baseline, queue_s=queue_s, create=create
             )
         result.episodes.append(episode)
 
@@ -210,8 +224,11 @@ class Controller:
         attempt: int,
         baseline: Baseline,
         queue_s: float = 0.0,
+        create: CreateEnv | None = None,
     ) -> EpisodeResult:
-        """One episode, start to confirmed-absent. Never raises except CancelledError."""
+        """One episode, start to confirmed-absent. Never raises except CancelledError.
+
+        ``create`` makes its env (default ``driver.create``; a group's clones: ``groups.py``)."""
         eid = manifest.episode_id
         limits = manifest.limits.merged_over(baseline.limits)
         env_id = new_env_id()
@@ -253,7 +270,7 @@ class Controller:
                 )
                 network = await egress.start()
             request = self._request(env_id, baseline, limits, run_id, eid, network)
-            env = await self.driver.create(request)
+            env = await (create or self.driver.create)(request)
             if egress is not None:
                 egress.check_ready(env.hello)
             clock.lap("provision_s")
@@ -505,9 +522,12 @@ class Controller:
         )
 
     async def _destroy(
-        self, env: Env | None, env_id: str, run_id: str, eid: str, attempt: int
+        self, env: Env | None, env_id: str, run_id: str, eid: str | None, attempt: int | None
     ) -> DestroyReport:
-        """Destroy with retries inside the cleanup window; alert if anything remains."""
+        """Destroy with retries inside the cleanup window; alert if anything remains.
+
+        The proof goes to the episode's ``attempts/<n>/destroy.json`` (a group's warm parent,
+        ``eid`` None, has only its ledger row)."""
         self.ledger.env_destroy_started(env_id)
         start = time.monotonic()
         attempts, delay = 0, 0.05
@@ -546,14 +566,15 @@ class Controller:
                 env_id=env_id,
                 episode_id=eid,
             )
-        with contextlib.suppress(StoreError):
-            await asyncio.to_thread(
-                self.store.put_bytes,
-                run_id,
-                eid,
-                f"attempts/{attempt}/destroy.json",
-                _destroy_json(report),
-            )
+        if eid is not None:
+            with contextlib.suppress(StoreError):
+                await asyncio.to_thread(
+                    self.store.put_bytes,
+                    run_id,
+                    eid,
+                    f"attempts/{attempt}/destroy.json",
+                    _destroy_json(report),
+                )
         return report
 
 

@@ -28,6 +28,7 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   └── RecordConflict          a second, different record for the same episode
     ├── LedgerError                 the ledger could not be read or written
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
+    ├── SetupError                  a group's setup step failed (its episodes end infra_error)
     └── CheckError                  a check (isolation, repro) could not run to its end
 """
 
@@ -139,6 +140,18 @@ class LedgerError(CleanroomError):
 
 class VerifierError(CleanroomError):
     """A verifier crashed, timed out or wrote no valid verdict (recorded; the outcome stands)."""
+
+
+class SetupError(CleanroomError):
+    """A group's setup command failed (non-zero exit or timeout) in its warm env.
+
+    ``stdout``/``stderr`` hold the command's output (kept as each episode's diagnostics).
+    """
+
+    def __init__(self, message: str, stdout: bytes = b"", stderr: bytes = b"") -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(message)
 
 
 class CheckError(CleanroomError):

@@ -158,6 +158,8 @@ def export_episode(
             "phases": {name: dict(span) for name, span in clock.spans.items()},
         },
     }
+    if manifest.group is not None:  # provenance.group says how its shared setup was made
+        record["group"] = manifest.group.id
     store.put_record(run_id, eid, record)
     return record
 

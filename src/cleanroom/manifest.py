@@ -111,6 +111,34 @@ class NetworkRequest(BaseModel):
         return value
 
 
+class GroupSetup(BaseModel):
+    """A command the group's warm env runs once, before any of its episodes (argv, in the guest).
+
+    No secrets reach it: its result is shared by every episode of the group.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(min_length=1)
+    timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+    def digest(self) -> str:
+        """A stable digest of the setup spec (part of each episode's provenance)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Group(BaseModel):
+    """Episodes that share a setup step (e.g. one GRPO task, N rollouts): see ``groups.py``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=EPISODE_ID_RE.pattern)
+    setup: GroupSetup
+
+
 class Manifest(BaseModel):
     """One episode's unit of work."""
 
@@ -126,6 +154,7 @@ class Manifest(BaseModel):
     network: NetworkRequest | None = None
     output: str | None = Field(default=None, description="store URL or folder override")
     verifier: VerifierRef | None = None
+    group: Group | None = None
 
     @field_validator("episode_id")
     @classmethod
@@ -154,8 +183,9 @@ class Manifest(BaseModel):
     def digest(self) -> str:
         """A stable digest of this manifest's content (for provenance)."""
         data = self.model_dump(mode="json")
-        if data.get("verifier") is None:
-            data.pop("verifier", None)  # digests of manifests without one stay as they were
+        for optional in ("verifier", "group"):
+            if data.get(optional) is None:
+                data.pop(optional, None)  # digests of manifests without one stay as they were
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -202,11 +232,49 @@ def parse_manifests(text: str, source: str = "<manifests>") -> list[Manifest]:
             continue
         seen[manifest.episode_id] = number
         manifests.append(manifest)
+    if not problems:
+        problems = group_problems(manifests, seen)
     if problems:
         raise ManifestError(f"{source}: {len(problems)} problem(s); nothing was run", problems)
     if not manifests:
         raise ManifestError(f"{source}: no manifests found")
     return manifests
+
+
+GROUP_MUST_AGREE = ("group", "baseline", "limits.vcpus", "limits.memory_mib")
+"""What every manifest of one group must share: clones restore one warm env's devices."""
+
+
+def group_problems(manifests: list[Manifest], lines: dict[str, int] | None = None) -> list[str]:
+    """Manifests of one group that disagree with its first one on ``GROUP_MUST_AGREE``."""
+
+    def where(m: Manifest) -> str:
+        return f"line {lines[m.episode_id]}" if lines else f"episode {m.episode_id!r}"
+
+    def facts(m: Manifest) -> tuple[Any, ...]:
+        return (m.group, m.baseline, m.limits.vcpus, m.limits.memory_mib)
+
+    first: dict[str, Manifest] = {}
+    problems = []
+    for m in manifests:
+        if m.group is None:
+            continue
+        lead = first.setdefault(m.group.id, m)
+        pairs = zip(GROUP_MUST_AGREE, facts(lead), facts(m), strict=True)
+        differ = [name for name, a, b in pairs if a != b]
+        if differ:
+            problems.append(
+                f"{where(m)}: group {m.group.id!r}: {', '.join(differ)} differ(s) from "
+                f"{where(lead)} (every episode of a group shares one setup and one machine)"
+            )
+    return problems
+
+
+def check_groups(manifests: list[Manifest]) -> None:
+    """Raise ManifestError if the manifests' groups disagree (see ``group_problems``)."""
+    problems = group_problems(manifests)
+    if problems:
+        raise ManifestError(f"{len(problems)} problem(s) with groups; nothing was run", problems)
 
 
 def load_manifests(path: Path) -> list[Manifest]:

@@ -38,6 +38,10 @@ REQUIRED: tuple[str, ...] = (
 )
 """Every field a record must carry (``timings.phases.verify.*`` only when it has a verdict)."""
 
+GROUP_REQUIRED = ("id", "mode", "setup_digest")
+GROUP_FORK_REQUIRED = ("snapshot", "digest", "snapshot_id", "parent_env")
+"""A group episode's ``provenance.group`` fields (and, forked, which warm state it came from)."""
+
 
 def lookup(record: dict[str, Any], path: str) -> Any:
     """The value at a dotted path, or None."""
@@ -55,9 +59,14 @@ def phases(record: dict[str, Any]) -> list[str]:
 
 
 def required(record: dict[str, Any]) -> list[str]:
-    """``REQUIRED`` as it applies to this record."""
+    """``REQUIRED`` as it applies to this record (plus ``provenance.group`` in a group)."""
     skip = "" if "verify" in phases(record) else "timings.phases.verify."
-    return [p for p in REQUIRED if not (skip and p.startswith(skip))]
+    out = [p for p in REQUIRED if not (skip and p.startswith(skip))]
+    if record.get("group") is not None:
+        forked = lookup(record, "provenance.group.mode") == "fork"
+        fields = GROUP_REQUIRED + (GROUP_FORK_REQUIRED if forked else ())
+        out += [f"provenance.group.{name}" for name in fields]
+    return out
 
 
 def missing(record: dict[str, Any]) -> list[str]:

@@ -5,6 +5,8 @@ confirmed absent) and the host (what the driver finds: processes, run folders). 
 orphan when its owner process is not alive on this host, or is a different process that reused
 the pid (it started after the env's intent was written). Orphans are destroyed and confirmed;
 their episodes, if they have no durable record and no outcome, are marked ``infra_error``.
+A group's warm snapshot (files on the host, a ledger row) is reaped the same way: deleted when
+its owner is gone, and its deletion confirmed and recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ReapReport:
     destroyed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # still present: an alert
     episodes_marked: list[tuple[str, str, int]] = field(default_factory=list)
+    snapshots: list[str] = field(default_factory=list)  # deleted (failed ones are in failed)
 
 
 def _start_time(pid: int) -> float | None:
@@ -99,7 +102,33 @@ async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> Re
             continue
         if _mark_lost(ledger, store, row.run_id, row.episode_id, row.attempt):
             report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
+    await _reap_snapshots(driver, ledger, report)
     return report
+
+
+async def _reap_snapshots(driver: Driver, ledger: Ledger, report: ReapReport) -> None:
+    """Delete every snapshot of ``driver`` whose owner is gone (ledger rows and host files)."""
+    live = {r.snapshot_id for r in ledger.snapshots(live_only=True) if r.driver == driver.name}
+    for snapshot_id in sorted(live | set(driver.list_snapshots())):
+        row = ledger.get_snapshot(snapshot_id)
+        owner = driver.snapshot_owner(snapshot_id)
+        if row is not None:
+            alive = owner_alive(row.owner_host, row.owner_pid, row.intent_at)
+        elif owner is not None:
+            alive = owner_alive(owner.get("host"), owner.get("pid"), owner.get("created_at"))
+        else:
+            alive = False  # files nobody owns
+        if alive:
+            continue
+        gone = await driver.delete_snapshot(snapshot_id)
+        if row is not None:
+            ledger.snapshot_deleted(snapshot_id, confirmed_absent=gone)
+        ledger.event(
+            "snapshot_reaped" if gone else "snapshot_leaked",
+            run_id=row.run_id if row else None,
+            snapshot_id=snapshot_id,
+        )
+        (report.snapshots if gone else report.failed).append(snapshot_id)
 
 
 def reconcile_durable(ledger: Ledger, record: dict[str, Any]) -> bool:

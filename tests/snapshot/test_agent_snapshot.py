@@ -79,6 +79,26 @@ def test_after_prepare_a_closed_channel_is_waited_out_until_reseed(
     assert seen == [("pool", b"e" * 64, {"clone_id": "env-1", "time_ns": 5})]
 
 
+def test_prepare_right_after_a_request_waits_for_its_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host sends SNAPSHOT_PREPARE as soon as an EXEC's DONE arrives, which can be before
+    the agent's worker thread cleared ``busy``: the agent must wait for it, not refuse."""
+    import threading
+    import time
+
+    monkeypatch.setattr(guest, "prepare_snapshot", lambda: "pool")
+    port = Script(encode(Kind.SNAPSHOT_PREPARE), encode(Kind.SHUTDOWN))
+    agent = guest.Agent(port)
+    agent.busy.set()  # a worker that has sent DONE and is about to clear busy
+    agent.worker = threading.Thread(target=lambda: (time.sleep(0.2), agent.busy.clear()))
+    agent.worker.start()
+    agent.serve()
+    frames = port.frames()
+    assert [f.kind for f in frames] == [Kind.HELLO, Kind.OK], frames
+    assert frames[1].header == {"prepared": True} and agent.snapshotted
+
+
 def test_without_prepare_a_closed_channel_ends_the_agent() -> None:
     port = Script(None, encode(Kind.PING, {"t": 1}))
     guest.Agent(port).serve()

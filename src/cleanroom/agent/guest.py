@@ -183,11 +183,11 @@ class Agent:
                 self.send(Kind.PONG, {"t": frame.header.get("t")})
             elif frame.kind == Kind.SHUTDOWN:
                 return
-            elif frame.kind == Kind.SNAPSHOT_PREPARE and not self.busy.is_set():
+            elif frame.kind == Kind.SNAPSHOT_PREPARE and self.wait_idle():
                 self.pool = prepare_snapshot()
                 self.snapshotted = True
                 self.send(Kind.OK, {"prepared": True})
-            elif frame.kind == Kind.RESEED and not self.busy.is_set() and self.pool is not None:
+            elif frame.kind == Kind.RESEED and self.pool is not None and self.wait_idle():
                 self.snapshotted = False  # a clone now: its host closing the channel ends it
                 self.entropy = frame.body
                 self.hello(reseed(self.pool, frame.body, frame.header))
@@ -200,7 +200,8 @@ class Agent:
                 self.wake.release()
 
     def wait_idle(self, timeout_s: float = 2.0) -> bool:
-        """Let a request that has sent its last frame finish (the host may already be ahead)."""
+        """Let a request that has sent its last frame finish (the host may already be ahead:
+        e.g. SNAPSHOT_PREPARE right after an EXEC's DONE, before the handler cleared ``busy``)."""
         self.idle.wait(timeout_s)
         return not self.busy.is_set()
 

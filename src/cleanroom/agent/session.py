@@ -171,6 +171,18 @@ class AgentSession:
                 raise ProtocolError(f"expected PONG, got {protocol.kind_name(frame.kind)}")
             return time.perf_counter() - start
 
+    async def snapshot_prepare(self) -> None:
+        """Tell the agent a snapshot of this env follows (SNAPSHOT_PREPARE) and wait for its OK.
+
+        Afterwards the agent takes a closed channel for "wait for the next host" (a clone's).
+        """
+        async with self._lock:
+            await self._send(Kind.SNAPSHOT_PREPARE)
+            frame = await self._read()
+            if frame.kind != Kind.OK or frame.header.get("prepared") is not True:
+                name = protocol.kind_name(frame.kind)
+                raise ProtocolError(f"the agent answered SNAPSHOT_PREPARE with {name}")
+
     async def exec(
         self,
         argv: list[str],

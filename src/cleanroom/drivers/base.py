@@ -3,6 +3,8 @@
 Like an httpx transport, a driver is small: ``create`` returns a ready ``Env`` (or raises and
 leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent check,
 ``exists`` and ``list_owned`` look at the host itself (processes, run folders), not at memory.
+A driver with the capability ``fork`` can also save a running env (``fork_parent``,
+``fork_save``) and restore new envs from that snapshot (``fork_clone``); see ``groups.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, NoReturn
 
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
+from cleanroom.errors import DriverError
 from cleanroom.manifest import ResolvedLimits
 from cleanroom.network.qemu_args import Attachment
 
@@ -26,6 +29,11 @@ from cleanroom.network.qemu_args import Attachment
 def new_env_id() -> str:
     """A fresh, unguessable environment id."""
     return "env-" + secrets.token_hex(8)
+
+
+def new_snapshot_id() -> str:
+    """A fresh id for a warm env's snapshot (a fork's files on the host)."""
+    return "snap-" + secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,28 @@ class EnvInfo:
     start_kind: str = "cold"  # "cold" (booted) or "snapshot" (a clone restored from a template)
     template: str | None = None  # the template's digest when start_kind == "snapshot"
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
+    group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
 
     def start_facts(self) -> dict[str, Any]:
-        """How this env started, for provenance (``start``, ``template``, ``start_note``)."""
-        return {"start": self.start_kind, "template": self.template, "start_note": self.start_note}
+        """How this env started, for provenance (``start``, ``template``, ``start_note``,
+        ``group``)."""
+        return {
+            "start": self.start_kind,
+            "template": self.template,
+            "start_note": self.start_note,
+            "group": self.group,
+        }
+
+
+@dataclass(frozen=True)
+class ForkSnapshot:
+    """A saved warm env: clones restore from it; ``Driver.delete_snapshot`` removes it."""
+
+    snapshot_id: str
+    driver: str
+    digest: str  # "sha256:..." over the snapshot's content
+    path: Path | None
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -174,6 +200,32 @@ class Driver(abc.ABC):
         """Driver and accelerator facts for provenance."""
         return {"driver": self.name}
 
+    # -- fork (capability "fork"): save one warm env, restore many ------------------------------
+
+    async def fork_parent(self, request: EnvRequest, snapshot_id: str) -> Env:
+        """An env that ``fork_save`` can snapshot into ``snapshot_id`` (its files first)."""
+        raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        """Pause and save ``env``, destroy it (confirmed absent), then seal the snapshot."""
+        raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
+        """A new env restored from ``snap``, with its own entropy and clone id."""
+        raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot's files; True once confirmed absent. Idempotent."""
+        return True
+
+    def list_snapshots(self) -> list[str]:
+        """Snapshot ids whose files are on the host (for reaping)."""
+        return []
+
+    def snapshot_owner(self, snapshot_id: str) -> dict[str, Any] | None:
+        """The owner record left with a snapshot's files, if any."""
+        return None
+
 
 async def fail_launch(
     driver: Driver,
@@ -188,7 +240,7 @@ async def fail_launch(
     A timeout or a driver error becomes a ``LaunchError`` carrying the console tail; anything
     else (cancellation included) propagates unchanged.
     """
-    from cleanroom.errors import DriverError, LaunchError
+    from cleanroom.errors import LaunchError
 
     tail = console_tail.decode(errors="replace")[-800:]
     await asyncio.shield(driver.destroy(env_id))

@@ -21,7 +21,8 @@ to QMP, queues RESEED (host entropy, the env id, the wall clock) on the agent ch
 the device state with ``migrate-incoming fd:N`` (the state file is inherited), ``cont``s once
 the load completed, and the clone is ready when the agent answers with HELLO. Clones and the
 template's build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM,
-so destroy, confirm and reap treat them alike.
+so destroy, confirm and reap treat them alike. Fork (a warm env saved, clones restored from
+it, for groups) lives in ``qemu_fork.py``.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ from cleanroom import paths
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import hostproc, qemu_fork, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Driver,
     Env,
     EnvInfo,
     EnvRequest,
+    ForkSnapshot,
     fail_launch,
     new_env_id,
     read_owner,
@@ -86,7 +88,7 @@ class QemuDriver(Driver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress"})
+    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress", "fork"})
 
     def __init__(
         self,
@@ -265,9 +267,16 @@ class QemuDriver(Driver):
             await fail_launch(self, env_id, live.console_tail(), exc, timeout_s, what)
 
     async def _cold(
-        self, request: EnvRequest, accel: accel_mod.Accel, started: float, note: str | None
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        started: float,
+        note: str | None,
+        extra: list[str] | None = None,
+        *,
+        memory_backend: bool = False,
     ) -> Env:
-        live = await self._spawn(request, accel)
+        live = await self._spawn(request, accel, extra, memory_backend=memory_backend)
         session = await self._ready_or_destroy(
             request.env_id, live, self._connect(live), self.boot_timeout_s, "boot"
         )
@@ -418,10 +427,14 @@ class QemuDriver(Driver):
         template: snapshot.Template,
         started: float,
         note: str | None,
+        *,
+        ram: Path | None = None,
+        shared: bool = False,
     ) -> Env:
+        """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
         state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            memory = snapshot.memory_args(template.ram, template.memory_mib, shared=False)
+            memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
             live = await self._spawn(
                 request,
                 accel,
@@ -471,6 +484,26 @@ class QemuDriver(Driver):
         await live.qmp.aclose()
         live.qmp = None
         return session
+
+    # -- fork (qemu_fork.py) --------------------------------------------------------------------
+
+    async def fork_parent(self, request: EnvRequest, snapshot_id: str) -> Env:
+        return await qemu_fork.start_parent(self, request, snapshot_id)
+
+    async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        return await qemu_fork.save(self, env, snapshot_id)
+
+    async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
+        return await qemu_fork.clone(self, request, snap)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(qemu_fork.delete, snapshot_id)
+
+    def list_snapshots(self) -> list[str]:
+        return qemu_fork.list_ids()
+
+    def snapshot_owner(self, snapshot_id: str) -> dict[str, Any] | None:
+        return qemu_fork.owner(snapshot_id)
 
     # -- the agent channel ----------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""The audit ledger: runs, episode attempts, environments and events in one SQLite file.
+"""The audit ledger: runs, episode attempts, environments, snapshots and events in one file.
 
 WAL mode, ``synchronous=NORMAL``, a 5 s busy timeout; one connection guarded by a lock, so an
 asyncio controller (and its worker threads) can share a ``Ledger``. Times are unix seconds.
 An environment's row is written (``env_intent``) *before* its VM exists; ``env_created`` and
 ``env_ready`` refuse an env with no intent (destroy steps log an ``env_unknown`` event instead of
-failing the cleanup path); an env is live until its absence is confirmed.
+failing the cleanup path); an env is live until its absence is confirmed. A group's warm
+snapshot (``groups.py``) has a row of its own, written before its files exist, live until its
+files are confirmed deleted.
 """
 
 from __future__ import annotations
@@ -31,10 +33,20 @@ from cleanroom.ledger.rows import (
     EpisodeRow,
     EventRow,
     RunRow,
+    SnapshotRow,
     run_row,
 )
 
-__all__ = ["QUEUED", "SCHEMA_VERSION", "EnvRow", "EpisodeRow", "EventRow", "Ledger", "RunRow"]
+__all__ = [
+    "QUEUED",
+    "SCHEMA_VERSION",
+    "EnvRow",
+    "EpisodeRow",
+    "EventRow",
+    "Ledger",
+    "RunRow",
+    "SnapshotRow",
+]
 
 _LATEST = (
     "attempt = (SELECT MAX(attempt) FROM episodes AS e2 "
@@ -245,14 +257,16 @@ class Ledger:
         env_id: str,
         *,
         run_id: str,
-        episode_id: str,
-        attempt: int,
+        episode_id: str | None,
+        attempt: int | None,
         driver: str,
         owner_controller: str,
         owner_pid: int,
         owner_host: str,
     ) -> None:
-        """Record that ``env_id`` is about to be created. Must precede the VM process."""
+        """Record that ``env_id`` is about to be created. Must precede the VM process.
+
+        ``episode_id``/``attempt`` are None for a group's warm parent (it serves many)."""
         self._write(
             "env_intent",
             "INSERT INTO envs (env_id, run_id, episode_id, attempt, driver, owner_controller, "
@@ -334,6 +348,76 @@ class Ledger:
         args = (run_id,) if run_id is not None else ()
         sql = f"SELECT * FROM envs {where} ORDER BY intent_at, env_id"
         return [EnvRow(**dict(r)) for r in self._rows("envs", sql, args)]
+
+    # -- snapshots (a group's warm env, saved for its clones) --------------------------------
+
+    def snapshot_intent(
+        self,
+        snapshot_id: str,
+        *,
+        run_id: str,
+        group_id: str,
+        driver: str,
+        setup_digest: str,
+        owner_controller: str,
+        owner_pid: int,
+        owner_host: str,
+    ) -> None:
+        """Record that ``snapshot_id``'s files are about to be made. Must precede them."""
+        self._write(
+            "snapshot_intent",
+            "INSERT INTO snapshots (snapshot_id, run_id, group_id, driver, setup_digest, "
+            "owner_controller, owner_pid, owner_host, intent_at, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent')",
+            (
+                snapshot_id,
+                run_id,
+                group_id,
+                driver,
+                setup_digest,
+                owner_controller,
+                owner_pid,
+                owner_host,
+                time.time(),
+            ),
+        )
+
+    def snapshot_saved(
+        self, snapshot_id: str, *, parent_env_id: str, digest: str, group_digest: str
+    ) -> None:
+        self._write(
+            "snapshot_saved",
+            "UPDATE snapshots SET state = 'saved', saved_at = ?, parent_env_id = ?, digest = ?, "
+            "group_digest = ? WHERE snapshot_id = ?",
+            (time.time(), parent_env_id, digest, group_digest, snapshot_id),
+            must_hit=f"no intent recorded for snapshot {snapshot_id!r}",
+        )
+
+    def snapshot_deleted(self, snapshot_id: str, *, confirmed_absent: bool) -> None:
+        """Record a delete; only a confirmed absence makes the snapshot no longer live."""
+        now = time.time()
+        state, absent_at = ("absent", now) if confirmed_absent else ("leaked", None)
+        self._write(
+            "snapshot_deleted",
+            "UPDATE snapshots SET state = ?, deleted_at = ?, "
+            "confirmed_absent_at = COALESCE(confirmed_absent_at, ?) WHERE snapshot_id = ?",
+            (state, now, absent_at, snapshot_id),
+        )
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        sql = "SELECT * FROM snapshots WHERE snapshot_id = ?"
+        rows = self._rows("get_snapshot", sql, (snapshot_id,))
+        return SnapshotRow(**dict(rows[0])) if rows else None
+
+    def snapshots(self, run_id: str | None = None, live_only: bool = False) -> list[SnapshotRow]:
+        """Snapshots (of one run, or all); ``live_only``: files not yet confirmed deleted."""
+        clauses = (["run_id = ?"] if run_id is not None else []) + (
+            ["confirmed_absent_at IS NULL"] if live_only else []
+        )
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        args = (run_id,) if run_id is not None else ()
+        sql = f"SELECT * FROM snapshots {where} ORDER BY intent_at, snapshot_id"
+        return [SnapshotRow(**dict(r)) for r in self._rows("snapshots", sql, args)]
 
     # -- events -----------------------------------------------------------------------------
 

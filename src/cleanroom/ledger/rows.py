@@ -32,6 +32,11 @@ SCHEMA = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id TEXT, episode_id TEXT,
         env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}')""",
     "CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind)",
+    """CREATE TABLE IF NOT EXISTS snapshots (
+        snapshot_id TEXT PRIMARY KEY, run_id TEXT, group_id TEXT, driver TEXT,
+        owner_controller TEXT, owner_pid INTEGER, owner_host TEXT, intent_at REAL NOT NULL,
+        parent_env_id TEXT, saved_at REAL, digest TEXT, setup_digest TEXT, group_digest TEXT,
+        deleted_at REAL, confirmed_absent_at REAL, state TEXT NOT NULL)""",
 )
 
 
@@ -92,6 +97,31 @@ class EnvRow:
     @property
     def live(self) -> bool:
         """Not confirmed absent: it may still exist on the host."""
+        return self.confirmed_absent_at is None
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    snapshot_id: str
+    run_id: str | None
+    group_id: str | None
+    driver: str | None
+    owner_controller: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    intent_at: float
+    parent_env_id: str | None
+    saved_at: float | None
+    digest: str | None
+    setup_digest: str | None
+    group_digest: str | None
+    deleted_at: float | None
+    confirmed_absent_at: float | None
+    state: str
+
+    @property
+    def live(self) -> bool:
+        """Its files may still be on the host."""
         return self.confirmed_absent_at is None
 
 

@@ -45,9 +45,16 @@ def check_manifests(manifests: list[Manifest], baseline: Baseline, driver: Drive
     networked = False
     for manifest in manifests:
         try:
-            networked = bool(episode_policy(baseline, manifest)) or networked
+            policy = episode_policy(baseline, manifest)
         except NetworkPolicyError as exc:
             problems.append(str(exc).splitlines()[0] + "".join(f"; {p}" for p in exc.problems))
+            continue
+        networked = networked or bool(policy)
+        if policy and manifest.group is not None:  # clones of a NIC-less snapshot
+            problems.append(
+                f"{manifest.episode_id}: a group's episodes fork from a snapshot without a NIC; "
+                'give them "network": {"allow": []}'
+            )
     if networked and "egress" not in driver.capabilities:
         problems.append(f"the {driver.name} driver cannot enforce an egress allowlist")
     if problems:

@@ -1,0 +1,264 @@
+"""Fork for the qemu driver: a warm parent saved like a template, clones restored from it.
+
+The parent is restored from the baseline's template like any clone, except that its guest RAM
+is a sparse copy of the template's RAM file mapped *shared* (``share=on``): whatever the
+group's setup changes lands in that file, so saving the paused parent with ``x-ignore-shared``
+writes only its device state (~60 KiB, ~10 ms). A plain clone (``share=off``) can be saved as
+well, but then its RAM goes into the migration stream in full (81 MiB, ~0.7 s here) and each
+of its clones loads that into private memory (slower, ~125 MiB PSS each instead of ~28; see
+``bench/results/fork.txt``). Without a template (``start="cold"``, or ``auto`` after a failed
+build) the parent boots with its RAM in a fresh shared file.
+
+Files: ``$CLEANROOM_HOME/forks/<snapshot_id>/`` holds ``owner.json`` (written first, for the
+reaper), ``ram``, ``state`` and, once sealed, ``snapshot.json``. Sealing comes after the parent
+was destroyed and confirmed absent: files read-only, a digest over both files' content (the RAM
+file hashed in 1 MiB chunks, holes without reading them), and their stat signature, which every
+clone checks first. Clones map ``ram`` privately, so the folder may go once the last is restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cleanroom import paths
+from cleanroom.baseline.model import sha256_file
+from cleanroom.drivers import accel as accel_mod
+from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
+from cleanroom.drivers.qmp import QmpClient
+from cleanroom.errors import CleanroomError, DriverError, LaunchError
+
+if TYPE_CHECKING:
+    from cleanroom.drivers.qemu import QemuDriver
+
+META_FILE = "snapshot.json"
+MACHINE_FILE = "machine.json"  # what a clone must share with the parent
+MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
+CHUNK = 1 << 20
+_ZERO_CHUNK = hashlib.sha256(bytes(CHUNK)).digest()
+
+
+def forks_dir() -> Path:
+    return paths.home() / "forks"
+
+
+def folder(snapshot_id: str) -> Path:
+    return forks_dir() / snapshot_id
+
+
+def sparse_copy(src: Path, dst: Path) -> None:
+    """Copy ``src`` to a new file ``dst`` keeping its holes (reflinked where the FS can)."""
+    with src.open("rb") as fin, dst.open("xb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        fout.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole remains
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                start += os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
+            offset = end
+    dst.chmod(0o600)
+
+
+def content_digest(path: Path) -> str:
+    """sha256 over the sha256 of each 1 MiB chunk (a hole's chunk hash is known: not read)."""
+    outer = hashlib.sha256()
+    with path.open("rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        outer.update(size.to_bytes(8, "big"))
+        for offset in range(0, size, CHUNK):
+            n = min(CHUNK, size - offset)
+            try:
+                data_at = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data from here on
+                data_at = size
+            if data_at >= offset + n and n == CHUNK:
+                outer.update(_ZERO_CHUNK)
+            else:
+                outer.update(hashlib.sha256(os.pread(fd, n, offset)).digest())
+    return "sha256:" + outer.hexdigest()
+
+
+def _signature(path: Path) -> dict[str, list[int]]:
+    out = {}
+    for name in snapshot.FILES:
+        info = (path / name).stat()
+        out[name] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    return out
+
+
+def _make_folder(snapshot_id: str, request: EnvRequest) -> Path:
+    path = folder(snapshot_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700)
+    write_owner(path, request, "qemu")  # who to ask before reaping it
+    (path / MACHINE_FILE).write_text(json.dumps(_machine(request)))
+    return path
+
+
+def _machine(request: EnvRequest) -> dict[str, Any]:
+    lim = request.limits
+    return {"baseline": request.baseline.digest, "memory_mib": lim.memory_mib, "vcpus": lim.vcpus}
+
+
+async def start_parent(driver: QemuDriver, request: EnvRequest, snapshot_id: str) -> Env:
+    """The group's warm parent: restored from the template with RAM in a shared copy."""
+    if driver.accel is None:
+        driver.accel = await accel_mod.choose(request.baseline)
+    accel, started = driver.accel, time.monotonic()
+    try:
+        path = await asyncio.to_thread(_make_folder, snapshot_id, request)
+    except OSError as exc:
+        raise LaunchError(f"cannot make the snapshot folder: {exc}") from exc
+    ram = path / snapshot.RAM_FILE
+    template, note = None, None
+    if driver.start != "cold":
+        try:
+            template, note = await driver.template_for(request, accel)
+        except (CleanroomError, OSError) as exc:
+            if driver.start == "snapshot":
+                raise LaunchError(f"no template for the fork parent: {exc}") from exc
+            note = f"no template, parent booted cold: {type(exc).__name__}: {exc}"[:300]
+    if template is None:
+        memory = snapshot.memory_args(ram, request.limits.memory_mib, shared=True)
+        return await driver._cold(request, accel, started, note, memory, memory_backend=True)
+    try:
+        await asyncio.to_thread(sparse_copy, template.ram, ram)
+    except OSError as exc:
+        raise LaunchError(f"cannot copy the template's RAM for the fork parent: {exc}") from exc
+    return await driver._clone(request, accel, template, started, note, ram=ram, shared=True)
+
+
+async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
+    """SNAPSHOT_PREPARE, pause and save the parent, destroy it, then seal its files."""
+    path, live = folder(snapshot_id), driver._live.get(env.env_id)
+    if live is None or not (path / snapshot.RAM_FILE).is_file():
+        raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
+    version = str(env.hello.get("agent_version", "0"))
+    if _version(version) < MIN_AGENT:
+        raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
+    started = time.monotonic()
+    await env.session.snapshot_prepare()
+    live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
+    try:
+        save_s = await snapshot.save(live.qmp, state_fd)
+    finally:
+        os.close(state_fd)
+    report = await env.aclose()  # the parent must be gone before its RAM file is sealed
+    if not report.confirmed_absent:
+        raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
+    destroyed = time.monotonic()
+    sealed = await asyncio.to_thread(_seal, path)
+    facts = {
+        "parent_env": env.env_id,
+        "parent_start": env.info.start_kind,
+        "template": env.info.template,
+        "machine": json.loads((path / MACHINE_FILE).read_text()),
+        "save_s": round(save_s, 4),
+        "prepare_save_destroy_s": round(destroyed - started, 4),
+        "seal_s": round(time.monotonic() - destroyed, 4),
+        **sealed,
+    }
+    return ForkSnapshot(snapshot_id, driver.name, sealed["digest"], path, facts)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return (0,)
+
+
+def _seal(path: Path) -> dict[str, Any]:
+    """Freeze the files, hash them, record their signature in ``snapshot.json``."""
+    for name in snapshot.FILES:
+        (path / name).chmod(0o444)
+    files = {
+        snapshot.RAM_FILE: content_digest(path / snapshot.RAM_FILE),
+        snapshot.STATE_FILE: "sha256:" + sha256_file(path / snapshot.STATE_FILE),
+    }
+    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"))
+    meta = {
+        "digest": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+        "files": files,
+        "signature": _signature(path),
+        "ram_bytes": (path / snapshot.RAM_FILE).stat().st_blocks * 512,
+        "state_bytes": (path / snapshot.STATE_FILE).stat().st_size,
+    }
+    (path / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return meta
+
+
+async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> Env:
+    """A new QEMU process restored from the sealed snapshot (RESEED: entropy, clone id, clock)."""
+    if snap.path is None or driver.accel is None:
+        raise LaunchError(f"snapshot {snap.snapshot_id} was not made by this driver")
+    machine = snap.facts["machine"]
+    if _machine(request) != machine:
+        raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
+    try:
+        signature = await asyncio.to_thread(_signature, snap.path)
+    except OSError as exc:
+        raise LaunchError(f"snapshot {snap.snapshot_id} is gone: {exc}") from exc
+    changed = [n for n in snapshot.FILES if signature[n] != snap.facts["signature"][n]]
+    if changed:
+        raise LaunchError(f"snapshot {snap.snapshot_id} was modified ({', '.join(changed)})")
+    template = snapshot.Template(
+        key=snap.snapshot_id,
+        path=snap.path,
+        digest=snap.digest,
+        memory_mib=machine["memory_mib"],
+        files={},
+        facts={},
+    )
+    env = await driver._clone(request, driver.accel, template, time.monotonic(), None)
+    env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
+    return env
+
+
+def delete(snapshot_id: str) -> bool:
+    """Remove a snapshot's folder (renamed away first); True once it is confirmed absent."""
+    path = folder(snapshot_id)
+    trash = path.with_name(f".trash-{snapshot_id}-{os.getpid()}")
+    try:
+        os.replace(path, trash)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        trash = path  # cannot rename: remove in place
+    try:
+        hostproc.remove_tree(trash)
+    except OSError:
+        return False
+    return not path.exists() and not trash.exists()
+
+
+def list_ids() -> list[str]:
+    """Snapshot folders on the host (and trash of a delete that died half-way, removed here)."""
+    root = forks_dir()
+    if not root.is_dir():
+        return []
+    for stale in root.glob(".trash-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not hostproc.pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("snap-"))
+
+
+def owner(snapshot_id: str) -> dict[str, Any] | None:
+    return read_owner(folder(snapshot_id))

@@ -1,0 +1,265 @@
+"""A group's warm parent: made, set up and saved once; cloned per episode; always cleaned up.
+
+``WarmParent.prepare`` writes the ledger intents (snapshot, then parent env), creates the parent
+(``Driver.fork_parent``), runs the setup, saves it (``Driver.fork_save``: the parent is destroyed
+and confirmed absent before the snapshot is sealed). ``clone`` restores one episode's env from
+it. ``aclose`` (idempotent, shielded) destroys a parent still alive and deletes the snapshot's
+files, recording both in the ledger. The files go as soon as every clone has been restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
+from cleanroom.errors import CleanroomError, SetupError, StoreError
+from cleanroom.export import export_attempt
+from cleanroom.manifest import Group
+from cleanroom.record import Outcome
+
+if TYPE_CHECKING:
+    from cleanroom.controller import Controller, RunResult
+    from cleanroom.groups import GroupReport, Member
+
+DELETE_TRIES = 5
+OUTPUT_TAIL = 64 * 1024  # of the setup's stdout/stderr, kept as a failed episode's diagnostics
+
+
+def group_digest(setup_digest: str, snapshot_digest: str) -> str:
+    canonical = json.dumps({"setup": setup_digest, "snapshot": snapshot_digest}, sort_keys=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def run_setup(env: Env, group: Group) -> float:
+    """The group's setup command in ``env``; its duration, or SetupError on failure."""
+    setup, started = group.setup, time.monotonic()
+    try:
+        result = await asyncio.wait_for(
+            env.exec(setup.command, timeout_s=setup.timeout_s, env=setup.env, cwd=setup.cwd),
+            setup.timeout_s + 30,
+        )
+    except TimeoutError:
+        raise SetupError(f"group {group.id}: setup gave no answer in {setup.timeout_s}s") from None
+    if not result.ok:
+        how = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        if result.signal is not None:
+            how = f"signal {result.signal}"
+        tail = result.stderr[-800:].decode(errors="replace")
+        raise SetupError(
+            f"group {group.id}: setup failed ({how}); stderr tail:\n{tail}",
+            result.stdout[-OUTPUT_TAIL:],
+            result.stderr[-OUTPUT_TAIL:],
+        )
+    return time.monotonic() - started
+
+
+class WarmParent:
+    def __init__(
+        self,
+        ctl: Controller,
+        run_id: str,
+        group: Group,
+        members: list[Member],
+        baseline: Baseline,
+        report: GroupReport,
+    ) -> None:
+        self.ctl, self.run_id, self.group, self.members = ctl, run_id, group, members
+        self.baseline, self.report = baseline, report
+        self.parent: Env | None = None
+        self.parent_id: str | None = None  # set once its ledger intent is written
+        self.parent_closed = False
+        self.started = False
+        self.snap: ForkSnapshot | None = None
+        self._pending = len(members)  # clones still to restore
+        self._delete: asyncio.Future[None] | None = None
+
+    async def prepare(self) -> ForkSnapshot:
+        ctl, report = self.ctl, self.report
+        self.started = True
+        owner = ctl.owner.ledger_fields()
+        report.snapshot_id = new_snapshot_id()
+        ctl.ledger.snapshot_intent(
+            report.snapshot_id,
+            run_id=self.run_id,
+            group_id=self.group.id,
+            driver=ctl.driver.name,
+            setup_digest=report.setup_digest,
+            **owner,
+        )
+        ctl.ledger.event(
+            "group_started",
+            run_id=self.run_id,
+            group=self.group.id,
+            snapshot_id=report.snapshot_id,
+            episodes=report.episodes,
+            setup_digest=report.setup_digest,
+        )
+        ctl._emit("group_started", group=self.group.id, episodes=len(self.members))
+        self.parent_id = report.parent_env = new_env_id()
+        ctl.ledger.env_intent(
+            self.parent_id,
+            run_id=self.run_id,
+            episode_id=None,
+            attempt=None,
+            driver=ctl.driver.name,
+            **owner,
+        )
+        started = time.monotonic()
+        self.parent = await ctl.driver.fork_parent(self._parent_request(), report.snapshot_id)
+        ctl.ledger.env_created(
+            self.parent_id,
+            pid=self.parent.info.pid or 0,
+            run_dir=str(self.parent.info.run_dir or ""),
+            accelerator=self.parent.info.accelerator,
+        )
+        ctl.ledger.env_ready(self.parent_id)
+        setup_started = time.monotonic()
+        report.timings["parent_s"] = setup_started - started
+        report.timings["setup_s"] = await run_setup(self.parent, self.group)
+        saving = time.monotonic()
+        self.snap = await ctl.driver.fork_save(self.parent, report.snapshot_id)
+        await self._close_parent()
+        report.timings["snapshot_s"] = time.monotonic() - saving
+        report.snapshot = self.snap.digest
+        report.digest = group_digest(report.setup_digest, self.snap.digest)
+        ctl.ledger.snapshot_saved(
+            report.snapshot_id,
+            parent_env_id=self.parent_id,
+            digest=self.snap.digest,
+            group_digest=report.digest,
+        )
+        ctl._emit("group_ready", group=self.group.id, **report.facts())
+        return self.snap
+
+    def _parent_request(self) -> EnvRequest:
+        manifest = self.members[0][0]
+        baseline = self.baseline
+        o = self.ctl.options
+        deadline = o.boot_timeout_s + self.group.setup.timeout_s + 120 + o.cleanup_window_s
+        assert self.parent_id is not None
+        return EnvRequest(
+            self.parent_id,
+            baseline,
+            manifest.limits.merged_over(baseline.limits),
+            self.ctl.owner,
+            deadline,
+            labels={"run_id": self.run_id, "group": self.group.id, "role": "fork-parent"},
+        )
+
+    async def clone(self, request: EnvRequest) -> Env:
+        """One episode's env, restored from the snapshot (``Controller.run_episode``'s create)."""
+        assert self.snap is not None
+        labels = {**request.labels, "group": self.group.id}
+        try:
+            env = await self.ctl.driver.fork_clone(
+                dataclasses.replace(request, labels=labels), self.snap
+            )
+        finally:
+            self._pending -= 1
+            if self._pending == 0:  # every clone has its own private view of the RAM now
+                self._delete = asyncio.ensure_future(self._delete_snapshot())
+        env.info = dataclasses.replace(env.info, group=self.report.facts())
+        self.ctl.ledger.event(
+            "env_forked",
+            run_id=self.run_id,
+            episode_id=request.labels.get("episode_id"),
+            env_id=env.env_id,
+            group=self.group.id,
+            snapshot_id=self.report.snapshot_id,
+            group_digest=self.report.digest,
+        )
+        return env
+
+    def end_members(
+        self, result: RunResult, outcome: Outcome, error: str, exc: BaseException | None = None
+    ) -> None:
+        """Give every episode of the group its outcome when the group ended before any clone."""
+        from cleanroom.controller import EpisodeResult
+
+        ctl = self.ctl
+        logs = {}
+        if isinstance(exc, SetupError):
+            logs = {"setup-stdout.log": exc.stdout, "setup-stderr.log": exc.stderr}
+        for manifest, attempt in self.members:
+            eid = manifest.episode_id
+            ctl._emit("episode_started", episode_id=eid, attempt=attempt, env_id=self.parent_id)
+            ctl.ledger.episode_state(self.run_id, eid, attempt, "PROVISIONING")
+            final_outcome, final_error = outcome, error
+            try:
+                export_attempt(
+                    ctl.store,
+                    self.run_id,
+                    manifest,
+                    attempt,
+                    self.parent_id or "",
+                    outcome,
+                    error,
+                    None,
+                    logs,
+                )
+            except StoreError as exc_:
+                final_outcome, final_error = Outcome.EXPORT_FAILED, f"export failed: {exc_}"
+            ctl.ledger.episode_finished(
+                self.run_id, eid, attempt, outcome=final_outcome.value, error=final_error
+            )
+            result.episodes.append(EpisodeResult(eid, attempt, final_outcome, error=final_error))
+            ctl._emit(
+                "episode_finished",
+                episode_id=eid,
+                attempt=attempt,
+                outcome=final_outcome.value,
+                reward=None,
+                error=final_error,
+                cleanup_ms=None,
+                env_id=self.parent_id,
+                destroy_attempts=None,
+                confirmed_absent=None,
+                timings={},
+            )
+
+    async def _close_parent(self) -> None:
+        if self.parent_id is None or self.parent_closed:
+            return
+        self.parent_closed = True
+        report = await self.ctl._destroy(self.parent, self.parent_id, self.run_id, None, None)
+        if not report.confirmed_absent:
+            self.report.leaked.append(self.parent_id)
+
+    async def _delete_snapshot(self) -> None:
+        sid = self.report.snapshot_id
+        if sid is None or self.report.snapshot_deleted is not None:
+            return
+        gone = False
+        for attempt in range(DELETE_TRIES):
+            try:
+                gone = await self.ctl.driver.delete_snapshot(sid)
+            except (CleanroomError, OSError):
+                gone = False
+            if gone:
+                break
+            await asyncio.sleep(0.05 * 2**attempt)
+        self.report.snapshot_deleted = gone
+        self.ctl.ledger.snapshot_deleted(sid, confirmed_absent=gone)
+        if not gone:
+            self.report.leaked.append(sid)
+            self.ctl.ledger.event("snapshot_leaked", run_id=self.run_id, snapshot_id=sid)
+            self.ctl._emit("alert", message=f"snapshot {sid} still present after delete")
+
+    async def _cleanup(self) -> None:
+        await self._close_parent()
+        if self._delete is not None:
+            await self._delete
+        await self._delete_snapshot()
+
+    async def aclose(self) -> None:
+        """Destroy the parent (if alive) and delete the snapshot, shielded; idempotent."""
+        from cleanroom.controller import _until_done
+
+        if await _until_done(asyncio.ensure_future(self._cleanup())):
+            raise asyncio.CancelledError
