@@ -30,7 +30,7 @@ from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.errors import CleanroomError, SetupError
 from cleanroom.manifest import Group, Manifest
 from cleanroom.record import Outcome
-from cleanroom.warm import WarmParent, run_setup
+from cleanroom.warm_parent import WarmParent, run_setup
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
