@@ -155,3 +155,37 @@ def test_secrets_from_a_file_are_delivered_and_redacted(home: Path) -> None:
     record = json.loads(cli(home, "inspect", "a", "--run-id", "rs").stdout)
     assert record["info"]["file_matches"] is True
     assert record["secrets"]["redactions"]["API_KEY"] >= 4
+
+
+def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Ledger(home / "ledger.db") as ledger:
+        for sid in ("snap-with-files", "snap-files-gone"):
+            ledger.snapshot_intent(
+                sid,
+                run_id="r1",
+                group_id="g1",
+                driver="qemu",
+                setup_digest="sha256:s",
+                owner_controller="c",
+                owner_pid=os.getpid(),
+                owner_host="h",
+            )
+        ledger.snapshot_intent(
+            "snap-deleted",
+            run_id="r1",
+            group_id="g1",
+            driver="qemu",
+            setup_digest="sha256:s",
+            owner_controller="c",
+            owner_pid=os.getpid(),
+            owner_host="h",
+        )
+        ledger.snapshot_deleted("snap-deleted", confirmed_absent=True)
+    (home / "forks" / "snap-with-files").mkdir(parents=True)
+    result = cli(home, "ps")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if "snap-" in line}
+    assert set(lines) == {"snap-with-files", "snap-files-gone"}  # the deleted one is not live
+    assert "yes" in lines["snap-with-files"] and "no" in lines["snap-files-gone"]
+    assert "g1" in lines["snap-with-files"]

@@ -267,6 +267,33 @@ def ps(driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu
     for env_id in sorted(on_host - {r.env_id for r in rows}):
         table.add_row(env_id, "?", "(not in ledger)", "", "", "yes")
     out.print(table)
+    _print_live_snapshots()
+
+
+def _print_live_snapshots() -> None:
+    """Group snapshots not yet confirmed deleted (only shown when there are some)."""
+    import time
+
+    from rich.table import Table
+
+    from cleanroom.drivers.qemu_fork import folder
+
+    with Ledger() as ledger:
+        rows = ledger.snapshots(live_only=True)
+    if not rows:
+        return
+    table = Table("snapshot id", "age", "group", "run", "state", "owner pid", "files on host")
+    for row in rows:
+        table.add_row(
+            row.snapshot_id,
+            f"{time.time() - row.intent_at:.0f}s",
+            row.group_id or "",
+            row.run_id or "",
+            row.state,
+            str(row.owner_pid or ""),
+            "yes" if folder(row.snapshot_id).exists() else "no",
+        )
+    out.print(table)
 
 
 @app.command()

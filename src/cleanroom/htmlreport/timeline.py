@@ -33,13 +33,18 @@ def _lanes(envs: list[EnvRow], t0: float, end: float) -> list[charts.Lane]:
     for env in envs:
         absent = env.confirmed_absent_at is not None
         life = (env.confirmed_absent_at or end) - env.intent_at
+        owner = (
+            f"episode {env.episode_id} (attempt {env.attempt})"
+            if env.episode_id is not None
+            else "a group's warm parent (its setup, then its snapshot)"
+        )
         title = (
-            f"{env.env_id} · episode {env.episode_id} (attempt {env.attempt}) · "
+            f"{env.env_id} · {owner} · "
             f"{env.accelerator or env.driver or ''} · {charts.fmt_seconds(life)} from intent to "
             + ("confirmed absent" if absent else "NOT confirmed absent")
             + (f" · cleanup {env.cleanup_ms:.1f} ms" if env.cleanup_ms is not None else "")
         )
-        label = env.episode_id or env.env_id
+        label = env.episode_id or f"warm parent {env.env_id}"
         cls = "" if absent else "leaked"
         lanes.append(charts.Lane(env.env_id, label, _span_pieces(env, t0, end), title, cls))
     return lanes
