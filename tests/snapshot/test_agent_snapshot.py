@@ -83,16 +83,22 @@ def test_prepare_right_after_a_request_waits_for_its_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The host sends SNAPSHOT_PREPARE as soon as an EXEC's DONE arrives, which can be before
-    the agent's worker thread cleared ``busy``: the agent must wait for it, not refuse."""
+    the agent's request handler cleared ``busy``: the agent must wait for it, not refuse."""
     import threading
     import time
 
     monkeypatch.setattr(guest, "prepare_snapshot", lambda: "pool")
     port = Script(encode(Kind.SNAPSHOT_PREPARE), encode(Kind.SHUTDOWN))
     agent = guest.Agent(port)
-    agent.busy.set()  # a worker that has sent DONE and is about to clear busy
-    agent.worker = threading.Thread(target=lambda: (time.sleep(0.2), agent.busy.clear()))
-    agent.worker.start()
+    agent.busy.set()  # a request that has sent DONE; its handler is about to clear busy
+    agent.idle.clear()
+
+    def finish_request() -> None:
+        time.sleep(0.2)
+        agent.busy.clear()
+        agent.idle.set()
+
+    threading.Thread(target=finish_request).start()
     agent.serve()
     frames = port.frames()
     assert [f.kind for f in frames] == [Kind.HELLO, Kind.OK], frames
