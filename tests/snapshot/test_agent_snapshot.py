@@ -109,3 +109,33 @@ def test_reseed_feeds_and_credits_the_pool_reseeds_random_and_sets_the_clock(
     assert len(seeds) == 1 and seeds[0].startswith(entropy)
     assert facts["clone_id"] == "env-2" and facts["reseeded"] is True
     assert "boot_id" not in facts  # never read by the agent: the clone's first reader makes it
+
+
+def test_the_heartbeat_runs_no_timer_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    real_sleep = time.sleep
+    beats: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name == "heartbeat":
+            beats.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(guest, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(time, "sleep", sleep)
+    port = Script()
+    agent = guest.Agent(port)
+    threading.Thread(target=agent.heartbeat, name="heartbeat", daemon=True).start()
+    real_sleep(0.1)
+    assert beats == [] and port.frames() == []  # idle: blocked, no wake-ups
+    agent.busy.set()
+    real_sleep(0.1)
+    agent.busy.clear()
+    real_sleep(0.05)
+    sent = port.frames()
+    assert sent and all(f.kind == Kind.HEARTBEAT for f in sent)
+    count = len(beats)
+    real_sleep(0.1)
+    assert len(beats) == count  # idle again: no more timers

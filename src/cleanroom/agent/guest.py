@@ -175,8 +175,13 @@ class Agent:
         return not self.busy.is_set()
 
     def heartbeat(self) -> None:
-        """While a request runs, tell the host we are alive (it treats silence as a crash)."""
+        """While a request runs, tell the host we are alive (it treats silence as a crash).
+
+        Idle, it blocks without a timer: a restored clone must not spend its first
+        milliseconds waking this thread (under TCG every new code path costs translation).
+        """
         while True:
+            self.busy.wait()
             time.sleep(HEARTBEAT_S)
             if self.busy.is_set():
                 self.send(Kind.HEARTBEAT, {"t": time.monotonic()})
