@@ -111,6 +111,26 @@ def test_reseed_feeds_and_credits_the_pool_reseeds_random_and_sets_the_clock(
     assert "boot_id" not in facts  # never read by the agent: the clone's first reader makes it
 
 
+def test_prepare_rehearses_reseed_without_crediting_entropy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import fcntl
+    import time
+
+    ioctls: list[tuple[int, bytes | None]] = []
+    clock: list[tuple[int, int]] = []
+    monkeypatch.setattr(fcntl, "ioctl", lambda fd, op, arg=None: ioctls.append((op, arg)))
+    monkeypatch.setattr(time, "clock_settime_ns", lambda which, ns: clock.append((which, ns)))
+    pool_path = tmp_path / "pool"
+    guest.prepare_snapshot(str(pool_path)).close()
+    assert len(pool_path.read_bytes()) == 64  # fresh bytes mixed in, as a clone's would be
+    (add, add_arg), reseed = ioctls
+    assert add == guest.RNDADDENTROPY and add_arg is not None
+    assert struct.unpack("ii", add_arg[:8]) == (0, 64)  # but no entropy credited for them
+    assert reseed == (guest.RNDRESEEDCRNG, None)
+    assert len(clock) == 1 and abs(clock[0][1] - time.time_ns()) < 10**10  # set to itself
+
+
 def test_the_heartbeat_runs_no_timer_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
     import time

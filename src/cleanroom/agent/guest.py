@@ -128,16 +128,7 @@ class Agent:
                 view = view[written:]
 
     def hello(self, extra: dict[str, Any] | None = None) -> None:
-        header = {
-            "agent_version": AGENT_VERSION,
-            "protocol": 1,
-            "boot_time_s": round(time.clock_gettime(time.CLOCK_BOOTTIME), 2),  # = uptime
-            "kernel": os.uname().release,
-            "python": sys.version.split()[0],
-            "pid": os.getpid(),
-        }
-        header.update(extra or {})
-        self.send(Kind.HELLO, header)
+        self.send(Kind.HELLO, hello_header(extra))
 
     def serve(self) -> None:
         self.hello()
@@ -331,36 +322,59 @@ class Agent:
         self.send(Kind.DONE)
 
 
-def prepare_snapshot() -> Any:
+def hello_header(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The HELLO: who this agent is, plus ``extra`` (a clone's reseed facts)."""
+    header = {
+        "agent_version": AGENT_VERSION,
+        "protocol": 1,
+        "boot_time_s": round(time.clock_gettime(time.CLOCK_BOOTTIME), 2),  # = uptime
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+        "pid": os.getpid(),
+    }
+    header.update(extra or {})
+    return header
+
+
+def prepare_snapshot(pool_path: str = "/dev/urandom") -> Any:
     """What a clone's RESEED needs, made ready before the snapshot: under TCG every code path
     a clone runs for the first time is translated anew, so the clone should run few of them.
 
-    Returns ``/dev/urandom`` opened for writing (a handle, no state: clones still diverge).
+    It rehearses RESEED and the HELLO after it (the frame decoded, fresh bytes mixed in with no
+    entropy credited, the clock set to itself, the answer encoded but not sent), so the pages,
+    page tables, lazily bound libc symbols and Python caches of that path are in the template:
+    a clone then reads nothing from disk and copies no page on it, it only translates it.
+    Returns the pool (``/dev/urandom`` opened for writing: a handle, no state).
     """
-    import fcntl  # noqa: F401 - imported now, looked up from sys.modules in the clone
-    import struct  # noqa: F401
+    import io
 
-    return open("/dev/urandom", "wb", buffering=0)
+    pool = open(pool_path, "wb", buffering=0)  # noqa: SIM115 - kept for the clone
+    probe = {"clone_id": "env-" + "0" * 16, "time_ns": time.time_ns()}
+    frame = read_frame(io.BytesIO(encode(Kind.RESEED, probe, os.urandom(64))))
+    encode(Kind.HELLO, hello_header(reseed(pool, frame.body, frame.header, credit=False)))
+    return pool
 
 
-def reseed(pool: Any, entropy: bytes, header: dict[str, Any]) -> dict[str, Any]:
+def reseed(
+    pool: Any, entropy: bytes, header: dict[str, Any], credit: bool = True
+) -> dict[str, Any]:
     """Make a restored clone diverge from its siblings; returns facts for its HELLO.
 
     The entropy goes into the input pool (a plain write, then RNDADDENTROPY, which credits it)
     and RNDRESEEDCRNG makes the CRNG draw from the pool now, not at its next scheduled reseed.
     ``/proc/sys/kernel/random/boot_id`` is left unread: the first reader in the clone (after
-    this) makes the clone's own; the agent reports the host's clone id instead.
+    this) makes the clone's own; the agent reports the host's clone id instead. Without
+    ``credit`` (the template's rehearsal) the bytes are mixed in but credit no entropy.
     """
     import fcntl
     import struct
 
     started = time.monotonic()
     facts: dict[str, Any] = {"start": "snapshot", "clone_id": header.get("clone_id")}
+    bits = 8 * len(entropy) if credit else 0
     try:
         pool.write(entropy)
-        fcntl.ioctl(
-            pool, RNDADDENTROPY, struct.pack("ii", 8 * len(entropy), len(entropy)) + entropy
-        )
+        fcntl.ioctl(pool, RNDADDENTROPY, struct.pack("ii", bits, len(entropy)) + entropy)
         fcntl.ioctl(pool, RNDRESEEDCRNG)
         facts["reseeded"] = True
     except OSError as exc:
