@@ -15,12 +15,13 @@ saving it); ``auto`` is ``snapshot``, falling back to a cold boot, with the reas
 ``EnvInfo.start_note``, if the template cannot be built or a clone cannot be restored (after a
 failed build, or 3 failed restores in a row, it boots cold for 5 minutes before trying again).
 A clone is a new QEMU process with the template's devices, its RAM mapped copy-on-write from
-the template's RAM file, and ``-incoming defer``: the driver connects to QMP, queues RESEED
-(host entropy, the env id, the wall clock) on the agent channel, loads the device state with
-``migrate-incoming fd:N`` (the state file is inherited), ``cont``s once the load completed,
-and the clone is ready when the agent answers with HELLO. Clones and the template's build VM
-carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy, confirm
-and reap treat them alike.
+the template's RAM file, ``-incoming defer`` and a second monitor (a socket pair) that already
+holds the commands loading the device state (``migrate-incoming fd:N``, the state file
+inherited); it runs once loaded. When the monitor has accepted them the driver queues RESEED
+(host entropy, the env id, the wall clock) on the agent channel, and the clone is ready when
+the agent answers with HELLO. Clones and the template's build VM carry the same
+``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy, confirm and reap treat
+them alike.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from cleanroom import paths
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import hostproc, qmp, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Driver,
@@ -62,7 +63,6 @@ STARTS = ("auto", "cold", "snapshot")
 START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
 RESEED_BYTES = 64
-QMP_CONNECT_S = 10.0
 TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)
 GUEST_CMDLINE = (
     "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable tsc_early_khz={khz} "
@@ -425,24 +425,35 @@ class QemuDriver(Driver):
         note: str | None,
     ) -> Env:
         state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+        monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
         try:
+            monitor.sendall(snapshot.restore_script(state_fd))
             memory = snapshot.memory_args(template.ram, template.memory_mib, shared=False)
+            mon = [
+                "-chardev",
+                f"socket,id=load,fd={guest_end.fileno()}",
+                "-mon",
+                "chardev=load,mode=control",
+            ]
             live = await self._spawn(
                 request,
                 accel,
-                [*memory, "-incoming", "defer"],
-                pass_fds=(state_fd,),
+                [*memory, "-incoming", "defer", *mon],
+                pass_fds=(state_fd, guest_end.fileno()),
                 memory_backend=True,
             )
+            guest_end.close()
             session = await self._ready_or_destroy(
                 request.env_id,
                 live,
-                self._restore(request.env_id, live, state_fd),
+                self._restore(request.env_id, live, monitor),
                 self.restore_timeout_s,
                 "restore",
             )
         finally:
             os.close(state_fd)
+            guest_end.close()
+            monitor.close()
         self._restore_failures.pop(template.key, None)
         info = self._info(
             request,
@@ -455,28 +466,24 @@ class QemuDriver(Driver):
         )
         return Env(self, info, session)
 
-    async def _restore(self, env_id: str, live: _Live, state_fd: int) -> AgentSession:
-        """Queue RESEED on the agent channel, load the state, wait for the clone's HELLO."""
-        live.qmp = await self._while_running(
-            live, QmpClient.connect(live.run_dir / "qmp.sock", QMP_CONNECT_S)
-        )
+    async def _restore(self, env_id: str, live: _Live, monitor: socket.socket) -> AgentSession:
+        """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
+        mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
+        try:
+            answers = qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS)
+            await self._while_running(live, answers)
+        finally:
+            mon_writer.close()
         reader, writer = await self._open_channel(live)
         header = {"clone_id": env_id, "time_ns": time.time_ns()}
         writer.write(
             protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES))
         )
         session = AgentSession(reader, writer)
-        try:
-            await snapshot.restore(live.qmp, state_fd)
-            await self._await_hello(live, session)
-        except BaseException:
-            await session.aclose()
-            raise
+        await self._await_hello(live, session)
         if session.hello.get("clone_id") != env_id:
             await session.aclose()
             raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
-        await live.qmp.aclose()
-        live.qmp = None
         return session
 
     # -- the agent channel ----------------------------------------------------------------------
