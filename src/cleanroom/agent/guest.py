@@ -21,7 +21,6 @@ a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/clea
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -34,10 +33,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 try:  # on the host, as part of the package
-    from cleanroom.agent.protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame
+    from cleanroom.agent.protocol import (
+        CHUNK,
+        HEARTBEAT_S,
+        Frame,
+        Kind,
+        dumps,
+        encode,
+        read_frame,
+    )
 except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
+    from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame  # type: ignore[no-redef,import-not-found]
 
 AGENT_VERSION = "0.2.0"
 PORT_NAME = "ctl"
@@ -280,7 +287,7 @@ class Agent:
         os.makedirs(root + "/out", exist_ok=True)
         os.makedirs(root + "/secrets", mode=0o700, exist_ok=True)
         with open(root + "/manifest.json", "w") as f:
-            json.dump(header["manifest"], f)
+            f.write(dumps(header["manifest"], (", ", ": ")))  # as json.dump writes it
         secret_paths = []
         for name, value in (header.get("secret_files") or {}).items():
             path = f"{root}/secrets/{name}"
