@@ -69,13 +69,29 @@ async def one(driver: Any, baseline: Any, request: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     env = await driver.create(request(baseline))
     _marks.append(("create returned", time.perf_counter()))
+    cpu_ms = qemu_cpu_ms(env.env_id)
     steps, last = [], t0
     for name, when in _marks:
         steps.append((name, (when - last) * 1000))
         last = when
     hello = dict(env.session.hello)
     await env.aclose()
-    return {"steps": steps, "total": (last - t0) * 1000, "hello": hello}
+    return {"steps": steps, "total": (last - t0) * 1000, "hello": hello, "cpu_ms": cpu_ms}
+
+
+def qemu_cpu_ms(env_id: str) -> float:
+    """CPU time the env's QEMU process used so far (all threads; less load-sensitive)."""
+    from cleanroom.drivers import hostproc
+
+    total = 0
+    for pid in hostproc.pids_with_marker(env_id):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().startswith("qemu-system"):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+    return total / 1e6
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +160,10 @@ def report(results: dict[str, dict[str, Any]], burst: int) -> list[str]:
                 for lab in tables
             )
             lines.append(f"  {key:<52}{cells}")
+        cpu = {lab: [r["cpu_ms"] for r in results[lab][kind] if "cpu_ms" in r] for lab in tables}
+        if all(cpu.values()):
+            cells = "".join(f"{statistics.median(cpu[lab]):>16.1f}" for lab in tables)
+            lines.append(f"  {'QEMU CPU time, create -> ready (ms)':<52}{cells}")
         for fact, scale in (("reseed_ms", 1.0), ("boot_time_s", 1000.0)):
             values = {
                 lab: [r["hello"][fact] * scale for r in results[lab][kind] if fact in r["hello"]]
