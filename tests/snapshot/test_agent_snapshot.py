@@ -121,8 +121,11 @@ def test_prepare_rehearses_reseed_without_crediting_entropy(
     clock: list[tuple[int, int]] = []
     monkeypatch.setattr(fcntl, "ioctl", lambda fd, op, arg=None: ioctls.append((op, arg)))
     monkeypatch.setattr(time, "clock_settime_ns", lambda which, ns: clock.append((which, ns)))
+    execs: list[dict[str, Any]] = []
+    monkeypatch.setattr(guest.Agent, "run_process", lambda self, header: execs.append(header))
     pool_path = tmp_path / "pool"
     guest.prepare_snapshot(str(pool_path)).close()
+    assert [e["argv"] for e in execs] == [["true"]]  # a first EXEC rehearsed as well
     assert len(pool_path.read_bytes()) == 64  # fresh bytes mixed in, as a clone's would be
     (add, add_arg), reseed = ioctls
     assert add == guest.RNDADDENTROPY and add_arg is not None
