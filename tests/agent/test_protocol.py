@@ -55,3 +55,40 @@ def test_truncated_stream_is_eof() -> None:
     data = encode(Kind.STDOUT, {}, b"hello")[:-2]
     with pytest.raises(EOFError):
         read_frame(io.BytesIO(data))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": [1, 2.5, None, True, False], "b": {"c": 'é\n\x00"\\'}, "d": -0.0, "e": 10**30},
+        {"nan": float("inf"), "t": 1.0e-7, "s": "\u2603" * 3},
+        {},
+        [],
+        "x",
+    ],
+)
+def test_dumps_and_loads_match_json(value: object) -> None:
+    import json
+
+    for separators in ((",", ":"), (", ", ": ")):
+        assert protocol.dumps(value, separators) == json.dumps(value, separators=separators)
+    text = json.dumps(value)
+    assert protocol.loads(text) == json.loads(text)
+    assert protocol.loads(" " + text + "\n") == json.loads(text)  # whitespace: json's own path
+
+
+def test_loads_names_malformed_input_like_json() -> None:
+    import json
+
+    for text in ('{"a": }', '{"a": 1', "[1,]", '"\x01"', "1 2"):
+        with pytest.raises(json.JSONDecodeError):
+            protocol.loads(text)
+
+
+def test_dumps_refuses_what_json_refuses() -> None:
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        protocol.dumps({"a": object()})
+    with pytest.raises(ValueError, match="Circular"):
+        looped: list[object] = []
+        looped.append(looped)
+        protocol.dumps(looped)

@@ -135,3 +135,56 @@ def test_reseed_feeds_and_credits_the_pool_reseeds_random_and_sets_the_clock(
     assert len(seeds) == 1 and seeds[0].startswith(entropy)
     assert facts["clone_id"] == "env-2" and facts["reseeded"] is True
     assert "boot_id" not in facts  # never read by the agent: the clone's first reader makes it
+
+
+def test_prepare_rehearses_reseed_without_crediting_entropy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import fcntl
+    import time
+
+    ioctls: list[tuple[int, bytes | None]] = []
+    clock: list[tuple[int, int]] = []
+    monkeypatch.setattr(fcntl, "ioctl", lambda fd, op, arg=None: ioctls.append((op, arg)))
+    monkeypatch.setattr(time, "clock_settime_ns", lambda which, ns: clock.append((which, ns)))
+    execs: list[dict[str, Any]] = []
+    monkeypatch.setattr(guest.Agent, "run_process", lambda self, header: execs.append(header))
+    pool_path = tmp_path / "pool"
+    guest.prepare_snapshot(str(pool_path)).close()
+    assert [e["argv"] for e in execs] == [["true"]]  # a first EXEC rehearsed as well
+    assert len(pool_path.read_bytes()) == 64  # fresh bytes mixed in, as a clone's would be
+    (add, add_arg), reseed = ioctls
+    assert add == guest.RNDADDENTROPY and add_arg is not None
+    assert struct.unpack("ii", add_arg[:8]) == (0, 64)  # but no entropy credited for them
+    assert reseed == (guest.RNDRESEEDCRNG, None)
+    assert len(clock) == 1 and abs(clock[0][1] - time.time_ns()) < 10**10  # set to itself
+
+
+def test_the_heartbeat_runs_no_timer_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    real_sleep = time.sleep
+    beats: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name == "heartbeat":
+            beats.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(guest, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(time, "sleep", sleep)
+    port = Script()
+    agent = guest.Agent(port)
+    threading.Thread(target=agent.heartbeat, name="heartbeat", daemon=True).start()
+    real_sleep(0.1)
+    assert beats == [] and port.frames() == []  # idle: blocked, no wake-ups
+    agent.busy.set()
+    real_sleep(0.1)
+    agent.busy.clear()
+    real_sleep(0.05)
+    sent = port.frames()
+    assert sent and all(f.kind == Kind.HEARTBEAT for f in sent)
+    count = len(beats)
+    real_sleep(0.1)
+    assert len(beats) == count  # idle again: no more timers

@@ -1,5 +1,5 @@
 """The QMP client against a scripted QMP server (no QEMU): greeting, commands, errors, events,
-a passed file descriptor, and bounded waits."""
+a passed file descriptor, bounded waits, and scripts written before any answer is read."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cleanroom.drivers import qmp as qmp_mod
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import DriverError
 
@@ -124,3 +125,42 @@ async def test_a_closed_channel_fails_pending_and_later_commands(tmp_path: Path)
             await qmp.execute("cont", timeout_s=2)
         await qmp.aclose()
         await qmp.aclose()  # idempotent
+
+
+async def test_a_script_is_written_at_once_and_answered_in_order(
+    server: tuple[FakeQmp, Path],
+) -> None:
+    fake, path = server
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    sock.sendall(qmp_mod.script(("query-status", None), ("migrate-incoming", {"uri": "fd:3"})))
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    await qmp_mod.read_answers(reader, ("query-status", "migrate-incoming"))  # event skipped
+    writer.close()
+    assert [c["execute"] for c in fake.commands] == [
+        "qmp_capabilities",
+        "query-status",
+        "migrate-incoming",
+    ]
+    assert fake.commands[2]["arguments"] == {"uri": "fd:3"}
+
+
+async def test_a_refused_script_command_is_named(server: tuple[FakeQmp, Path]) -> None:
+    _, path = server
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    sock.sendall(qmp_mod.script(("query-status", None), ("refuse", None)))
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    with pytest.raises(DriverError, match="QMP refuse refused: no way"):
+        await qmp_mod.read_answers(reader, ("query-status", "refuse"))
+    writer.close()
+
+
+async def test_a_monitor_closing_before_every_answer_is_an_error() -> None:
+    ours, qemus = socket.socketpair()
+    qemus.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n{"return": {}}\n')
+    qemus.close()  # answered qmp_capabilities, then QEMU went away
+    reader, writer = await asyncio.open_unix_connection(sock=ours)
+    with pytest.raises(DriverError, match="closed"):
+        await qmp_mod.read_answers(reader, ("migrate-incoming",))
+    writer.close()

@@ -17,8 +17,12 @@ a JSON object, before it allocates anything; a peer that sends anything else get
 
 from __future__ import annotations
 
-import json
 import struct
+
+try:  # json's C half, used directly: importing json itself compiles regular expressions (re,
+    import _json  # enum), ~0.4 s of a guest's boot under TCG, which the codec does not need
+except ImportError:  # pragma: no cover - not CPython
+    _json = None  # type: ignore[assignment]
 
 # Neither ``typing`` nor ``enum`` at run time: each import costs the guest ~0.1-0.2 s under TCG.
 TYPE_CHECKING = False
@@ -87,9 +91,57 @@ class TooLarge(BadFrame):
     """A frame whose declared size exceeds the reader's limit."""
 
 
+def dumps(value: Any, separators: tuple[str, str] = (",", ":")) -> str:
+    """``json.dumps(value, separators=separators)``, without importing json."""
+    if _json is None:  # pragma: no cover - not CPython
+        import json
+
+        return json.dumps(value, separators=separators)
+    item_separator, key_separator = separators
+    encoder = _json.make_encoder(
+        {}, _unserializable, _json.encode_basestring_ascii, None,
+        key_separator, item_separator, False, False, True,
+    )  # fmt: skip
+    return "".join(encoder(value, 0))
+
+
+def loads(text: str) -> Any:
+    """``json.loads(text)``: the C scanner for a compact document (what ``dumps`` writes);
+    anything else (whitespace around it, malformed input) is left to json itself."""
+    if _json is not None:
+        try:
+            value, end = _json.make_scanner(_ScanContext)(text, 0)  # type: ignore[arg-type]
+            if end == len(text):
+                return value
+        except Exception:  # json.loads below decides, and names the error
+            pass
+    import json
+
+    return json.loads(text)
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads: json.loads' defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {
+        "-Infinity": float("-inf"),
+        "Infinity": float("inf"),
+        "NaN": float("nan"),
+    }.__getitem__
+
+
+def _unserializable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def encode(kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> bytes:
     """Serialize one frame."""
-    raw_header = json.dumps(header or {}, separators=(",", ":")).encode("utf-8")
+    raw_header = dumps(header or {}).encode("utf-8")
     return PREFIX.pack(MAGIC, int(kind), len(raw_header), len(body)) + raw_header + body
 
 
@@ -110,7 +162,7 @@ def parse_prefix(prefix: bytes, max_body: int) -> tuple[int, int, int]:
 def parse_header(raw: bytes) -> dict[str, Any]:
     """Decode a frame header; it must be a JSON object."""
     try:
-        header = json.loads(raw.decode("utf-8")) if raw else {}
+        header = loads(raw.decode("utf-8")) if raw else {}
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadFrame(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):

@@ -1,13 +1,14 @@
 """The qemu driver: one ``-M microvm`` QEMU process per environment.
 
-Per env: a run folder ``$CLEANROOM_HOME/run/<env_id>/`` (owner.json, pid, the agent socket and
-the QMP socket); the baseline's root image as a read-only virtio-blk disk; no network device
-(with an egress allowlist: a restricted user-mode network whose only exits lead to the env's
-egress proxy, ``cleanroom.network.qemu_args``; such VMs always boot cold); the agent on a
-virtio-serial port; the serial console piped to the driver, which keeps a
-bounded tail for diagnostics. The process runs under ``hostproc.supervised`` so it dies with
-its controller and at its hard deadline. destroy = SIGKILL the process group, reap, remove the
-run folder, then confirm (one /proc scan) that neither a process nor the folder remains.
+Per env: a run folder ``$CLEANROOM_HOME/run/<env_id>/`` (owner.json, pid, the QMP socket); the
+baseline's root image as a read-only virtio-blk disk; no network device (with an egress
+allowlist: a restricted user-mode network whose only exits lead to the env's egress proxy,
+``cleanroom.network.qemu_args``; such VMs always boot cold); the agent on a virtio-serial port
+whose host side is one end of a socket pair the driver made (connected before QEMU starts:
+nothing to wait for or poll); the serial console piped to the driver, which keeps a bounded
+tail for diagnostics. The process runs under ``hostproc.supervised`` so it dies with its
+controller and at its hard deadline. destroy = SIGKILL the process group, reap, remove the run
+folder, then confirm (one /proc scan) that neither a process nor the folder remains.
 
 Starts (``QemuDriver(start=...)``, default ``$CLEANROOM_QEMU_START`` or ``auto``): ``cold``
 boots the kernel every time; ``snapshot`` restores a clone of the baseline's template
@@ -16,13 +17,14 @@ saving it); ``auto`` is ``snapshot``, falling back to a cold boot, with the reas
 ``EnvInfo.start_note``, if the template cannot be built or a clone cannot be restored (after a
 failed build, or 3 failed restores in a row, it boots cold for 5 minutes before trying again).
 A clone is a new QEMU process with the template's devices, its RAM mapped copy-on-write from
-the template's RAM file, and ``-incoming defer``: the driver connects to the agent socket and
-to QMP, queues RESEED (host entropy, the env id, the wall clock) on the agent channel, loads
-the device state with ``migrate-incoming fd:N`` (the state file is inherited), ``cont``s once
-the load completed, and the clone is ready when the agent answers with HELLO. Clones and the
-template's build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM,
-so destroy, confirm and reap treat them alike. Fork (a warm env saved, clones restored from
-it, for groups) lives in ``qemu_fork.py``.
+the template's RAM file, ``-incoming defer`` and a second monitor (a socket pair) that already
+holds the commands loading the device state (``migrate-incoming fd:N``, the state file
+inherited); it runs once loaded. When the monitor has accepted them the driver queues RESEED
+(host entropy, the env id, the wall clock) on the agent channel, and the clone is ready when
+the agent answers with HELLO. Clones and the template's build VM carry the same
+``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy, confirm and reap treat
+them alike. Fork (a warm env saved, clones restored from it, for groups) lives in
+``qemu_fork.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import dataclasses
 import os
 import secrets
 import signal
+import socket
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -42,7 +45,7 @@ from cleanroom import paths
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, qemu_fork, snapshot
+from cleanroom.drivers import hostproc, qemu_fork, qmp, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Driver,
@@ -65,22 +68,27 @@ STARTS = ("auto", "cold", "snapshot")
 START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
 RESEED_BYTES = 64
-POLL_MAX_S = 0.005  # socket polling: a clone's sockets appear ~0.1 s after its QEMU starts
-QMP_CONNECT_S = 10.0
 TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)
+# clearcpuid=erms,rep_good: the kernel copies and clears memory with unrolled loops instead of
+# `rep movs/stos`, which TCG runs one iteration per step: ~10% less CPU for a cold boot and a
+# clone's first steps (A/B, QEMU CPU time). It marks the guest kernel tainted 'S' (cosmetic).
 GUEST_CMDLINE = (
     "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable tsc_early_khz={khz} "
     "cryptomgr.notests random.trust_cpu=on mitigations=off nokaslr 8250.nr_uarts=1 "
-    "initcall_blacklist=init_kprobe_trace,load_system_certificate_list"
+    "initcall_blacklist=init_kprobe_trace,load_system_certificate_list "
+    "clearcpuid=erms,rep_good"
 )
 
 
 class _Live(hostproc.ConsoleProcess):
     """What the driver holds for an env it created in this process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, run_dir: Path) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, run_dir: Path, channel: socket.socket
+    ) -> None:
         super().__init__(proc)
         self.run_dir = run_dir
+        self.channel: socket.socket | None = channel  # the agent channel until it is opened
         self.qmp: QmpClient | None = None
 
 
@@ -169,6 +177,7 @@ class QemuDriver(Driver):
         run_dir: Path,
         extra: list[str] | None = None,
         *,
+        ctl_fd: int,
         memory_backend: bool = False,
     ) -> list[str]:
         qemu = [
@@ -177,7 +186,7 @@ class QemuDriver(Driver):
             hostproc.marker(request.env_id),
             *self.machine_args(request, accel, memory_backend=memory_backend),
             "-chardev",
-            f"socket,id=ctl,path={snapshot.qemu_opt(run_dir / 'ctl.sock')},server=on,wait=off",
+            f"socket,id=ctl,fd={ctl_fd}",  # the guest's end of the agent channel's socket pair
             "-qmp",
             f"unix:{snapshot.qemu_opt(run_dir / 'qmp.sock')},server=on,wait=off",
             *(extra or []),
@@ -233,7 +242,10 @@ class QemuDriver(Driver):
         run_dir = self.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.name)
-        argv = self.command(request, accel, run_dir, extra, memory_backend=memory_backend)
+        channel, guest_end = socket.socketpair()
+        argv = self.command(
+            request, accel, run_dir, extra, ctl_fd=guest_end.fileno(), memory_backend=memory_backend
+        )
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -241,12 +253,15 @@ class QemuDriver(Driver):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=pass_fds,
+                pass_fds=(*pass_fds, guest_end.fileno()),
             )
         except OSError as exc:
+            channel.close()
             hostproc.remove_tree(run_dir)
             raise LaunchError(f"cannot start QEMU: {exc}") from exc
-        live = _Live(proc, run_dir)
+        finally:
+            guest_end.close()
+        live = _Live(proc, run_dir, channel)
         self._live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
@@ -433,24 +448,35 @@ class QemuDriver(Driver):
     ) -> Env:
         """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
         state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+        monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
         try:
+            monitor.sendall(snapshot.restore_script(state_fd))
             memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
+            mon = [
+                "-chardev",
+                f"socket,id=load,fd={guest_end.fileno()}",
+                "-mon",
+                "chardev=load,mode=control",
+            ]
             live = await self._spawn(
                 request,
                 accel,
-                [*memory, "-incoming", "defer"],
-                pass_fds=(state_fd,),
+                [*memory, "-incoming", "defer", *mon],
+                pass_fds=(state_fd, guest_end.fileno()),
                 memory_backend=True,
             )
+            guest_end.close()
             session = await self._ready_or_destroy(
                 request.env_id,
                 live,
-                self._restore(request.env_id, live, state_fd),
+                self._restore(request.env_id, live, monitor),
                 self.restore_timeout_s,
                 "restore",
             )
         finally:
             os.close(state_fd)
+            guest_end.close()
+            monitor.close()
         self._restore_failures.pop(template.key, None)
         info = self._info(
             request,
@@ -463,26 +489,24 @@ class QemuDriver(Driver):
         )
         return Env(self, info, session)
 
-    async def _restore(self, env_id: str, live: _Live, state_fd: int) -> AgentSession:
-        """Queue RESEED on the agent channel, load the state, wait for the clone's HELLO."""
-        reader, writer = await self._open_channel(live)  # fails fast if QEMU exits
-        live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock", QMP_CONNECT_S)
+    async def _restore(self, env_id: str, live: _Live, monitor: socket.socket) -> AgentSession:
+        """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
+        mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
+        try:
+            answers = qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS)
+            await self._while_running(live, answers)
+        finally:
+            mon_writer.close()
+        reader, writer = await self._open_channel(live)
         header = {"clone_id": env_id, "time_ns": time.time_ns()}
         writer.write(
             protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES))
         )
         session = AgentSession(reader, writer)
-        try:
-            await snapshot.restore(live.qmp, state_fd)
-            await self._await_hello(live, session)
-        except BaseException:
-            await session.aclose()
-            raise
+        await self._await_hello(live, session)
         if session.hello.get("clone_id") != env_id:
             await session.aclose()
             raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
-        await live.qmp.aclose()
-        live.qmp = None
         return session
 
     # -- fork (qemu_fork.py) --------------------------------------------------------------------
@@ -508,18 +532,11 @@ class QemuDriver(Driver):
     # -- the agent channel ----------------------------------------------------------------------
 
     async def _open_channel(self, live: _Live) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        sock = live.run_dir / "ctl.sock"
-        delay = 0.001
-        while True:
-            if live.proc.returncode is not None:
-                raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
-            if sock.exists():
-                try:
-                    return await asyncio.open_unix_connection(str(sock), limit=1 << 22)
-                except (ConnectionRefusedError, FileNotFoundError):
-                    pass
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, POLL_MAX_S)
+        """The host's end of the agent channel as streams (once: the streams then own it)."""
+        channel, live.channel = live.channel, None
+        if channel is None:
+            raise DriverError("the agent channel was already opened")
+        return await asyncio.open_unix_connection(sock=channel, limit=1 << 22)
 
     async def _connect(self, live: _Live) -> AgentSession:
         reader, writer = await self._open_channel(live)
@@ -529,22 +546,27 @@ class QemuDriver(Driver):
 
     async def _await_hello(self, live: _Live, session: AgentSession) -> None:
         """Wait for HELLO, or fail as soon as QEMU exits; closes the session on failure."""
-        hello_task = asyncio.ensure_future(session.wait_hello())
-        exit_task = asyncio.ensure_future(live.proc.wait())
         try:
-            done, _ = await asyncio.wait(
-                {hello_task, exit_task}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if hello_task not in done:
-                raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
-            hello_task.result()
+            await self._while_running(live, session.wait_hello())
         except BaseException:
             await session.aclose()
             raise
+
+    async def _while_running(self, live: _Live, step: Awaitable[Any]) -> Any:
+        """``step``'s result, or LaunchError as soon as QEMU exits before it is done."""
+        step_task = asyncio.ensure_future(step)
+        exit_task = asyncio.ensure_future(live.proc.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {step_task, exit_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if step_task not in done:
+                raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
+            return step_task.result()
         finally:
-            for task in (hello_task, exit_task):
+            for task in (step_task, exit_task):
                 task.cancel()
-            await asyncio.gather(hello_task, exit_task, return_exceptions=True)
+            await asyncio.gather(step_task, exit_task, return_exceptions=True)
 
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
@@ -558,6 +580,9 @@ class QemuDriver(Driver):
         if live is not None and live.qmp is not None:
             await live.qmp.aclose()
             live.qmp = None
+        if live is not None and live.channel is not None:
+            live.channel.close()  # never opened (create failed before that)
+            live.channel = None
         if live is not None and live.pump is not None:
             live.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -5,6 +5,9 @@ the qemu driver gives every VM. ``QmpClient.connect`` waits (bounded) for the so
 greeting and negotiates capabilities; ``execute`` sends one command with an ``id`` and waits
 (bounded) for its answer; asynchronous events are kept in order for ``wait_event``. Every
 failure is a ``DriverError`` (a refused command names the command and QEMU's message).
+
+``script`` + ``read_answers`` skip the round trips: a monitor runs its commands in order, so
+a whole script can be written to its socket before QEMU has even started.
 """
 
 from __future__ import annotations
@@ -71,19 +74,7 @@ class QmpClient:
         return client
 
     async def _read_message(self) -> dict[str, Any]:
-        try:
-            line = await self._reader.readline()
-        except (ConnectionError, OSError, ValueError) as exc:
-            raise DriverError(f"QMP channel failed: {exc}") from exc
-        if not line:
-            raise DriverError("QMP channel closed")
-        try:
-            message = json.loads(line)
-        except ValueError as exc:
-            raise DriverError(f"QMP sent invalid JSON: {line[:200]!r}") from exc
-        if not isinstance(message, dict):
-            raise DriverError(f"QMP sent a non-object: {line[:200]!r}")
-        return message
+        return await _read_message(self._reader)
 
     async def _read_loop(self) -> None:
         try:
@@ -147,10 +138,7 @@ class QmpClient:
             raise DriverError(f"QMP {command}: channel failed: {exc}") from exc
         finally:
             self._pending.pop(ident, None)
-        if "error" in reply:
-            error = reply["error"]
-            detail = error.get("desc", error) if isinstance(error, dict) else error
-            raise DriverError(f"QMP {command} refused: {detail}")
+        _check(command, reply)
         return reply.get("return")
 
     def _send_with_fd(self, data: bytes, fd: int) -> None:
@@ -205,3 +193,45 @@ class QmpClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def _read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    try:
+        line = await reader.readline()
+    except (ConnectionError, OSError, ValueError) as exc:
+        raise DriverError(f"QMP channel failed: {exc}") from exc
+    if not line:
+        raise DriverError("QMP channel closed")
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        raise DriverError(f"QMP sent invalid JSON: {line[:200]!r}") from exc
+    if not isinstance(message, dict):
+        raise DriverError(f"QMP sent a non-object: {line[:200]!r}")
+    return message
+
+
+def _check(command: str, reply: dict[str, Any]) -> None:
+    if "error" in reply:
+        error = reply["error"]
+        detail = error.get("desc", error) if isinstance(error, dict) else error
+        raise DriverError(f"QMP {command} refused: {detail}")
+
+
+def script(*commands: tuple[str, dict[str, Any] | None]) -> bytes:
+    """``qmp_capabilities``, then ``commands`` ((name, arguments) pairs), as one write."""
+    lines: list[dict[str, Any]] = [{"execute": "qmp_capabilities"}]
+    for name, arguments in commands:
+        lines.append({"execute": name, **({"arguments": arguments} if arguments else {})})
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+async def read_answers(reader: asyncio.StreamReader, commands: tuple[str, ...]) -> None:
+    """Read a monitor's answers to a ``script`` of ``commands`` (greeting and events skipped);
+    DriverError naming the first command it refused, or if it closes before answering all."""
+    for name in ("qmp_capabilities", *commands):
+        while True:
+            message = await _read_message(reader)
+            _check(name, message)
+            if "return" in message:
+                break

@@ -1,10 +1,12 @@
 """Snapshot templates for the qemu driver: a baseline booted once, saved, restored per episode.
 
-A template is a VM booted to a ready agent with its guest RAM in a file, paused and saved with
-the migration capability ``x-ignore-shared`` (so the state file holds only device state, not
-RAM). A clone is a new QEMU process with the same devices that maps the same RAM file
-*privately* (``share=off``: copy-on-write, untouched pages shared by every clone through the
-page cache) and loads the state file with ``-incoming defer`` + ``migrate-incoming fd:N``.
+A template is a VM booted to a ready agent with its guest RAM in a file, saved with the
+migration capability ``x-ignore-shared`` (so the state file holds only device state, not RAM;
+the migration stops the VM last, so the state says "running"). A clone is a new QEMU process
+with the same devices that maps the same RAM file *privately* (``share=off``: copy-on-write,
+untouched pages shared by every clone through the page cache), starts with ``-incoming defer``
+and a monitor that already holds ``restore_script`` (``migrate-incoming fd:N``), and runs as
+soon as the state is loaded: no round trip to the host on the way.
 
 On disk, ``$CLEANROOM_HOME/templates/<key>/`` holds ``ram``, ``state`` and ``template.json``
 (the key's facts and the size and sha256 of every file; its ``digest`` covers all of it). The
@@ -33,9 +35,10 @@ from cleanroom import paths
 from cleanroom.baseline.model import Baseline, sha256_file
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
+from cleanroom.drivers.qmp import script as qmp_script
 from cleanroom.errors import DriftError, DriverError
 
-FORMAT = 1
+FORMAT = 2  # 2: saved running, so a clone runs once loaded (1 stayed paused)
 META_FILE = "template.json"
 RAM_FILE = "ram"
 STATE_FILE = "state"
@@ -268,12 +271,13 @@ async def build_lock(key: str, timeout_s: float) -> Any:
 
 
 async def save(qmp: QmpClient, state_fd: int, timeout_s: float = SAVE_TIMEOUT_S) -> float:
-    """Pause the VM and write its device state to ``state_fd`` (RAM stays in its file).
+    """Write the VM's device state to ``state_fd`` (RAM stays in its file).
 
-    Returns the seconds the migration took; raises DriverError if it fails or times out.
+    The VM is not paused first: the migration stops it at its end (so RAM and state match)
+    and records it as running, which makes every clone run as soon as it is loaded. Returns
+    the seconds the migration took; raises DriverError if it fails or times out.
     """
     started = time.monotonic()
-    await qmp.execute("stop")
     await qmp.execute("migrate-set-capabilities", IGNORE_SHARED)
     await qmp.send_fd("template-state", state_fd)
     await qmp.execute("migrate", {"uri": "fd:template-state"})
@@ -291,21 +295,17 @@ async def save(qmp: QmpClient, state_fd: int, timeout_s: float = SAVE_TIMEOUT_S)
         delay = min(delay * 2, 0.1)
 
 
-async def restore(qmp: QmpClient, state_fd: int, timeout_s: float = 30.0) -> None:
-    """Load a clone's device state from ``state_fd`` (inherited by QEMU), then run it.
+RESTORE_COMMANDS = ("migrate-set-capabilities", "migrate-incoming")
 
-    The template was paused when saved, so the loaded clone is paused too: ``cont`` once the
-    MIGRATION event says the load completed.
-    """
-    caps = [*IGNORE_SHARED["capabilities"], {"capability": "events", "state": True}]
-    await qmp.execute("migrate-set-capabilities", {"capabilities": caps})
-    await qmp.execute("migrate-incoming", {"uri": f"fd:{state_fd}"})
-    done = ("completed", "failed", "cancelled")
-    event = await qmp.wait_event("MIGRATION", timeout_s, lambda d: d.get("status") in done)
-    status = event.get("data", {}).get("status")
-    if status != "completed":
-        raise DriverError(f"restoring the clone failed (migration {status})")
-    await qmp.execute("cont")
+
+def restore_script(state_fd: int) -> bytes:
+    """The monitor commands that load a clone from ``state_fd`` (inherited by QEMU), for
+    ``qmp.script``/``qmp.read_answers``: QEMU runs them as soon as it has started. A load
+    that fails ends the QEMU process."""
+    return qmp_script(
+        ("migrate-set-capabilities", IGNORE_SHARED),
+        ("migrate-incoming", {"uri": f"fd:{state_fd}"}),
+    )
 
 
 async def prepare(
