@@ -15,9 +15,10 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
@@ -225,6 +226,28 @@ class Driver(abc.ABC):
     def snapshot_owner(self, snapshot_id: str) -> dict[str, Any] | None:
         """The owner record left with a snapshot's files, if any."""
         return None
+
+
+class RunFolderDriver(Driver):
+    """A driver whose envs each have a run folder on the host (with the owner record) and, while
+    this process holds them, a child process whose console tail it keeps (``_live``)."""
+
+    _live: Mapping[str, ConsoleTail]
+
+    @abc.abstractmethod
+    def run_dir(self, env_id: str) -> Path:
+        """The env's run folder (it may not exist)."""
+
+    def owner_of(self, env_id: str) -> dict[str, Any] | None:
+        return read_owner(self.run_dir(env_id))
+
+    def diagnostics(self, env_id: str) -> dict[str, bytes]:
+        live = self._live.get(env_id)
+        return {"console.log": live.console_tail()} if live is not None else {}
+
+
+class ConsoleTail(Protocol):
+    def console_tail(self) -> bytes: ...
 
 
 async def fail_launch(

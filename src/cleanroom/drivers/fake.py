@@ -15,26 +15,25 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from cleanroom import paths
 from cleanroom.agent import guest
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import (
+    ConsoleTail,
     DestroyReport,
-    Driver,
     Env,
     EnvInfo,
     EnvRequest,
-    read_owner,
+    RunFolderDriver,
     refuse_network,
     write_owner,
 )
 from cleanroom.errors import LaunchError
 
 
-class FakeDriver(Driver):
+class FakeDriver(RunFolderDriver):
     name = "fake"
     capabilities = frozenset({"exec", "files"})
 
@@ -42,6 +41,7 @@ class FakeDriver(Driver):
         self.run_root = run_root or paths.run_dir() / self.name
         self.ready_timeout_s = ready_timeout_s
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._live: dict[str, ConsoleTail] = {}  # the agent runs on the host: no console to keep
 
     def describe(self) -> dict[str, str]:
         return {
@@ -154,9 +154,6 @@ class FakeDriver(Driver):
     def alive(self, env_id: str) -> bool:
         proc = self._procs.get(env_id)
         return proc is not None and proc.returncode is None
-
-    def owner_of(self, env_id: str) -> dict[str, Any] | None:
-        return read_owner(self.run_dir(env_id))
 
     def list_owned(self) -> list[str]:
         found: set[str] = set()

@@ -35,12 +35,11 @@ from cleanroom.drivers import gvisor_bundle as bundle_mod
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import (
     DestroyReport,
-    Driver,
     Env,
     EnvInfo,
     EnvRequest,
+    RunFolderDriver,
     fail_launch,
-    read_owner,
     refuse_network,
     write_owner,
 )
@@ -81,7 +80,7 @@ class _Live(hostproc.ConsoleProcess):
     """What the driver holds for a sandbox it started in this process."""
 
 
-class GvisorDriver(Driver):
+class GvisorDriver(RunFolderDriver):
     """Fresh gVisor sandboxes from a baseline's root tree."""
 
     name = "gvisor"
@@ -338,13 +337,6 @@ class GvisorDriver(Driver):
         with contextlib.suppress(FileNotFoundError):
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)
-
-    def owner_of(self, env_id: str) -> dict[str, Any] | None:
-        return read_owner(self.run_dir(env_id))
-
-    def diagnostics(self, env_id: str) -> dict[str, bytes]:
-        live = self._live.get(env_id)
-        return {"console.log": live.console_tail()} if live is not None else {}
 
 
 async def _exited(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:

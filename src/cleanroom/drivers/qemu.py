@@ -48,14 +48,13 @@ from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, qemu_fork, qmp, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
-    Driver,
     Env,
     EnvInfo,
     EnvRequest,
     ForkSnapshot,
+    RunFolderDriver,
     fail_launch,
     new_env_id,
-    read_owner,
     write_owner,
 )
 from cleanroom.drivers.qmp import QmpClient
@@ -92,7 +91,7 @@ class _Live(hostproc.ConsoleProcess):
         self.qmp: QmpClient | None = None
 
 
-class QemuDriver(Driver):
+class QemuDriver(RunFolderDriver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
@@ -625,13 +624,6 @@ class QemuDriver(Driver):
         if self.run_root.is_dir():
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)
-
-    def owner_of(self, env_id: str) -> dict[str, Any] | None:
-        return read_owner(self.run_dir(env_id))
-
-    def diagnostics(self, env_id: str) -> dict[str, bytes]:
-        live = self._live.get(env_id)
-        return {"console.log": live.console_tail()} if live is not None else {}
 
 
 def _first_line(exc: BaseException) -> str:
