@@ -160,7 +160,7 @@ def test_secrets_from_a_file_are_delivered_and_redacted(home: Path) -> None:
 def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with Ledger(home / "ledger.db") as ledger:
-        for sid in ("snap-with-files", "snap-files-gone"):
+        for sid in ("snap-with-files", "snap-files-gone", "snap-deleted"):
             ledger.snapshot_intent(
                 sid,
                 run_id="r1",
@@ -171,16 +171,6 @@ def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Pa
                 owner_pid=os.getpid(),
                 owner_host="h",
             )
-        ledger.snapshot_intent(
-            "snap-deleted",
-            run_id="r1",
-            group_id="g1",
-            driver="qemu",
-            setup_digest="sha256:s",
-            owner_controller="c",
-            owner_pid=os.getpid(),
-            owner_host="h",
-        )
         ledger.snapshot_deleted("snap-deleted", confirmed_absent=True)
     (home / "forks" / "snap-with-files").mkdir(parents=True)
     result = cli(home, "ps")

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from cleanroom.errors import ManifestError, NetworkPolicyError
+from cleanroom.errors import ManifestError
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -102,13 +102,9 @@ class NetworkRequest(BaseModel):
     @field_validator("allow")
     @classmethod
     def _entries(cls, value: list[str]) -> list[str]:
-        from cleanroom.network.policy import Policy
+        from cleanroom.network.policy import checked_allowlist
 
-        try:
-            Policy.parse(value)
-        except NetworkPolicyError as exc:
-            raise ValueError("; ".join(exc.problems)) from exc
-        return value
+        return checked_allowlist(value)
 
 
 class GroupSetup(BaseModel):

@@ -28,9 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from cleanroom.errors import NetworkPolicyError, SpecError
+from cleanroom.errors import SpecError
 from cleanroom.manifest import Limits
-from cleanroom.network.policy import Policy
+from cleanroom.network.policy import checked_allowlist
 
 BUILDER_VERSION = "1"
 """Bump when the builder's output changes for the same inputs (invalidates every cached build)."""
@@ -171,11 +171,7 @@ class NetworkSection(_Section):
     @field_validator("allow")
     @classmethod
     def _entries(cls, value: list[str]) -> list[str]:
-        try:
-            Policy.parse(value)
-        except NetworkPolicyError as exc:
-            raise ValueError("; ".join(exc.problems)) from exc
-        return value
+        return checked_allowlist(value)
 
 
 class BaselineSpec(_Section):

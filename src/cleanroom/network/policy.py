@@ -194,3 +194,13 @@ class Policy:
                 f"(the baseline allows {', '.join(self.entries())}); a manifest may only narrow it"
             )
         return wanted
+
+
+def checked_allowlist(entries: list[str]) -> list[str]:
+    """``entries`` unchanged if every one parses; else ValueError naming each bad one (for
+    pydantic validators: the baseline spec's and the manifest's ``network.allow``)."""
+    try:
+        Policy.parse(entries)
+    except NetworkPolicyError as exc:
+        raise ValueError("; ".join(exc.problems)) from exc
+    return entries
