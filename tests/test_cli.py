@@ -179,3 +179,22 @@ def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Pa
     assert set(lines) == {"snap-with-files", "snap-files-gone"}  # the deleted one is not live
     assert "yes" in lines["snap-with-files"] and "no" in lines["snap-files-gone"]
     assert "g1" in lines["snap-with-files"]
+
+
+def test_run_prints_one_line_per_group(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    ok = {"id": "g1", "setup": {"command": [sys.executable, "-c", "pass"], "timeout_s": 30}}
+    bad = {"id": "g2", "setup": {"command": [sys.executable, "-c", "raise SystemExit(4)"]}}
+    manifests = write(
+        home / "m.jsonl",
+        {**ep("a", 1), "group": ok},
+        {**ep("b", 2), "group": ok},
+        {**ep("c", 3), "group": bad},
+    )
+    proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("group ")]
+    assert lines[0].startswith("group g1: setup in each of its 2 episodes"), proc.stdout
+    assert lines[0].endswith("2 completed"), proc.stdout
+    assert lines[1].startswith("group g2: setup in each of its 1 episodes")
+    assert lines[1].endswith("1 infra_error"), proc.stdout
+    assert proc.returncode == 1  # g2's episode did not reach a final outcome

@@ -121,6 +121,7 @@ def run(
         observer.close()
         logs.close()
     _print_run(result.run_id, store)
+    _print_groups(result)
     if result.leaked_envs:
         err.print(
             f"[bold red]ALERT[/]: envs still present for {result.leaked_envs}; run `cleanroom reap`"
@@ -128,6 +129,28 @@ def run(
         raise typer.Exit(3)
     if any(not e.outcome.final for e in result.episodes):
         raise typer.Exit(1)
+
+
+def _print_groups(result: RunResult) -> None:
+    """One line per group: how its setup ran, its episodes' outcomes, and its snapshot's fate."""
+    for g in result.groups:
+        setup = g.timings.get("setup_s")
+        how = (
+            f"setup once ({setup or 0:.1f} s), {len(g.episodes)} forked episodes"
+            if g.mode == "fork"
+            else f"setup in each of its {len(g.episodes)} episodes (driver cannot fork)"
+        )
+        members = set(g.episodes)
+        counts: dict[str, int] = {}
+        for episode in result.episodes:
+            if episode.episode_id in members:
+                counts[episode.outcome.value] = counts.get(episode.outcome.value, 0) + 1
+        how += " · " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        if g.classification:
+            how += f" · [bold red]{g.classification}[/]: {(g.error or '').splitlines()[0][:120]}"
+        if g.snapshot_deleted is not None:
+            how += " · snapshot deleted" if g.snapshot_deleted else " · [bold red]snapshot LEFT[/]"
+        out.print(f"group {g.group_id}: {how}", soft_wrap=True)
 
 
 class _Observer:
