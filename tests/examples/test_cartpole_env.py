@@ -207,9 +207,28 @@ def test_baseline_spec_points_at_the_entrypoint() -> None:
     assert spec["base"]["packages"] == ["python3-minimal"]
     (files,) = spec["files"]
     assert (EXAMPLE / files["src"]).is_dir()
-    command = spec["entrypoint"]["command"]
-    assert command[1].startswith(files["dest"] + "/")
-    assert (EXAMPLE / files["src"] / Path(command[1]).relative_to(files["dest"])).is_file()
+    module, function = spec["entrypoint"]["function"].split(":")
+    assert (EXAMPLE / files["src"] / f"{module}.py").is_file()
+    assert module in spec["entrypoint"]["preimport"]
+    assert callable(getattr(_load(module), function))
+
+
+def test_the_function_entrypoint_returns_what_the_command_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = _manifests()[5]
+    proc = _run(tmp_path / "command", manifest)
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((tmp_path / "command" / "result.json").read_text())
+    monkeypatch.setenv("CLEANROOM_DIR", str(tmp_path / "function"))
+    returned = _load("run_episode").episode(json.loads(json.dumps(manifest)))
+    assert json.loads(json.dumps(returned)) == written
+    trajectory = "out/trajectory.jsonl"
+    assert (tmp_path / "function" / trajectory).read_bytes() == (
+        tmp_path / "command" / trajectory
+    ).read_bytes()
+    with pytest.raises(Exception, match="seed"):
+        _load("run_episode").episode({**manifest, "seed": -1})
 
 
 # --- the entrypoint, as the guest runs it ----------------------------------------------------

@@ -6,7 +6,9 @@ writes the trajectory to ``$CLEANROOM_DIR/out/trajectory.jsonl`` (one line per s
 ``obs`` (the observation the action was chosen from), ``action``, ``reward``) and the result to
 ``$CLEANROOM_DIR/result.json``. Deterministic: the same seed and policy give the same result.
 
-Exit codes: 0 after an episode (whatever its return), 2 for a bad manifest.
+As a command (``python3 run_episode.py``), exit codes: 0 after an episode (whatever its
+return), 2 for a bad manifest. As a function entrypoint (``run_episode:episode``, what the
+baseline uses) the warm worker calls ``episode(manifest)`` and keeps its return value.
 Needs only Python's standard library.
 """
 
@@ -48,6 +50,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ManifestError(f"cannot read {path}: {exc}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    return check_manifest(data)
+
+
+def check_manifest(data: Any) -> dict[str, Any]:
+    """The manifest, if it can drive an episode; else ManifestError."""
     if not isinstance(data, dict):
         raise ManifestError("the manifest must be a JSON object")
     seed = data.get("seed")
@@ -114,7 +121,30 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def episode(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The function entrypoint (``run_episode:episode``): the baseline's warm worker has this
+    module imported already, calls this with the manifest, and keeps the return value as the
+    result record. A bad manifest raises (the episode ends ``episode_error``)."""
+    started = time.monotonic()
+    manifest = check_manifest(manifest)
+    root = Path(os.environ.get("CLEANROOM_DIR", "/run/cleanroom"))
+    result = run(manifest, root / "out")
+    print_summary(manifest, result, started)
+    return result
+
+
+def print_summary(manifest: dict[str, Any], result: dict[str, Any], started: float) -> None:
+    print(
+        f"cartpole {manifest.get('episode_id', '?')}: seed={manifest['seed']} "
+        f"policy={result['info']['policy']} steps={result['info']['steps']} "
+        f"return={result['reward']:g} terminated={result['terminated']} "
+        f"truncated={result['truncated']} ({time.monotonic() - started:.2f}s)",
+        flush=True,
+    )
+
+
 def main() -> int:
+    """The command entrypoint: the same episode, from and to files under ``$CLEANROOM_DIR``."""
     root = Path(os.environ.get("CLEANROOM_DIR", "/run/cleanroom"))
     started = time.monotonic()
     try:
@@ -124,13 +154,7 @@ def main() -> int:
         print(f"cartpole: bad manifest: {exc}", file=sys.stderr)
         return EXIT_BAD_MANIFEST
     write_atomically(root / "result.json", dumps(result) + "\n")
-    print(
-        f"cartpole {manifest.get('episode_id', '?')}: seed={manifest['seed']} "
-        f"policy={result['info']['policy']} steps={result['info']['steps']} "
-        f"return={result['reward']:g} terminated={result['terminated']} "
-        f"truncated={result['truncated']} ({time.monotonic() - started:.2f}s)",
-        flush=True,
-    )
+    print_summary(manifest, result, started)
     return 0
 
 
