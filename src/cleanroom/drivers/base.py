@@ -18,10 +18,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
+from cleanroom.drivers import hostproc
 from cleanroom.errors import DriverError
 from cleanroom.manifest import ResolvedLimits
 from cleanroom.network.qemu_args import Attachment
@@ -232,7 +233,7 @@ class RunFolderDriver(Driver):
     """A driver whose envs each have a run folder on the host (with the owner record) and, while
     this process holds them, a child process whose console tail it keeps (``_live``)."""
 
-    _live: Mapping[str, ConsoleTail]
+    _live: Mapping[str, hostproc.ConsoleProcess]
 
     @abc.abstractmethod
     def run_dir(self, env_id: str) -> Path:
@@ -245,9 +246,11 @@ class RunFolderDriver(Driver):
         live = self._live.get(env_id)
         return {"console.log": live.console_tail()} if live is not None else {}
 
-
-class ConsoleTail(Protocol):
-    def console_tail(self) -> bytes: ...
+    def alive(self, env_id: str) -> bool:
+        live = self._live.get(env_id)
+        if live is not None:
+            return live.proc.returncode is None
+        return bool(hostproc.pids_with_marker(env_id))
 
 
 async def fail_launch(

@@ -21,7 +21,6 @@ from cleanroom.agent import guest
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import (
-    ConsoleTail,
     DestroyReport,
     Env,
     EnvInfo,
@@ -41,7 +40,8 @@ class FakeDriver(RunFolderDriver):
         self.run_root = run_root or paths.run_dir() / self.name
         self.ready_timeout_s = ready_timeout_s
         self._procs: dict[str, asyncio.subprocess.Process] = {}
-        self._live: dict[str, ConsoleTail] = {}  # the agent runs on the host: no console to keep
+        # the agent runs on the host: no console to keep
+        self._live: dict[str, hostproc.ConsoleProcess] = {}
 
     def describe(self) -> dict[str, str]:
         return {

@@ -318,12 +318,6 @@ class GvisorDriver(RunFolderDriver):
     def exists(self, env_id: str) -> bool:
         return bool(self.remains(env_id))
 
-    def alive(self, env_id: str) -> bool:
-        live = self._live.get(env_id)
-        if live is not None:
-            return live.proc.returncode is None
-        return bool(hostproc.pids_with_marker(env_id))
-
     def list_owned(self) -> list[str]:
         """Envs of this driver and run folder: processes (sandbox, gofer, stubs name the
         runsc root or the bundle), runsc state, run folders."""

@@ -612,12 +612,6 @@ class QemuDriver(RunFolderDriver):
     def exists(self, env_id: str) -> bool:
         return self.run_dir(env_id).exists() or bool(hostproc.pids_with_marker(env_id))
 
-    def alive(self, env_id: str) -> bool:
-        live = self._live.get(env_id)
-        if live is not None:
-            return live.proc.returncode is None
-        return bool(hostproc.pids_with_marker(env_id))
-
     def list_owned(self) -> list[str]:
         # only this driver's VMs under this run folder (not gvisor's, not another config's)
         found = hostproc.env_ids_running(b"qemu-system", str(self.run_root).encode())
