@@ -274,12 +274,7 @@ class Controller:
             if egress is not None:
                 egress.check_ready(env.hello)
             clock.lap("provision_s")
-            self.ledger.env_created(
-                env_id,
-                pid=env.info.pid or 0,
-                run_dir=str(env.info.run_dir or ""),
-                accelerator=env.info.accelerator,
-            )
+            self.ledger.env_created(env_id, **env.info.ledger_fields())
             self.ledger.env_ready(env_id)
             self._emit(
                 "env_ready",

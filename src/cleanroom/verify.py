@@ -271,12 +271,7 @@ class Verifiers:
         env: Env | None = None
         try:
             env = await self.driver.create(request)
-            self.ledger.env_created(
-                env_id,
-                pid=env.info.pid or 0,
-                run_dir=str(env.info.run_dir or ""),
-                accelerator=env.info.accelerator,
-            )
+            self.ledger.env_created(env_id, **env.info.ledger_fields())
             self.ledger.env_ready(env_id)
             prefix = guest_prefix(self.driver, env_id)
             return await asyncio.wait_for(run_command(env, prefix, ref, files), ref.timeout_s + 60)

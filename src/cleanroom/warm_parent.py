@@ -112,12 +112,7 @@ class WarmParent:
         )
         started = time.monotonic()
         self.parent = await ctl.driver.fork_parent(self._parent_request(), report.snapshot_id)
-        ctl.ledger.env_created(
-            self.parent_id,
-            pid=self.parent.info.pid or 0,
-            run_dir=str(self.parent.info.run_dir or ""),
-            accelerator=self.parent.info.accelerator,
-        )
+        ctl.ledger.env_created(self.parent_id, **self.parent.info.ledger_fields())
         ctl.ledger.env_ready(self.parent_id)
         setup_started = time.monotonic()
         report.timings["parent_s"] = setup_started - started

@@ -93,6 +93,14 @@ class EnvInfo:
             "group": self.group,
         }
 
+    def ledger_fields(self) -> dict[str, Any]:
+        """The columns ``Ledger.env_created(env_id, **fields)`` records once the env exists."""
+        return {
+            "pid": self.pid or 0,
+            "run_dir": str(self.run_dir or ""),
+            "accelerator": self.accelerator,
+        }
+
 
 @dataclass(frozen=True)
 class ForkSnapshot:

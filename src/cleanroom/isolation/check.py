@@ -203,12 +203,7 @@ class IsolationCheck:
         except BaseException:
             await asyncio.shield(self.destroy_id(env_id))
             raise
-        self.ledger.env_created(
-            env_id,
-            pid=env.info.pid or 0,
-            run_dir=str(env.info.run_dir or ""),
-            accelerator=env.info.accelerator,
-        )
+        self.ledger.env_created(env_id, **env.info.ledger_fields())
         self.ledger.env_ready(env_id)
         return env
 

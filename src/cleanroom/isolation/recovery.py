@@ -146,12 +146,7 @@ async def _child(config: dict[str, Any]) -> None:
         limits = Limits().merged_over(baseline.limits)
         request = EnvRequest(env_id, baseline, limits, owner, hard_deadline_s=CHILD_DEADLINE_S)
         env = await driver.create(request)
-        ledger.env_created(
-            env_id,
-            pid=env.info.pid or 0,
-            run_dir=str(env.info.run_dir or ""),
-            accelerator=env.info.accelerator,
-        )
+        ledger.env_created(env_id, **env.info.ledger_fields())
         try:
             planted = await run_canary(driver, env, "plant", config["token"])
             own = await run_canary(driver, env, "probe", config["token"])
