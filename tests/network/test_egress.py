@@ -72,6 +72,21 @@ def test_a_run_that_asks_too_much_is_refused_naming_every_episode(
         check_manifests([manifest("a", [])], networked, driver)  # network off: fine anywhere
 
 
+def test_a_group_episode_cannot_also_have_network(baselines: tuple[Baseline, Baseline]) -> None:
+    _, networked = baselines
+    group = {"id": "g", "setup": {"command": ["true"]}}
+    inherits = Manifest.model_validate({**manifest("g-0").model_dump(), "group": group})
+    off = Manifest.model_validate(
+        {**manifest("g-1", []).model_dump(), "group": group}
+    )  # network off: a clone of the NIC-less snapshot is fine
+    check_manifests([off], networked, QemuDriver())
+    with pytest.raises(NetworkPolicyError) as info:
+        check_manifests([inherits, off], networked, QemuDriver())
+    assert (
+        len(info.value.problems) == 1 and "g-0: a group's episodes fork" in info.value.problems[0]
+    )
+
+
 async def test_the_controller_refuses_before_anything_exists(
     tmp_path: Path, baselines: tuple[Baseline, Baseline]
 ) -> None:
