@@ -50,10 +50,12 @@ try:  # on the host, as part of the package
         encode,
         read_frame,
     )
+    from cleanroom.agent.relay import Relay
 except ImportError:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import guestnet  # type: ignore[import-not-found,no-redef]
     from protocol import CHUNK, HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame  # type: ignore[no-redef,import-not-found]
+    from relay import Relay  # type: ignore[import-not-found,no-redef]
 
 AGENT_VERSION = "0.4.0"
 PORT_NAME = "ctl"
@@ -61,7 +63,6 @@ RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 RECONNECT_POLL_S = 0.002
 RESULT_LIMIT = 4 * 1024 * 1024
-PIPE_CHUNK = 64 * 1024
 NETWORK: dict[str, Any] = {}  # guestnet.setup() at boot: the NIC's address and proxy env, if any
 ENTRY_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "entry.json")
 BASE_ENV = {
@@ -266,45 +267,47 @@ class Agent:
                 if eof:
                     return
 
-    def pump(self, pipe: Any, kind: int) -> None:
-        while chunk := pipe.read1(PIPE_CHUNK) if hasattr(pipe, "read1") else pipe.read(PIPE_CHUNK):
-            self.send(kind, {}, chunk)
-
     def run_process(self, header: dict[str, Any]) -> None:
-        """Run argv, streaming its output; send EXIT. Kills its process group on timeout."""
+        """Run argv, relaying its output; send EXIT. Kills its process group on timeout."""
         env = {**BASE_ENV, **(NETWORK.get("env") or {}), **(header.get("env") or {})}
         started = time.monotonic()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         try:
             proc = subprocess.Popen(
                 header["argv"],
                 cwd=header.get("cwd") or "/",
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=out_w,
+                stderr=err_w,
                 start_new_session=True,
             )
         except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
             self.send(Kind.STDERR, {}, f"cannot start {header['argv']!r}: {exc}\n".encode())
             self.send(
                 Kind.EXIT, {"code": 127, "signal": None, "duration_s": 0.0, "timed_out": False}
             )
             return
-        pumps = [
-            threading.Thread(target=self.pump, args=(proc.stdout, Kind.STDOUT)),
-            threading.Thread(target=self.pump, args=(proc.stderr, Kind.STDERR)),
-        ]
-        for t in pumps:
-            t.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=header.get("timeout_s"))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        output = Relay(self.send, {out_r: Kind.STDOUT, err_r: Kind.STDERR})
+        timeout_s = header.get("timeout_s")
+        deadline = None if timeout_s is None else started + timeout_s
+        timed_out = not output.until_closed(deadline)
+        if not timed_out:  # it closed its output; it may still run
+            try:
+                proc.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for t in pumps:
-            t.join(timeout=2.0)
+        output.drain()
         code = proc.returncode
         self.send(
             Kind.EXIT,

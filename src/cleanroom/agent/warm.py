@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 TYPE_CHECKING = False
@@ -26,9 +25,11 @@ if TYPE_CHECKING:
 
 try:  # on the host, as part of the package
     from cleanroom.agent.protocol import Kind
+    from cleanroom.agent.relay import Relay
     from cleanroom.agent.worker import recv_msg, send_msg
 except ImportError:  # in the guest, next to protocol.py
     from protocol import Kind  # type: ignore[no-redef,import-not-found]
+    from relay import Relay  # type: ignore[no-redef,import-not-found]
     from worker import recv_msg, send_msg  # type: ignore[no-redef,import-not-found]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,6 +55,7 @@ class Worker:
         self.config = config
         self.state = "starting"  # -> "ready" | "failed"
         self.facts: dict[str, Any] = {}
+        self.ahead = False  # a child is forked and waits for its job (true once ready)
         self.error = ""
         self.sock, theirs = socket.socketpair()
         argv = [sys.executable, "-I", "-c", LAUNCHER.format(here=HERE)]
@@ -86,7 +88,7 @@ class Worker:
             finally:
                 self.sock.settimeout(None)
             if message is not None and message.get("ready") is True:
-                self.state, self.facts = "ready", message
+                self.state, self.facts, self.ahead = "ready", message, True
             else:
                 self.state = "failed"
                 self.error = str((message or {}).get("error") or self.error or "it exited")
@@ -155,6 +157,8 @@ def run(agent: Any, header: dict[str, Any], env: dict[str, str], seed: bytes) ->
         agent.send(Kind.STDERR, {}, why.encode())
         late = timeout_s is not None and (_remaining(started, timeout_s) or 0) <= 0
         return {**_exit(1, started, late), **exit_header}
+    if not worker.ahead:  # its child ran an earlier episode: ask for the next one
+        send_msg(worker.sock, {"next": True})
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     job = {
@@ -169,43 +173,46 @@ def run(agent: Any, header: dict[str, Any], env: dict[str, str], seed: bytes) ->
     finally:
         os.close(out_w)
         os.close(err_w)
-    pipes = [os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")]
-    pumps = [
-        threading.Thread(target=agent.pump, args=(pipes[0], Kind.STDOUT)),
-        threading.Thread(target=agent.pump, args=(pipes[1], Kind.STDERR)),
-    ]
-    for t in pumps:
-        t.start()
-    pid: int | None = None
-    code: int | None = None
-    timed_out = False
+    worker.ahead = False
+    output = Relay(agent.send, {out_r: Kind.STDOUT, err_r: Kind.STDERR})
     try:
-        while True:
-            try:
-                message = _recv(worker.sock, _remaining(started, timeout_s))
-            except TimeoutError:
+        code, timed_out = _await_child(worker, output, started, timeout_s)
+    finally:
+        output.drain()
+    return {**_exit(code, started, timed_out), **exit_header}
+
+
+def _await_child(
+    worker: Worker, output: Relay, started: float, timeout_s: float | None
+) -> tuple[int | None, bool]:
+    """Relay the child's output until the worker reports its exit code; kill the child's
+    group at the deadline. Returns (code, timed out); code None if the worker died."""
+    deadline = None if timeout_s is None else started + timeout_s
+    pid: int | None = None
+    timed_out = False
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            if timed_out:  # the worker never answered the kill
+                message = None
+            else:
                 timed_out = True
                 _kill_group(pid)
-                try:
-                    message = _recv(worker.sock, KILL_WAIT_S)
-                except TimeoutError:
-                    message = None
-            if message is None:  # the worker died (or never answered the kill)
-                _kill_group(pid)
-                worker.state, worker.error = "failed", "the worker died"
-                break
-            if "code" in message:
-                code = int(message["code"])
-                break
-            pid = message.get("pid") if isinstance(message.get("pid"), int) else pid
-            if timed_out:  # the child started after the deadline passed
-                _kill_group(pid)
-    finally:
-        for t, pipe in zip(pumps, pipes, strict=True):
-            t.join(timeout=2.0)
-            if not t.is_alive():  # else a grandchild still holds the pipe: leave it to GC
-                pipe.close()
-    return {**_exit(code, started, timed_out), **exit_header}
+                deadline = time.monotonic() + KILL_WAIT_S
+                continue
+        elif not output.step(remaining, watch=worker.sock.fileno()):
+            continue
+        else:
+            message = _recv(worker.sock, KILL_WAIT_S)  # readable: a whole message follows
+        if message is None:  # the worker died (or never answered the kill)
+            _kill_group(pid)
+            worker.state, worker.error = "failed", "the worker died"
+            return None, timed_out
+        if "code" in message:
+            return int(message["code"]), timed_out
+        pid = message.get("pid") if isinstance(message.get("pid"), int) else pid
+        if timed_out:  # the child started after the deadline passed
+            _kill_group(pid)
 
 
 def _exit(code: int | None, started: float, timed_out: bool) -> dict[str, Any]:

@@ -7,15 +7,16 @@ puts ``path`` first on ``sys.path``, imports every ``preimport`` module and the 
 module, says ``{"ready": true}`` (or ``{"ready": false, "error": traceback}`` and exits), and
 waits. In a snapshot template it waits there: every clone restores it with its imports done.
 
-It keeps one child forked ahead, in its own process group, waiting for a job (a message
-carrying the child's stdout and stderr pipes): in a template that child is saved too, so a
-clone forks nothing. The child says ``{"pid"}`` and runs the job; the worker waits for it,
-reports ``{"code"}`` (negative: killed by that signal) and forks the next. To the episode the
-child looks like a fresh process: stdin ``/dev/null``, stdout/stderr the pipes, the job's cwd
-and environment, ``random`` (and numpy's global generator, if loaded) reseeded from the job's
-seed. It calls ``function(manifest)`` and writes the returned dict as ``result.json``; a
-non-dict, an unserialisable dict or an exception exits 1 with the traceback on stderr. The
-worker itself never runs episode code.
+It forks one child ahead, in its own process group, waiting for a job (a message carrying
+the child's stdout and stderr pipes): in a template that child is saved too, so a clone forks
+nothing. The child says ``{"pid"}`` and runs the job; the worker waits for it, reports
+``{"code"}`` (negative: killed by that signal) and forks the next when the agent asks
+(``{"next": true}``). To the episode the child looks like a fresh process: stdin
+``/dev/null``, stdout/stderr the pipes, the job's cwd and environment, ``random`` (and
+numpy's global generator, if loaded) reseeded from the job's seed. It calls
+``function(manifest)`` and writes the returned dict as ``result.json``; a non-dict, an
+unserialisable dict or an exception exits 1 with the traceback on stderr. The worker itself
+never runs episode code.
 
 Messages both ways: a 4-byte big-endian length, then a JSON object; a job's two descriptors
 ride on its first bytes (``SCM_RIGHTS``).
@@ -187,8 +188,13 @@ def next_job(sock: socket.socket) -> int:
 
 
 def serve(sock: socket.socket, facts: dict[str, Any]) -> None:
-    """Keep one child forked ahead, waiting for the next job (so a clone restores it and forks
-    nothing); report each child's exit code. Says ``facts`` (ready) once the first one waits."""
+    """Fork a child that waits for the next job (in a template it is saved too: a clone forks
+    nothing); report each child's exit code. Says ``facts`` (ready) once the first one waits.
+
+    After a child ended, the next is forked only when the agent asks (``{"next"}``, just
+    before its job): a VM runs one episode, and forking ahead again would only take CPU from
+    the end of that episode (~20% of a trivial one in a fresh clone under TCG).
+    """
     while True:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -207,8 +213,11 @@ def serve(sock: socket.socket, facts: dict[str, Any]) -> None:
         _, status = os.waitpid(pid, 0)
         try:
             send_msg(sock, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
-        except OSError:
+            request, _ = recv_msg(sock)
+        except (OSError, ValueError, EOFError):
             return  # the agent closed the channel
+        if request is None:
+            return
 
 
 def warm_up(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,79 @@
+"""Relays an episode process's stdout and stderr to the host as frames, from the calling thread.
+
+No thread per pipe: in a fresh snapshot clone under TCG every new code path is translated
+anew, and starting two threads per episode cost the agent ~10% of a trivial episode. One
+``poll`` loop reads whichever pipe has data (``CHUNK`` at most, so frames stay small) and can
+watch one more descriptor for the caller (the warm worker's channel).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CHUNK = 64 * 1024
+DRAIN_S = 2.0  # after the process ended: how long a grandchild may keep a pipe open
+
+
+class Relay:
+    """Read ends of pipes (fd -> frame kind), forwarded with ``send(kind, {}, data)``."""
+
+    def __init__(self, send: Callable[..., None], pipes: dict[int, int]) -> None:
+        self.send = send
+        self.pipes = dict(pipes)
+        self.poller = select.poll()
+        for fd in self.pipes:
+            self.poller.register(fd, select.POLLIN)
+
+    @property
+    def open(self) -> bool:
+        """True while some pipe has not reached end of file."""
+        return bool(self.pipes)
+
+    def step(self, timeout_s: float | None, watch: int | None = None) -> bool:
+        """Forward what the pipes have, waiting up to ``timeout_s`` (None: until something
+        happens); True if ``watch`` is readable. Ignored by a pipe at end of file (closed)."""
+        if watch is not None:
+            self.poller.register(watch, select.POLLIN)
+        try:
+            ready = self.poller.poll(None if timeout_s is None else max(timeout_s, 0) * 1000)
+        finally:
+            if watch is not None:
+                self.poller.unregister(watch)
+        watched = False
+        for fd, _ in ready:
+            if fd == watch:
+                watched = True
+            elif fd in self.pipes:
+                data = os.read(fd, CHUNK)
+                if data:
+                    self.send(self.pipes[fd], {}, data)
+                else:
+                    self._close(fd)
+        return watched
+
+    def until_closed(self, deadline: float | None) -> bool:
+        """Forward until every pipe is closed (True) or ``deadline`` (monotonic) passed."""
+        while self.pipes:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self.step(remaining)
+        return True
+
+    def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """After the process ended: what is left in the pipes, then close them all (a
+        grandchild still holding one loses it after ``timeout_s``)."""
+        self.until_closed(time.monotonic() + timeout_s)
+        for fd in list(self.pipes):
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self.poller.unregister(fd)
+        del self.pipes[fd]
+        os.close(fd)
