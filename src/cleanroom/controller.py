@@ -15,7 +15,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.episode_clock import EpisodeClock
 from cleanroom.errors import (
     CleanroomError,
     DriftError,
@@ -33,17 +34,29 @@ from cleanroom.errors import (
     StoreError,
 )
 from cleanroom.export import export_attempt, export_episode
-from cleanroom.groups import GroupReport, plan, run_group
+from cleanroom.groups import plan, run_group
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
 from cleanroom.network.egress import Egress, check_manifests, episode_policy
 from cleanroom.network.qemu_args import Attachment
 from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.run_result import EpisodeResult, RunResult
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
+from cleanroom.shielded import until_done
 from cleanroom.store import Store
 from cleanroom.verify import Verifiers, verdict_label
+
+__all__ = [
+    "Controller",
+    "CreateEnv",
+    "EpisodeResult",
+    "EventHook",
+    "RunOptions",
+    "RunResult",
+    "new_run_id",
+]
 
 EventHook = Callable[[str, dict[str, Any]], None]
 CreateEnv = Callable[[EnvRequest], Awaitable[Env]]
@@ -57,36 +70,6 @@ class RunOptions:
     collect_grace_s: float = 30.0
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
-
-
-@dataclass
-class EpisodeResult:
-    episode_id: str
-    attempt: int
-    outcome: Outcome
-    reward: float | None = None
-    error: str | None = None
-    record: dict[str, Any] | None = None
-    destroy: DestroyReport | None = None
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    episodes: list[EpisodeResult] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # already durable (resumed run)
-    leaked_envs: list[str] = field(default_factory=list)
-    groups: list[GroupReport] = field(default_factory=list)  # episodes sharing a setup
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for e in self.episodes:
-            out[e.outcome.value] = out.get(e.outcome.value, 0) + 1
-        return out
-
-    @property
-    def ok(self) -> bool:
-        return not self.leaked_envs and all(e.outcome == Outcome.COMPLETED for e in self.episodes)
 
 
 def new_run_id() -> str:
@@ -232,7 +215,7 @@ class Controller:
         eid = manifest.episode_id
         limits = manifest.limits.merged_over(baseline.limits)
         env_id = new_env_id()
-        clock = _Clock(queue_s)
+        clock = EpisodeClock(queue_s)
         staging = self._staging_root() / run_id / eid / str(attempt)
         outcome: Outcome = Outcome.INFRA_ERROR
         error: str | None = "not started"
@@ -325,7 +308,7 @@ class Controller:
                 egress,
             )
         )
-        cancelled = await _until_done(finish) or cancelled
+        cancelled = await until_done(finish) or cancelled
         if cancelled:
             raise asyncio.CancelledError
         return episode
@@ -339,7 +322,7 @@ class Controller:
         env: Env | None,
         env_id: str,
         staging: Path,
-        clock: _Clock,
+        clock: EpisodeClock,
         outcome: Outcome,
         error: str | None,
         output: EpisodeOutput | None,
@@ -571,42 +554,6 @@ class Controller:
                     _destroy_json(report),
                 )
         return report
-
-
-async def _until_done(task: asyncio.Future[None]) -> bool:
-    """Await ``task`` to the end, even through repeated cancellation; True if we were cancelled.
-
-    Cleanup must not be abandoned: asyncio.run() cancels every task left when the main task
-    ends, so a cancelled episode keeps waiting here until its env is confirmed destroyed.
-    """
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            return cancelled
-        except asyncio.CancelledError:
-            cancelled = True
-            if task.done():
-                return cancelled
-
-
-class _Clock:
-    """Phase timings of one episode: ``phases`` (seconds) and ``spans`` (unix start/end)."""
-
-    def __init__(self, queue_s: float) -> None:
-        self.phases: dict[str, float] = {"queue_s": round(queue_s, 6)}
-        self.started_at = time.time()
-        self.spans: dict[str, dict[str, float]] = {
-            "queue": {"start": round(self.started_at - queue_s, 6), "end": self.started_at}
-        }
-        self._last = time.monotonic()
-        self._last_wall = self.started_at
-
-    def lap(self, name: str) -> None:
-        now, wall = time.monotonic(), time.time()
-        self.phases[name] = round(now - self._last, 6)
-        self.spans[name.removesuffix("_s")] = {"start": self._last_wall, "end": wall}
-        self._last, self._last_wall = now, wall
 
 
 def _env_facts(env: Env) -> dict[str, Any]:
