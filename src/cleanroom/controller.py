@@ -25,14 +25,8 @@ from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.episode_clock import EpisodeClock
-from cleanroom.errors import (
-    CleanroomError,
-    DriftError,
-    EnvCrashed,
-    LaunchError,
-    ProtocolError,
-    StoreError,
-)
+from cleanroom.episode_run import run_in_env
+from cleanroom.errors import CleanroomError, DriftError, LaunchError, StoreError
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.groups import plan, run_group
 from cleanroom.ledger import Ledger
@@ -40,7 +34,7 @@ from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
 from cleanroom.network.egress import Egress, check_manifests, episode_policy
 from cleanroom.network.qemu_args import Attachment
 from cleanroom.reaper import reap, reconcile_durable
-from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.record import Outcome
 from cleanroom.run_result import EpisodeResult, RunResult
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
@@ -275,8 +269,14 @@ class Controller:
                     env_id=env_id,
                     names=sorted(values),
                 )  # names, never values
-            outcome, error, output = await self._run_in_env(
-                env, manifest, baseline, limits, staging, values
+            outcome, error, output = await run_in_env(
+                env,
+                manifest,
+                baseline,
+                limits,
+                staging,
+                values,
+                collect_grace_s=self.options.collect_grace_s,
             )
             clock.lap("run_s")
         except asyncio.CancelledError:
@@ -430,54 +430,6 @@ class Controller:
                 timings=dict(clock.phases),
             )
 
-    async def _run_in_env(
-        self,
-        env: Env,
-        manifest: Manifest,
-        baseline: Baseline,
-        limits: ResolvedLimits,
-        staging: Path,
-        secret_values: dict[str, str],
-    ) -> tuple[Outcome, str | None, EpisodeOutput | None]:
-        lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
-        request = {
-            "manifest": manifest.guest_view(),
-            **_entry(baseline),
-            "timeout_s": limits.timeout_s,
-            "env": {
-                "CLEANROOM_EPISODE_ID": manifest.episode_id,
-                "CLEANROOM_SEED": str(manifest.seed),
-                **secret_values,
-            },
-            "secret_files": secret_values,
-            "secret_lifetimes": lifetimes,
-        }
-        quota = limits.output_quota_mib * 1024 * 1024
-        try:
-            output = await asyncio.wait_for(
-                env.run_episode(request, staging, quota_bytes=quota),
-                limits.timeout_s + self.options.collect_grace_s,
-            )
-        except TimeoutError:
-            return Outcome.TIMEOUT, f"no answer from the guest within {limits.timeout_s}s", None
-        except EnvCrashed as exc:
-            return Outcome.ENV_CRASHED, str(exc), None
-        except ProtocolError as exc:
-            return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", None
-        if output.exit.timed_out:
-            return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
-        if output.exit.exit_code != 0:
-            how = (
-                f"exit code {output.exit.exit_code}"
-                if output.exit.signal is None
-                else f"signal {output.exit.signal}"
-            )
-            return Outcome.EPISODE_ERROR, f"entrypoint failed ({how})", output
-        problem = parse_guest_result(output.result_raw).problem
-        if problem is not None:
-            return Outcome.EPISODE_ERROR, problem, output
-        return Outcome.COMPLETED, None, output
-
     def _request(
         self,
         env_id: str,
@@ -565,13 +517,6 @@ def _env_facts(env: Env) -> dict[str, Any]:
         "guest_boot_s": env.hello.get("boot_time_s"),
         **env.info.start_facts(),
     }
-
-
-def _entry(baseline: Baseline) -> dict[str, Any]:
-    """What RUN says to run: the function (the agent's warm worker calls it) or the command."""
-    if baseline.function is not None:
-        return {"function": baseline.function.to_json()}
-    return {"entrypoint": list(baseline.entrypoint)}
 
 
 def _entry_facts(baseline: Baseline, output: EpisodeOutput | None) -> dict[str, Any]:
