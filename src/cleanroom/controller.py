@@ -9,8 +9,6 @@ ends with exactly one ``Outcome``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
 import shutil
 import time
@@ -24,10 +22,11 @@ from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.env_destroy import destroy_env
 from cleanroom.episode_clock import EpisodeClock
+from cleanroom.episode_finish import finish_episode
 from cleanroom.episode_run import run_in_env
-from cleanroom.errors import CleanroomError, DriftError, LaunchError, StoreError
-from cleanroom.export import export_attempt, export_episode
+from cleanroom.errors import CleanroomError, DriftError, LaunchError
 from cleanroom.groups import plan, run_group
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
@@ -40,7 +39,7 @@ from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
 from cleanroom.shielded import until_done
 from cleanroom.store import Store
-from cleanroom.verify import Verifiers, verdict_label
+from cleanroom.verify import Verifiers
 
 __all__ = [
     "Controller",
@@ -291,7 +290,8 @@ class Controller:
         except OSError as exc:
             outcome, error = Outcome.INFRA_ERROR, f"host error: {exc}"
         finish = asyncio.ensure_future(
-            self._finish(
+            finish_episode(
+                self,
                 run_id,
                 manifest,
                 attempt,
@@ -312,123 +312,6 @@ class Controller:
         if cancelled:
             raise asyncio.CancelledError
         return episode
-
-    async def _finish(
-        self,
-        run_id: str,
-        manifest: Manifest,
-        attempt: int,
-        baseline: Baseline,
-        env: Env | None,
-        env_id: str,
-        staging: Path,
-        clock: EpisodeClock,
-        outcome: Outcome,
-        error: str | None,
-        output: EpisodeOutput | None,
-        episode: EpisodeResult,
-        redactor: Redactor | None,
-        egress: Egress | None = None,
-    ) -> None:
-        """Export the evidence, destroy the env, write the ledger. Runs shielded."""
-        eid = manifest.episode_id
-        if redactor and error:
-            error = redactor.redact_text(error)  # errors reach the ledger and the terminal
-        try:
-            self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
-            diagnostics = env.diagnostics() if env is not None else {}
-            facts = {
-                **self.driver.describe(),
-                **(_env_facts(env) if env else {}),
-                **_entry_facts(baseline, output),
-            }
-            if egress is not None:  # the episode is over: cut its network, keep its log
-                diagnostics.update(await egress.finish())
-                facts["network"] = egress.summary()
-            try:
-                if outcome.final and output is not None:
-                    if manifest.verifier is not None:
-                        self.ledger.episode_state(run_id, eid, attempt, "VERIFYING", env_id=env_id)
-                    verdict = await self.verifiers.verify(
-                        store=self.store,
-                        run_id=run_id,
-                        manifest=manifest,
-                        attempt=attempt,
-                        baseline=baseline,
-                        env=env,
-                        outcome=outcome,
-                        error=error,
-                        output=output,
-                        redactor=redactor,
-                    )
-                    if verdict is not None:
-                        clock.lap("verify_s")
-                    record = await asyncio.to_thread(  # fsyncs: keep them off the event loop
-                        export_episode,
-                        self.store,
-                        run_id,
-                        manifest,
-                        attempt,
-                        baseline,
-                        facts,
-                        env_id,
-                        outcome,
-                        error,
-                        output,
-                        diagnostics,
-                        clock,
-                        redactor,
-                        verdict=verdict,
-                    )
-                    episode.record = record
-                    episode.reward = record.get("reward")
-                    self.ledger.episode_state(run_id, eid, attempt, "DURABLE", env_id=env_id)
-                else:
-                    await asyncio.to_thread(
-                        export_attempt,
-                        self.store,
-                        run_id,
-                        manifest,
-                        attempt,
-                        env_id,
-                        outcome,
-                        error,
-                        output,
-                        diagnostics,
-                        redactor,
-                    )
-            except StoreError as exc:
-                outcome, error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
-                self.ledger.event("export_failed", run_id=run_id, episode_id=eid, error=str(exc))
-        finally:
-            self.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
-            episode.destroy = await self._destroy(env, env_id, run_id, eid, attempt)
-            if egress is not None:
-                await egress.aclose()
-            await asyncio.to_thread(shutil.rmtree, staging, ignore_errors=True)
-            episode.outcome, episode.error = outcome, error
-            self.ledger.episode_finished(
-                run_id,
-                eid,
-                attempt,
-                outcome=outcome.value,
-                reward=episode.reward,
-                error=error,
-                verdict=verdict_label((episode.record or {}).get("verdict")),
-            )
-            self._emit(
-                "episode_finished",
-                episode_id=eid,
-                attempt=attempt,
-                outcome=outcome.value,
-                reward=episode.reward,
-                error=error,
-                cleanup_ms=episode.destroy.elapsed_ms if episode.destroy else None,
-                env_id=env_id,
-                destroy_attempts=episode.destroy.attempts if episode.destroy else None,
-                confirmed_absent=episode.destroy.confirmed_absent if episode.destroy else None,
-                timings=dict(clock.phases),
-            )
 
     def _request(
         self,
@@ -454,95 +337,5 @@ class Controller:
     async def _destroy(
         self, env: Env | None, env_id: str, run_id: str, eid: str | None, attempt: int | None
     ) -> DestroyReport:
-        """Destroy with retries inside the cleanup window; alert if anything remains.
-
-        The proof goes to the episode's ``attempts/<n>/destroy.json`` (a group's warm parent,
-        ``eid`` None, has only its ledger row)."""
-        self.ledger.env_destroy_started(env_id)
-        start = time.monotonic()
-        attempts, delay = 0, 0.05
-        report = DestroyReport(env_id, False, 0, 0.0, "not attempted")
-        while time.monotonic() - start < self.options.cleanup_window_s:
-            attempts += 1
-            try:
-                remaining = self.options.cleanup_window_s - (time.monotonic() - start)
-                coro = (
-                    env.aclose()
-                    if env is not None and attempts == 1
-                    else self.driver.destroy(env_id)
-                )
-                report = await asyncio.wait_for(coro, max(remaining, 0.1))
-            except (TimeoutError, CleanroomError, OSError) as exc:
-                report = DestroyReport(env_id, False, attempts, 0.0, f"{type(exc).__name__}: {exc}")
-            if report.confirmed_absent:
-                break
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        elapsed_ms = (time.monotonic() - start) * 1000
-        report = DestroyReport(env_id, report.confirmed_absent, attempts, elapsed_ms, report.detail)
-        self.ledger.env_destroyed(
-            env_id,
-            confirmed_absent=report.confirmed_absent,
-            cleanup_ms=elapsed_ms,
-            attempts=attempts,
-        )
-        if not report.confirmed_absent:
-            self.ledger.event(
-                "env_leaked", run_id=run_id, episode_id=eid, env_id=env_id, detail=report.detail
-            )
-            self._emit(
-                "alert",
-                message=f"env {env_id} still present after cleanup window",
-                env_id=env_id,
-                episode_id=eid,
-            )
-        if eid is not None:
-            with contextlib.suppress(StoreError):
-                await asyncio.to_thread(
-                    self.store.put_bytes,
-                    run_id,
-                    eid,
-                    f"attempts/{attempt}/destroy.json",
-                    _destroy_json(report),
-                )
-        return report
-
-
-def _env_facts(env: Env) -> dict[str, Any]:
-    return {
-        "accelerator": env.info.accelerator,
-        "isolation": env.info.isolation,
-        "kernel": env.hello.get("kernel"),
-        "agent_version": env.hello.get("agent_version"),
-        "guest_boot_s": env.hello.get("boot_time_s"),
-        **env.info.start_facts(),
-    }
-
-
-def _entry_facts(baseline: Baseline, output: EpisodeOutput | None) -> dict[str, Any]:
-    """``entry_kind`` (the baseline's) and, for a function, ``worker``: ``warm`` when the
-    worker had its imports done before the episode (template, boot), ``started`` if not."""
-    if baseline.function is None:
-        return {"entry_kind": "command"}
-    worker = (output.entry if output is not None else {}).get("worker")
-    return {
-        "entry_kind": "function",
-        "entry_function": baseline.function.function,
-        "worker": worker,
-    }
-
-
-def _destroy_json(report: DestroyReport) -> bytes:
-    import json
-
-    return json.dumps(
-        {
-            "env_id": report.env_id,
-            "confirmed_absent": report.confirmed_absent,
-            "attempts": report.attempts,
-            "cleanup_ms": round(report.elapsed_ms, 3),
-            "detail": report.detail,
-            "pid": os.getpid(),
-        },
-        indent=1,
-    ).encode()
+        """Destroy ``env`` and confirm it absent (``env_destroy.destroy_env``); for groups too."""
+        return await destroy_env(self, env, env_id, run_id, eid, attempt)
