@@ -3,7 +3,8 @@
 For each episode (at most ``parallel`` at once): ledger intent -> create env -> RUN -> collect
 -> export (artifacts and logs, then the record, last and atomically) -> destroy in a ``finally``
 shielded from cancellation, with its own deadline -> confirm absent -> ledger. Every episode
-ends with exactly one ``Outcome``.
+ends with exactly one ``Outcome``. Here: the run and an episode's start; before the run:
+``run_start``; RUN: ``episode_run``; the rest: ``episode_finish`` (destroy: ``env_destroy``).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from cleanroom.episode_run import run_in_env
 from cleanroom.errors import CleanroomError, DriftError, LaunchError
 from cleanroom.groups import plan, run_group
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
-from cleanroom.network.egress import Egress, check_manifests, episode_policy
+from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.network.egress import Egress, episode_policy
 from cleanroom.network.qemu_args import Attachment
-from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.record import Outcome
 from cleanroom.run_result import EpisodeResult, RunResult
+from cleanroom.run_start import preflight, queue_pending
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
 from cleanroom.shielded import until_done
@@ -110,24 +111,7 @@ class Controller:
         self, manifests: list[Manifest], baseline: Baseline, *, run_id: str | None = None
     ) -> RunResult:
         """Run every manifest not yet durable in ``run_id``; returns when all have ended."""
-        try:
-            baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
-        except DriftError as exc:
-            self._emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
-            raise
-        names = sorted({s.name for m in manifests for s in m.secrets})
-        resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
-        self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
-        check_manifests(manifests, baseline, self.driver)  # and network beyond the baseline's
-        check_groups(manifests)  # and a group whose episodes disagree on its setup or machine
-        reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
-        if reaped.destroyed or reaped.failed or reaped.snapshots:
-            self._emit(
-                "reaped",
-                destroyed=reaped.destroyed,
-                failed=reaped.failed,
-                snapshots=reaped.snapshots,
-            )
+        await preflight(self, manifests, baseline)
         run_id = run_id or new_run_id()
         result = RunResult(run_id)
         self.ledger.start_run(
@@ -138,16 +122,7 @@ class Controller:
             parallel=self.options.parallel,
             meta={"episodes": len(manifests)},
         )
-        todo = []
-        for manifest in manifests:
-            durable = self.store.get_record(run_id, manifest.episode_id)
-            if durable is not None:
-                reconcile_durable(self.ledger, durable)  # e.g. the last controller died after it
-                result.skipped.append(manifest.episode_id)
-                continue
-            attempt = self.ledger.next_attempt(run_id, manifest.episode_id)
-            self.ledger.episode_queued(run_id, manifest.episode_id, attempt)
-            todo.append((manifest, attempt))
+        todo = queue_pending(self, run_id, manifests, result)
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         gate = asyncio.Semaphore(self.options.parallel)
         status = "failed"
