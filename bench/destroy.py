@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from stats import Table, write
+
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.drivers import hostproc
@@ -110,12 +112,7 @@ def deadman(k: int) -> float:
     return elapsed
 
 
-def row(name: str, values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (
-        f"{name:<34} {percentile(ms, 50):>8.1f} {percentile(ms, 99):>8.1f} "
-        f"{min(ms):>8.1f} {max(ms):>8.1f}"
-    )
+TABLE = Table(("p50", "p99", "min", "max"), name_width=34, width=8)
 
 
 def main() -> None:
@@ -132,20 +129,17 @@ def main() -> None:
         f"# bench/destroy.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, qemu microVM (TCG), tiny baseline, "
         f"load average (1 min) at the end {os.getloadavg()[0]:.1f}",
-        f"{'(ms)':<34} {'p50':>8} {'p99':>8} {'min':>8} {'max':>8}",
-        row(f"destroy + confirm ({args.envs} envs)", destroys),
-        row("reference: one /proc marker scan", scans),
-        row(f"deadman: SIGKILL ctl -> {args.deadman_envs} VMs gone", killed),
+        TABLE.header("(ms)"),
+        TABLE.row(f"destroy + confirm ({args.envs} envs)", destroys),
+        TABLE.row("reference: one /proc marker scan", scans),
+        TABLE.row(f"deadman: SIGKILL ctl -> {args.deadman_envs} VMs gone", killed),
         f"destroy+confirm p50 / marker-scan p50: "
         f"{percentile(destroys, 50) / percentile(scans, 50):.1f}x",
         f"deadman worst {max(killed) * 1000:.0f} ms vs the VM deadline ({HARD_DEADLINE_S:.0f} s): "
         "parent-death signals, not the deadline, end them",
         "targets: destroy+confirm <= 20 ms p50, <= 100 ms p99; deadman <= VM deadline + 1 s",
     ]
-    text = "\n".join(lines)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write(args.out, lines)
 
 
 if __name__ == "__main__":

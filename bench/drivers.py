@@ -23,13 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from stats import p50_p95, write
+
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.manifest import ResolvedLimits
-from cleanroom.report import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
@@ -75,8 +76,7 @@ def table(samples: dict[str, list[dict[str, float]]], names: list[str]) -> list[
         line = f"{LABELS[phase]:<30}"
         stats: dict[str, tuple[float, float]] = {}
         for name in names:
-            ms = [s[phase] * 1000 for s in samples[name]]
-            stats[name] = (percentile(ms, 50), percentile(ms, 95))
+            stats[name] = p50_p95([s[phase] for s in samples[name]])
             line += f" {stats[name][0]:>14.1f} {stats[name][1]:>14.1f}"
         for n, r in pairs:
             p50 = stats[n][0] / stats[r][0] if stats[r][0] else float("nan")
@@ -116,10 +116,7 @@ async def main() -> None:
         f"tiny baseline {baseline.short}; {facts}",
         *table(samples, names),
     ]
-    text = "\n".join(lines)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write(args.out, lines)
 
 
 if __name__ == "__main__":

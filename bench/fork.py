@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from start import pss_kib, request  # bench/start.py (same folder)
+from stats import Table, write
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
@@ -39,7 +40,6 @@ from cleanroom.drivers.base import Env, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.ledger import Ledger
-from cleanroom.report import percentile
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,11 +171,7 @@ async def end_to_end(baseline: Baseline, driver: QemuDriver) -> dict[str, Any]:
     return {"wall": wall, "provision": provision, "group": result.groups[0]}
 
 
-def row(name: str, values: list[float], unit: str = "ms") -> str:
-    scale = 1000 if unit == "ms" else 1
-    vals = [v * scale for v in values]
-    p50, p95 = percentile(vals, 50), percentile(vals, 95)
-    return f"{name:<44} {len(vals):>3} {p50:>9.1f} {p95:>9.1f} {unit}"
+TABLE = Table(("n", "p50", "p95"), name_width=44, unit="ms")
 
 
 async def main() -> None:
@@ -213,16 +209,16 @@ async def main() -> None:
         f"# {args.runs} groups (a new parent each) of {CLONES} clones; template bursts interleaved;"
         f" {len(alts)} runs of the alternative",
         "",
-        f"{'(p50, p95)':<44} {'n':>3} {'p50':>9} {'p95':>9}",
-        row("template -> warm parent ready", f["parent"]),
-        row("setup in the parent", f["setup"]),
-        row("setup-snapshot (prepare+save+destroy+seal)", f["snapshot"]),
-        row("  of which: save (migrate device state)", f["save"]),
-        row("  of which: seal (chmod, hash RAM + state)", f["seal"]),
-        row(f"parent-snapshot-done -> {CLONES} clones ready", f["clones"]),
-        row(f"reference: {CLONES} template clones ready", [b["clones"] for b in bursts]),
-        row("alternative: save a plain clone", [a["save"] for a in alts]),
-        row(f"alternative: {CLONES} of its clones ready", [a["clones"] for a in alts]),
+        TABLE.header("(p50, p95)"),
+        TABLE.row("template -> warm parent ready", f["parent"]),
+        TABLE.row("setup in the parent", f["setup"]),
+        TABLE.row("setup-snapshot (prepare+save+destroy+seal)", f["snapshot"]),
+        TABLE.row("  of which: save (migrate device state)", f["save"]),
+        TABLE.row("  of which: seal (chmod, hash RAM + state)", f["seal"]),
+        TABLE.row(f"parent-snapshot-done -> {CLONES} clones ready", f["clones"]),
+        TABLE.row(f"reference: {CLONES} template clones ready", [b["clones"] for b in bursts]),
+        TABLE.row("alternative: save a plain clone", [a["save"] for a in alts]),
+        TABLE.row(f"alternative: {CLONES} of its clones ready", [a["clones"] for a in alts]),
         "",
         f"snapshot size: device state {statistics.median(f['state_kib']):.0f} KiB, RAM file "
         f"{statistics.median(f['ram_mib']):.0f} MiB allocated (sparse copy of the template's + "
@@ -239,10 +235,7 @@ async def main() -> None:
         f"  setup in each episode's env: {per_episode['wall']:.1f} s wall; median provision "
         f"(create + setup) {per_episode['provision'] * 1000:.0f} ms",
     ]
-    text = "\n".join(lines)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write(args.out, lines)
 
 
 if __name__ == "__main__":

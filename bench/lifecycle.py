@@ -22,13 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from stats import Table, write
+
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
-from cleanroom.report import percentile
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,12 +88,7 @@ async def controller_once(ctl: Controller, baseline, i: int) -> dict[str, float]
     }
 
 
-def row(name: str, values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (
-        f"{name:<28} {percentile(ms, 50):>9.1f} {percentile(ms, 95):>9.1f} "
-        f"{min(ms):>9.1f} {max(ms):>9.1f}"
-    )
+TABLE = Table(("p50", "p95", "min", "max"), name_width=28)
 
 
 async def main() -> None:
@@ -125,14 +121,14 @@ async def main() -> None:
         f"accelerator {ctl.driver.describe().get('accelerator', '?')}, "
         f"{args.episodes} trivial episodes, parallel 1, direct and controller alternating, "
         f"load average at the end {os.getloadavg()[0]:.1f}",
-        f"{'phase (ms)':<28} {'p50':>9} {'p95':>9} {'min':>9} {'max':>9}",
-        row("create -> agent ready", [v["ready"] for v in via]),
-        row("run (entrypoint+collect)", [v["run"] for v in via]),
-        row("export (store, record)", [v["export"] for v in via]),
-        row("destroy + confirm", [v["destroy"] for v in via]),
-        row("episode total (controller)", [v["total"] for v in via]),
-        row("episode total (direct)", [v["total"] for v in direct]),
-        row("destroy + confirm (direct)", [v["destroy"] for v in direct]),
+        TABLE.header("phase (ms)"),
+        TABLE.row("create -> agent ready", [v["ready"] for v in via]),
+        TABLE.row("run (entrypoint+collect)", [v["run"] for v in via]),
+        TABLE.row("export (store, record)", [v["export"] for v in via]),
+        TABLE.row("destroy + confirm", [v["destroy"] for v in via]),
+        TABLE.row("episode total (controller)", [v["total"] for v in via]),
+        TABLE.row("episode total (direct)", [v["total"] for v in direct]),
+        TABLE.row("destroy + confirm (direct)", [v["destroy"] for v in direct]),
     ]
     ratio = statistics.median(v["total"] for v in via) / statistics.median(
         v["total"] for v in direct
@@ -141,10 +137,7 @@ async def main() -> None:
         statistics.median(v["total"] for v in via) - statistics.median(v["total"] for v in direct)
     ) * 1000
     lines.append(f"controller / direct (median total): {ratio:.3f}x ({overhead_ms:+.0f} ms)")
-    text = "\n".join(lines)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write(args.out, lines)
 
 
 if __name__ == "__main__":

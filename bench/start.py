@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stats import Table, p50_p95, write
+
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
@@ -42,7 +44,6 @@ from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
-from cleanroom.report import percentile
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,11 +204,14 @@ async def episodes_per_s(baseline: Baseline, n: int, parallel: int, start: str) 
     return {"wall": n / wall, "episodes": n / (marks["last"] - marks["first"]), **phases}
 
 
+TABLE = Table(("n", "p50", "p95"), name_width=34, n_width=4)
+
+
 def row(name: str, values: list[float], cold_p50: float | None, target: str = "") -> str:
-    ms = [v * 1000 for v in values]
-    p50, p95 = percentile(ms, 50), percentile(ms, 95)
+    """A row of ``TABLE``, then its p50 as a ratio to the cold boot's, then the target."""
+    p50 = p50_p95(values)[0]
     ratio = f"{cold_p50 * 1000 / p50:>8.1f}x" if cold_p50 else f"{'':>9}"
-    return f"{name:<34} {len(ms):>4} {p50:>9.1f} {p95:>9.1f} {ratio}  {target}"
+    return f"{TABLE.row(name, values)} {ratio}  {target}"
 
 
 async def main() -> None:
@@ -279,7 +283,7 @@ async def main() -> None:
         f"# cold runs: {len(cold_runs)} (fewer: a boot takes seconds); clone runs: {args.runs}; "
         f"bursts: {args.bursts} x {args.burst}; cold and clone runs alternate",
         "",
-        f"{'start path (ms)':<34} {'n':>4} {'p50':>9} {'p95':>9} {'vs cold':>9}  target",
+        f"{TABLE.header('start path (ms)')} {'vs cold':>9}  target",
         row("cold boot -> agent ready", [r["ready"] for r in cold_runs], None),
         row("cold boot -> first exec answered", [r["exec"] for r in cold_runs], None),
         row(
@@ -323,13 +327,6 @@ async def main() -> None:
     write(args.out or ROOT / "bench" / "results" / "start.txt", lines)
 
 
-def write(out: Path, lines: list[str]) -> None:
-    text = "\n".join(lines)
-    print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-
-
 async def only_warm(
     args: argparse.Namespace, snap: QemuDriver, tiny: Baseline, load_at_start: float
 ) -> None:
@@ -347,7 +344,7 @@ async def only_warm(
         "(RUN -> DONE: manifest in, stdout/stderr, an artifact, result.json out); "
         "(i): `python3 -c pass` in a tiny clone after a first `true`, interleaved with them",
         "",
-        f"{'start path (ms)':<34} {'n':>4} {'p50':>9} {'p95':>9} {'':>9}",
+        f"{TABLE.header('start path (ms)')} {'':>9}",
         *table,
         "",
         "trivial episodes/s end to end (Controller + LocalStore + Ledger, task mode ok):",

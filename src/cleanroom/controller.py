@@ -3,19 +3,18 @@
 For each episode (at most ``parallel`` at once): ledger intent -> create env -> RUN -> collect
 -> export (artifacts and logs, then the record, last and atomically) -> destroy in a ``finally``
 shielded from cancellation, with its own deadline -> confirm absent -> ledger. Every episode
-ends with exactly one ``Outcome``.
+ends with exactly one ``Outcome``. Here: the run and an episode's start; before the run:
+``run_start``; RUN: ``episode_run``; the rest: ``episode_finish`` (destroy: ``env_destroy``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,34 @@ from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
-from cleanroom.errors import (
-    CleanroomError,
-    DriftError,
-    EnvCrashed,
-    LaunchError,
-    ProtocolError,
-    StoreError,
-)
-from cleanroom.export import export_attempt, export_episode
-from cleanroom.groups import GroupReport, plan, run_group
+from cleanroom.env_destroy import destroy_env
+from cleanroom.episode_clock import EpisodeClock
+from cleanroom.episode_finish import finish_episode
+from cleanroom.episode_run import run_in_env
+from cleanroom.errors import CleanroomError, DriftError, LaunchError
+from cleanroom.groups import plan, run_group
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits, check_groups
-from cleanroom.network.egress import Egress, check_manifests, episode_policy
+from cleanroom.manifest import Manifest, ResolvedLimits
+from cleanroom.network.egress import Egress, episode_policy
 from cleanroom.network.qemu_args import Attachment
-from cleanroom.reaper import reap, reconcile_durable
-from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.record import Outcome
+from cleanroom.run_result import EpisodeResult, RunResult
+from cleanroom.run_start import preflight, queue_pending
 from cleanroom.secrets import EnvSecrets, Redactor, SecretProvider
 from cleanroom.secrets import resolve as resolve_secrets
+from cleanroom.shielded import until_done
 from cleanroom.store import Store
-from cleanroom.verify import Verifiers, verdict_label
+from cleanroom.verify import Verifiers
+
+__all__ = [
+    "Controller",
+    "CreateEnv",
+    "EpisodeResult",
+    "EventHook",
+    "RunOptions",
+    "RunResult",
+    "new_run_id",
+]
 
 EventHook = Callable[[str, dict[str, Any]], None]
 CreateEnv = Callable[[EnvRequest], Awaitable[Env]]
@@ -57,36 +64,6 @@ class RunOptions:
     collect_grace_s: float = 30.0
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
-
-
-@dataclass
-class EpisodeResult:
-    episode_id: str
-    attempt: int
-    outcome: Outcome
-    reward: float | None = None
-    error: str | None = None
-    record: dict[str, Any] | None = None
-    destroy: DestroyReport | None = None
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    episodes: list[EpisodeResult] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # already durable (resumed run)
-    leaked_envs: list[str] = field(default_factory=list)
-    groups: list[GroupReport] = field(default_factory=list)  # episodes sharing a setup
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for e in self.episodes:
-            out[e.outcome.value] = out.get(e.outcome.value, 0) + 1
-        return out
-
-    @property
-    def ok(self) -> bool:
-        return not self.leaked_envs and all(e.outcome == Outcome.COMPLETED for e in self.episodes)
 
 
 def new_run_id() -> str:
@@ -134,24 +111,7 @@ class Controller:
         self, manifests: list[Manifest], baseline: Baseline, *, run_id: str | None = None
     ) -> RunResult:
         """Run every manifest not yet durable in ``run_id``; returns when all have ended."""
-        try:
-            baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
-        except DriftError as exc:
-            self._emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
-            raise
-        names = sorted({s.name for m in manifests for s in m.secrets})
-        resolve_secrets(self.secret_provider, names)  # a missing secret refuses the whole run
-        self.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
-        check_manifests(manifests, baseline, self.driver)  # and network beyond the baseline's
-        check_groups(manifests)  # and a group whose episodes disagree on its setup or machine
-        reaped = await reap(self.driver, self.ledger, self.store)  # reconcile first
-        if reaped.destroyed or reaped.failed or reaped.snapshots:
-            self._emit(
-                "reaped",
-                destroyed=reaped.destroyed,
-                failed=reaped.failed,
-                snapshots=reaped.snapshots,
-            )
+        await preflight(self, manifests, baseline)
         run_id = run_id or new_run_id()
         result = RunResult(run_id)
         self.ledger.start_run(
@@ -162,16 +122,7 @@ class Controller:
             parallel=self.options.parallel,
             meta={"episodes": len(manifests)},
         )
-        todo = []
-        for manifest in manifests:
-            durable = self.store.get_record(run_id, manifest.episode_id)
-            if durable is not None:
-                reconcile_durable(self.ledger, durable)  # e.g. the last controller died after it
-                result.skipped.append(manifest.episode_id)
-                continue
-            attempt = self.ledger.next_attempt(run_id, manifest.episode_id)
-            self.ledger.episode_queued(run_id, manifest.episode_id, attempt)
-            todo.append((manifest, attempt))
+        todo = queue_pending(self, run_id, manifests, result)
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         gate = asyncio.Semaphore(self.options.parallel)
         status = "failed"
@@ -232,7 +183,7 @@ class Controller:
         eid = manifest.episode_id
         limits = manifest.limits.merged_over(baseline.limits)
         env_id = new_env_id()
-        clock = _Clock(queue_s)
+        clock = EpisodeClock(queue_s)
         staging = self._staging_root() / run_id / eid / str(attempt)
         outcome: Outcome = Outcome.INFRA_ERROR
         error: str | None = "not started"
@@ -292,8 +243,14 @@ class Controller:
                     env_id=env_id,
                     names=sorted(values),
                 )  # names, never values
-            outcome, error, output = await self._run_in_env(
-                env, manifest, baseline, limits, staging, values
+            outcome, error, output = await run_in_env(
+                env,
+                manifest,
+                baseline,
+                limits,
+                staging,
+                values,
+                collect_grace_s=self.options.collect_grace_s,
             )
             clock.lap("run_s")
         except asyncio.CancelledError:
@@ -308,7 +265,8 @@ class Controller:
         except OSError as exc:
             outcome, error = Outcome.INFRA_ERROR, f"host error: {exc}"
         finish = asyncio.ensure_future(
-            self._finish(
+            finish_episode(
+                self,
                 run_id,
                 manifest,
                 attempt,
@@ -325,175 +283,10 @@ class Controller:
                 egress,
             )
         )
-        cancelled = await _until_done(finish) or cancelled
+        cancelled = await until_done(finish) or cancelled
         if cancelled:
             raise asyncio.CancelledError
         return episode
-
-    async def _finish(
-        self,
-        run_id: str,
-        manifest: Manifest,
-        attempt: int,
-        baseline: Baseline,
-        env: Env | None,
-        env_id: str,
-        staging: Path,
-        clock: _Clock,
-        outcome: Outcome,
-        error: str | None,
-        output: EpisodeOutput | None,
-        episode: EpisodeResult,
-        redactor: Redactor | None,
-        egress: Egress | None = None,
-    ) -> None:
-        """Export the evidence, destroy the env, write the ledger. Runs shielded."""
-        eid = manifest.episode_id
-        if redactor and error:
-            error = redactor.redact_text(error)  # errors reach the ledger and the terminal
-        try:
-            self.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
-            diagnostics = env.diagnostics() if env is not None else {}
-            facts = {
-                **self.driver.describe(),
-                **(_env_facts(env) if env else {}),
-                **_entry_facts(baseline, output),
-            }
-            if egress is not None:  # the episode is over: cut its network, keep its log
-                diagnostics.update(await egress.finish())
-                facts["network"] = egress.summary()
-            try:
-                if outcome.final and output is not None:
-                    if manifest.verifier is not None:
-                        self.ledger.episode_state(run_id, eid, attempt, "VERIFYING", env_id=env_id)
-                    verdict = await self.verifiers.verify(
-                        store=self.store,
-                        run_id=run_id,
-                        manifest=manifest,
-                        attempt=attempt,
-                        baseline=baseline,
-                        env=env,
-                        outcome=outcome,
-                        error=error,
-                        output=output,
-                        redactor=redactor,
-                    )
-                    if verdict is not None:
-                        clock.lap("verify_s")
-                    record = await asyncio.to_thread(  # fsyncs: keep them off the event loop
-                        export_episode,
-                        self.store,
-                        run_id,
-                        manifest,
-                        attempt,
-                        baseline,
-                        facts,
-                        env_id,
-                        outcome,
-                        error,
-                        output,
-                        diagnostics,
-                        clock,
-                        redactor,
-                        verdict=verdict,
-                    )
-                    episode.record = record
-                    episode.reward = record.get("reward")
-                    self.ledger.episode_state(run_id, eid, attempt, "DURABLE", env_id=env_id)
-                else:
-                    await asyncio.to_thread(
-                        export_attempt,
-                        self.store,
-                        run_id,
-                        manifest,
-                        attempt,
-                        env_id,
-                        outcome,
-                        error,
-                        output,
-                        diagnostics,
-                        redactor,
-                    )
-            except StoreError as exc:
-                outcome, error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
-                self.ledger.event("export_failed", run_id=run_id, episode_id=eid, error=str(exc))
-        finally:
-            self.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
-            episode.destroy = await self._destroy(env, env_id, run_id, eid, attempt)
-            if egress is not None:
-                await egress.aclose()
-            await asyncio.to_thread(shutil.rmtree, staging, ignore_errors=True)
-            episode.outcome, episode.error = outcome, error
-            self.ledger.episode_finished(
-                run_id,
-                eid,
-                attempt,
-                outcome=outcome.value,
-                reward=episode.reward,
-                error=error,
-                verdict=verdict_label((episode.record or {}).get("verdict")),
-            )
-            self._emit(
-                "episode_finished",
-                episode_id=eid,
-                attempt=attempt,
-                outcome=outcome.value,
-                reward=episode.reward,
-                error=error,
-                cleanup_ms=episode.destroy.elapsed_ms if episode.destroy else None,
-                env_id=env_id,
-                destroy_attempts=episode.destroy.attempts if episode.destroy else None,
-                confirmed_absent=episode.destroy.confirmed_absent if episode.destroy else None,
-                timings=dict(clock.phases),
-            )
-
-    async def _run_in_env(
-        self,
-        env: Env,
-        manifest: Manifest,
-        baseline: Baseline,
-        limits: ResolvedLimits,
-        staging: Path,
-        secret_values: dict[str, str],
-    ) -> tuple[Outcome, str | None, EpisodeOutput | None]:
-        lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
-        request = {
-            "manifest": manifest.guest_view(),
-            **_entry(baseline),
-            "timeout_s": limits.timeout_s,
-            "env": {
-                "CLEANROOM_EPISODE_ID": manifest.episode_id,
-                "CLEANROOM_SEED": str(manifest.seed),
-                **secret_values,
-            },
-            "secret_files": secret_values,
-            "secret_lifetimes": lifetimes,
-        }
-        quota = limits.output_quota_mib * 1024 * 1024
-        try:
-            output = await asyncio.wait_for(
-                env.run_episode(request, staging, quota_bytes=quota),
-                limits.timeout_s + self.options.collect_grace_s,
-            )
-        except TimeoutError:
-            return Outcome.TIMEOUT, f"no answer from the guest within {limits.timeout_s}s", None
-        except EnvCrashed as exc:
-            return Outcome.ENV_CRASHED, str(exc), None
-        except ProtocolError as exc:
-            return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", None
-        if output.exit.timed_out:
-            return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
-        if output.exit.exit_code != 0:
-            how = (
-                f"exit code {output.exit.exit_code}"
-                if output.exit.signal is None
-                else f"signal {output.exit.signal}"
-            )
-            return Outcome.EPISODE_ERROR, f"entrypoint failed ({how})", output
-        problem = parse_guest_result(output.result_raw).problem
-        if problem is not None:
-            return Outcome.EPISODE_ERROR, problem, output
-        return Outcome.COMPLETED, None, output
 
     def _request(
         self,
@@ -519,138 +312,5 @@ class Controller:
     async def _destroy(
         self, env: Env | None, env_id: str, run_id: str, eid: str | None, attempt: int | None
     ) -> DestroyReport:
-        """Destroy with retries inside the cleanup window; alert if anything remains.
-
-        The proof goes to the episode's ``attempts/<n>/destroy.json`` (a group's warm parent,
-        ``eid`` None, has only its ledger row)."""
-        self.ledger.env_destroy_started(env_id)
-        start = time.monotonic()
-        attempts, delay = 0, 0.05
-        report = DestroyReport(env_id, False, 0, 0.0, "not attempted")
-        while time.monotonic() - start < self.options.cleanup_window_s:
-            attempts += 1
-            try:
-                remaining = self.options.cleanup_window_s - (time.monotonic() - start)
-                coro = (
-                    env.aclose()
-                    if env is not None and attempts == 1
-                    else self.driver.destroy(env_id)
-                )
-                report = await asyncio.wait_for(coro, max(remaining, 0.1))
-            except (TimeoutError, CleanroomError, OSError) as exc:
-                report = DestroyReport(env_id, False, attempts, 0.0, f"{type(exc).__name__}: {exc}")
-            if report.confirmed_absent:
-                break
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        elapsed_ms = (time.monotonic() - start) * 1000
-        report = DestroyReport(env_id, report.confirmed_absent, attempts, elapsed_ms, report.detail)
-        self.ledger.env_destroyed(
-            env_id,
-            confirmed_absent=report.confirmed_absent,
-            cleanup_ms=elapsed_ms,
-            attempts=attempts,
-        )
-        if not report.confirmed_absent:
-            self.ledger.event(
-                "env_leaked", run_id=run_id, episode_id=eid, env_id=env_id, detail=report.detail
-            )
-            self._emit(
-                "alert",
-                message=f"env {env_id} still present after cleanup window",
-                env_id=env_id,
-                episode_id=eid,
-            )
-        if eid is not None:
-            with contextlib.suppress(StoreError):
-                await asyncio.to_thread(
-                    self.store.put_bytes,
-                    run_id,
-                    eid,
-                    f"attempts/{attempt}/destroy.json",
-                    _destroy_json(report),
-                )
-        return report
-
-
-async def _until_done(task: asyncio.Future[None]) -> bool:
-    """Await ``task`` to the end, even through repeated cancellation; True if we were cancelled.
-
-    Cleanup must not be abandoned: asyncio.run() cancels every task left when the main task
-    ends, so a cancelled episode keeps waiting here until its env is confirmed destroyed.
-    """
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            return cancelled
-        except asyncio.CancelledError:
-            cancelled = True
-            if task.done():
-                return cancelled
-
-
-class _Clock:
-    """Phase timings of one episode: ``phases`` (seconds) and ``spans`` (unix start/end)."""
-
-    def __init__(self, queue_s: float) -> None:
-        self.phases: dict[str, float] = {"queue_s": round(queue_s, 6)}
-        self.started_at = time.time()
-        self.spans: dict[str, dict[str, float]] = {
-            "queue": {"start": round(self.started_at - queue_s, 6), "end": self.started_at}
-        }
-        self._last = time.monotonic()
-        self._last_wall = self.started_at
-
-    def lap(self, name: str) -> None:
-        now, wall = time.monotonic(), time.time()
-        self.phases[name] = round(now - self._last, 6)
-        self.spans[name.removesuffix("_s")] = {"start": self._last_wall, "end": wall}
-        self._last, self._last_wall = now, wall
-
-
-def _env_facts(env: Env) -> dict[str, Any]:
-    return {
-        "accelerator": env.info.accelerator,
-        "isolation": env.info.isolation,
-        "kernel": env.hello.get("kernel"),
-        "agent_version": env.hello.get("agent_version"),
-        "guest_boot_s": env.hello.get("boot_time_s"),
-        **env.info.start_facts(),
-    }
-
-
-def _entry(baseline: Baseline) -> dict[str, Any]:
-    """What RUN says to run: the function (the agent's warm worker calls it) or the command."""
-    if baseline.function is not None:
-        return {"function": baseline.function.to_json()}
-    return {"entrypoint": list(baseline.entrypoint)}
-
-
-def _entry_facts(baseline: Baseline, output: EpisodeOutput | None) -> dict[str, Any]:
-    """``entry_kind`` (the baseline's) and, for a function, ``worker``: ``warm`` when the
-    worker had its imports done before the episode (template, boot), ``started`` if not."""
-    if baseline.function is None:
-        return {"entry_kind": "command"}
-    worker = (output.entry if output is not None else {}).get("worker")
-    return {
-        "entry_kind": "function",
-        "entry_function": baseline.function.function,
-        "worker": worker,
-    }
-
-
-def _destroy_json(report: DestroyReport) -> bytes:
-    import json
-
-    return json.dumps(
-        {
-            "env_id": report.env_id,
-            "confirmed_absent": report.confirmed_absent,
-            "attempts": report.attempts,
-            "cleanup_ms": round(report.elapsed_ms, 3),
-            "detail": report.detail,
-            "pid": os.getpid(),
-        },
-        indent=1,
-    ).encode()
+        """Destroy ``env`` and confirm it absent (``env_destroy.destroy_env``); for groups too."""
+        return await destroy_env(self, env, env_id, run_id, eid, attempt)

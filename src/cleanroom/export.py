@@ -21,7 +21,7 @@ from cleanroom.secrets import Redactor
 from cleanroom.store import Store
 
 if TYPE_CHECKING:
-    from cleanroom.controller import _Clock
+    from cleanroom.episode_clock import EpisodeClock
 
 RECORD_VERSION = 1
 
@@ -93,7 +93,7 @@ def export_episode(
     error: str | None,
     output: EpisodeOutput,
     diagnostics: dict[str, bytes],
-    clock: _Clock,
+    clock: EpisodeClock,
     redactor: Redactor | None = None,
     *,
     verdict: dict[str, Any] | None = None,

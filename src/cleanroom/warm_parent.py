@@ -22,6 +22,7 @@ from cleanroom.errors import CleanroomError, SetupError, StoreError
 from cleanroom.export import export_attempt
 from cleanroom.manifest import Group
 from cleanroom.record import Outcome
+from cleanroom.shielded import until_done
 
 if TYPE_CHECKING:
     from cleanroom.controller import Controller, RunResult
@@ -254,7 +255,5 @@ class WarmParent:
 
     async def aclose(self) -> None:
         """Destroy the parent (if alive) and delete the snapshot, shielded; idempotent."""
-        from cleanroom.controller import _until_done
-
-        if await _until_done(asyncio.ensure_future(self._cleanup())):
+        if await until_done(asyncio.ensure_future(self._cleanup())):
             raise asyncio.CancelledError
