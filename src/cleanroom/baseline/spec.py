@@ -55,7 +55,15 @@ ALWAYS_PACKAGES = ("libpython3-stdlib", "python3-minimal")
 """Always installed: the guest agent needs Python and its standard library (json is not in
 python3-minimal)."""
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-AGENT_FILES = ("guest.py", "guestnet.py", "protocol.py", "relay.py", "warm.py", "worker.py")
+AGENT_FILES = (
+    "guest.py",
+    "guestnet.py",
+    "handlers.py",
+    "protocol.py",
+    "relay.py",
+    "warm.py",
+    "worker.py",
+)
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
 SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""

@@ -1,0 +1,199 @@
+"""What the guest agent does for the host's requests: PUT, GET, EXEC and RUN (the episode).
+
+``Handlers`` is a mixin of ``guest.Agent`` (which reads frames, keeps one request running at
+a time and sends the answers with ``send``). Here live the episode's environment too: the
+guest root ``/run/cleanroom`` (manifest, secrets, ``out/`` for artifacts, ``result.json``),
+the base environment of every process, and the proxy variables of a networked VM.
+Standard library only, like the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+try:  # on the host, as part of the package
+    from cleanroom.agent.protocol import CHUNK, Kind, dumps
+    from cleanroom.agent.relay import Relay
+except ImportError:  # in the guest, next to protocol.py
+    from protocol import CHUNK, Kind, dumps  # type: ignore[no-redef,import-not-found]
+    from relay import Relay  # type: ignore[import-not-found,no-redef]
+
+RESULT_LIMIT = 4 * 1024 * 1024
+NETWORK: dict[str, Any] = {}  # guestnet.setup() at boot: the NIC's address and proxy env, if any
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
+
+
+def guest_root() -> str:
+    return os.environ.get("CLEANROOM_GUEST_ROOT", "") + "/run/cleanroom"
+
+
+def prepare_guest_root() -> None:
+    """Create /run/cleanroom (the initramfs already mounted /proc, /sys, /run and /dev)."""
+    os.makedirs(guest_root() + "/out", exist_ok=True)
+    os.makedirs(guest_root() + "/secrets", mode=0o700, exist_ok=True)
+
+
+class Handlers:
+    """The request handlers; the agent provides ``send`` and ``entropy``."""
+
+    entropy: bytes
+
+    def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
+        raise NotImplementedError
+
+    def put(self, header: dict[str, Any], body: bytes) -> None:
+        path = header["path"]
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(header.get("mode", 0o644)))
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        self.send(Kind.OK, {"path": path, "size": len(body)})
+
+    def send_file(self, path: str, name: str, kind: str) -> None:
+        offset = 0
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(CHUNK)
+                eof = len(chunk) < CHUNK
+                self.send(
+                    Kind.FILE, {"name": name, "offset": offset, "eof": eof, "kind": kind}, chunk
+                )
+                offset += len(chunk)
+                if eof:
+                    return
+
+    def run_process(self, header: dict[str, Any]) -> None:
+        """Run argv, relaying its output; send EXIT. Kills its process group on timeout."""
+        env = {**BASE_ENV, **(NETWORK.get("env") or {}), **(header.get("env") or {})}
+        started = time.monotonic()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                header["argv"],
+                cwd=header.get("cwd") or "/",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self.send(Kind.STDERR, {}, f"cannot start {header['argv']!r}: {exc}\n".encode())
+            self.send(
+                Kind.EXIT, {"code": 127, "signal": None, "duration_s": 0.0, "timed_out": False}
+            )
+            return
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        output = Relay(self.send, {out_r: Kind.STDOUT, err_r: Kind.STDERR})
+        timeout_s = header.get("timeout_s")
+        deadline = None if timeout_s is None else started + timeout_s
+        timed_out = not output.until_closed(deadline)
+        if not timed_out:  # it closed its output; it may still run
+            try:
+                proc.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        output.drain()
+        code = proc.returncode
+        self.send(
+            Kind.EXIT,
+            {
+                "code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "duration_s": round(time.monotonic() - started, 6),
+                "timed_out": timed_out,
+            },
+        )
+
+    def run_episode(self, header: dict[str, Any]) -> None:
+        """The episode: manifest in, entrypoint run, artifacts and result record out."""
+        root = guest_root()
+        if not (os.path.isdir(root + "/out") and os.path.isdir(root + "/secrets")):
+            prepare_guest_root()  # made at boot; makedirs(exist_ok) would raise and catch
+        with open(root + "/manifest.json", "w") as f:
+            f.write(dumps(header["manifest"], (", ", ": ")))  # as json.dump writes it
+        secret_paths = []
+        for name, value in (header.get("secret_files") or {}).items():
+            path = f"{root}/secrets/{name}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(value)
+            secret_paths.append(path)
+            lifetime = (header.get("secret_lifetimes") or {}).get(name)
+            if lifetime:
+                timer = threading.Timer(float(lifetime), _remove, args=(path,))
+                timer.daemon = True
+                timer.start()
+        env = {"CLEANROOM_DIR": root, **(header.get("env") or {})}
+        try:
+            if header.get("function"):
+                seed = self.entropy + os.urandom(16)  # the host's bytes, and this guest's own
+                exit_header = warm_module().run(
+                    self, header, {**BASE_ENV, **(NETWORK.get("env") or {}), **env}, seed
+                )
+                self.send(Kind.EXIT, exit_header)
+            else:
+                self.run_process(
+                    {
+                        "argv": header["entrypoint"],
+                        "env": env,
+                        "cwd": header.get("cwd"),
+                        "timeout_s": header.get("timeout_s"),
+                    }
+                )
+        finally:
+            for path in secret_paths:  # a secret lives no longer than the entrypoint
+                _remove(path)
+        for dirpath, dirnames, filenames in os.walk(root + "/out", followlinks=False):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = os.path.join(dirpath, filename)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                self.send_file(path, os.path.relpath(path, root + "/out"), "artifact")
+        result = root + "/result.json"
+        if os.path.isfile(result) and not os.path.islink(result):
+            with open(result, "rb") as f:
+                self.send(Kind.RESULT, {"present": True}, f.read(RESULT_LIMIT + 1))
+        else:
+            self.send(Kind.RESULT, {"present": False})
+        self.send(Kind.DONE)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def warm_module() -> Any:
+    """``warm.py``, imported on first use (a command baseline never pays for it)."""
+    if "warm" in sys.modules:  # in the guest (a clone: no import machinery to run)
+        return sys.modules["warm"]
+    try:
+        from cleanroom.agent import warm
+    except ImportError:
+        import warm  # type: ignore[import-not-found,no-redef]
+    return warm
