@@ -21,13 +21,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import ab
 from start_profile import qemu_cpu_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,19 +90,14 @@ async def measure(kinds: list[str], clones: int) -> dict[str, list[dict[str, flo
 
 
 def run_ab(args: argparse.Namespace, kinds: list[str]) -> dict[str, dict[str, list[Any]]]:
-    trees = {"ref": str(args.ab), "new": str(ROOT / "src")}
-    merged: dict[str, dict[str, list[Any]]] = {lab: {k: [] for k in kinds} for lab in trees}
+    merged: dict[str, dict[str, list[Any]]] = {
+        lab: {k: [] for k in kinds} for lab in ("ref", "new")
+    }
     child = [sys.executable, __file__, "--clones", str(args.clones)]
     child += ["--command"] if args.command else []
-    for i in range(args.rounds):
-        for lab, src in trees.items() if i % 2 == 0 else reversed(trees.items()):
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                env = {**os.environ, "PYTHONPATH": src}
-                subprocess.run([*child, "--json", out.name], env=env, check=True)
-                part = json.loads(Path(out.name).read_text())
-            for kind in kinds:
-                merged[lab][kind] += part[kind]
-            print(f"round {i + 1}/{args.rounds} {lab} done", file=sys.stderr)
+    for lab, part in ab.rounds(child, args.ab, ROOT / "src", args.rounds):
+        for kind in kinds:
+            merged[lab][kind] += part[kind]
     return merged
 
 

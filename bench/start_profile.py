@@ -20,12 +20,12 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import ab
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
@@ -180,19 +180,12 @@ def report(results: dict[str, dict[str, Any]], burst: int) -> list[str]:
 
 def run_ab(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Alternate rounds of this script under the other tree ("ref") and this one ("new")."""
-    trees = {"ref": str(args.ab), "new": str(ROOT / "src")}
-    merged = {lab: {"clone": [], "cold": [], "bursts": []} for lab in trees}
+    merged = {lab: {"clone": [], "cold": [], "bursts": []} for lab in ("ref", "new")}
     child = [sys.executable, __file__, "--clones", str(args.clones), "--cold", str(args.cold)]
     child += ["--burst", str(args.burst), "--bursts", str(args.bursts)]
-    for i in range(args.rounds):
-        for lab, src in trees.items() if i % 2 == 0 else reversed(trees.items()):
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                env = {**os.environ, "PYTHONPATH": src}
-                subprocess.run([*child, "--json", out.name], env=env, check=True)
-                part = json.loads(Path(out.name).read_text())
-            for key in merged[lab]:
-                merged[lab][key] += part[key]
-            print(f"round {i + 1}/{args.rounds} {lab} done", file=sys.stderr)
+    for lab, part in ab.rounds(child, args.ab, ROOT / "src", args.rounds):
+        for key in merged[lab]:
+            merged[lab][key] += part[key]
     return merged
 
 
