@@ -66,16 +66,20 @@ def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:
         if env_id in found:
             continue
         known = ledger.get_env(env_id)
-        owner = driver.owner_of(env_id)
-        if known is not None:
-            alive = owner_alive(known.owner_host, known.owner_pid, known.intent_at)
-        elif owner is not None:
-            alive = owner_alive(owner.get("host"), owner.get("pid"), owner.get("created_at"))
-        else:
-            alive = False  # no owner anywhere: nobody will ever clean it up
-        if not alive:
+        if not _claimed(known, driver.owner_of(env_id)):
             found[env_id] = known
     return found
+
+
+def _claimed(row: Any, owner: dict[str, Any] | None) -> bool:
+    """Whether a live process still owns an env or snapshot: the one its ledger ``row`` names
+    (``owner_host``, ``owner_pid``, ``intent_at``), else the one its files name (``owner``).
+    With neither, nobody will ever clean it up."""
+    if row is not None:
+        return owner_alive(row.owner_host, row.owner_pid, row.intent_at)
+    if owner is not None:
+        return owner_alive(owner.get("host"), owner.get("pid"), owner.get("created_at"))
+    return False
 
 
 async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> ReapReport:
@@ -111,14 +115,7 @@ async def _reap_snapshots(driver: Driver, ledger: Ledger, report: ReapReport) ->
     live = {r.snapshot_id for r in ledger.snapshots(live_only=True) if r.driver == driver.name}
     for snapshot_id in sorted(live | set(driver.list_snapshots())):
         row = ledger.get_snapshot(snapshot_id)
-        owner = driver.snapshot_owner(snapshot_id)
-        if row is not None:
-            alive = owner_alive(row.owner_host, row.owner_pid, row.intent_at)
-        elif owner is not None:
-            alive = owner_alive(owner.get("host"), owner.get("pid"), owner.get("created_at"))
-        else:
-            alive = False  # files nobody owns
-        if alive:
+        if _claimed(row, driver.snapshot_owner(snapshot_id)):
             continue
         gone = await driver.delete_snapshot(snapshot_id)
         if row is not None:
