@@ -196,6 +196,13 @@ def _print_run(run_id: str, store: str | None) -> None:
     out.print(f"run id: [bold]{run_id}[/]   store: {st.run_uri(run_id)}")
 
 
+def _require_run(ledger: Ledger, run_id: str) -> None:
+    """Exit 2 with a clear message unless the ledger knows ``run_id``."""
+    if ledger.get_run(run_id) is None:
+        err.print(f"[red]error:[/] no run {run_id!r} in {paths.ledger_path()}")
+        raise typer.Exit(2)
+
+
 @app.command()
 def status(
     run_id: Annotated[str, typer.Argument(help="the run to show")],
@@ -203,9 +210,7 @@ def status(
 ) -> None:
     """Counts per outcome and one row per episode of a run."""
     with Ledger() as ledger:
-        if ledger.get_run(run_id) is None:
-            err.print(f"[red]error:[/] no run {run_id!r} in {paths.ledger_path()}")
-            raise typer.Exit(2)
+        _require_run(ledger, run_id)
     _print_run(run_id, store)
 
 
@@ -223,9 +228,7 @@ def report(
     from cleanroom.report import run_report_json
 
     with Ledger() as ledger:
-        if ledger.get_run(run_id) is None:
-            err.print(f"[red]error:[/] no run {run_id!r} in {paths.ledger_path()}")
-            raise typer.Exit(2)
+        _require_run(ledger, run_id)
         st = open_store(store)
         try:
             if html is not None:
