@@ -106,12 +106,7 @@ class Handlers:
         output = Relay(self.send, {out_r: Kind.STDOUT, err_r: Kind.STDERR})
         timeout_s = header.get("timeout_s")
         deadline = None if timeout_s is None else started + timeout_s
-        timed_out = not output.until_closed(deadline)
-        if not timed_out:  # it closed its output; it may still run
-            try:
-                proc.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        timed_out = not output.until_exit(proc, deadline)
         if timed_out:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -15,9 +15,11 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
 CHUNK = 64 * 1024
 DRAIN_S = 2.0  # after the process ended: how long a grandchild may keep a pipe open
+EXIT_POLL_S = 0.1  # without a pidfd (gVisor may lack one): how often to look for the exit
 
 
 class Relay:
@@ -35,20 +37,20 @@ class Relay:
         """True while some pipe has not reached end of file."""
         return bool(self.pipes)
 
-    def step(self, timeout_s: float | None, watch: int | None = None) -> bool:
+    def step(self, timeout_s: float | None, watch: tuple[int, ...] = ()) -> set[int]:
         """Forward what the pipes have, waiting up to ``timeout_s`` (None: until something
-        happens); True if ``watch`` is readable. Ignored by a pipe at end of file (closed)."""
-        if watch is not None:
-            self.poller.register(watch, select.POLLIN)
+        happens); returns which of ``watch`` are readable. A pipe at end of file is closed."""
+        for fd in watch:
+            self.poller.register(fd, select.POLLIN)
         try:
             ready = self.poller.poll(None if timeout_s is None else max(timeout_s, 0) * 1000)
         finally:
-            if watch is not None:
-                self.poller.unregister(watch)
-        watched = False
+            for fd in watch:
+                self.poller.unregister(fd)
+        watched = set()
         for fd, _ in ready:
-            if fd == watch:
-                watched = True
+            if fd in watch:
+                watched.add(fd)
             elif fd in self.pipes:
                 data = os.read(fd, CHUNK)
                 if data:
@@ -56,6 +58,26 @@ class Relay:
                 else:
                     self._close(fd)
         return watched
+
+    def until_exit(self, proc: Any, deadline: float | None) -> bool:
+        """Forward until ``proc`` (a ``subprocess.Popen``) exited (True) or ``deadline``
+        (monotonic) passed. Its exit, not its pipes: a grandchild may hold them open."""
+        try:
+            exited: int | None = os.pidfd_open(proc.pid)  # readable once it exits
+        except (OSError, AttributeError):
+            exited = None
+        try:
+            while proc.poll() is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if exited is None:
+                    remaining = EXIT_POLL_S if remaining is None else min(remaining, EXIT_POLL_S)
+                self.step(remaining, watch=() if exited is None else (exited,))
+            return True
+        finally:
+            if exited is not None:
+                os.close(exited)
 
     def until_closed(self, deadline: float | None) -> bool:
         """Forward until every pipe is closed (True) or ``deadline`` (monotonic) passed."""
@@ -66,10 +88,10 @@ class Relay:
             self.step(remaining)
         return True
 
-    def drain(self, timeout_s: float = DRAIN_S) -> None:
+    def drain(self, timeout_s: float | None = None) -> None:
         """After the process ended: what is left in the pipes, then close them all (a
-        grandchild still holding one loses it after ``timeout_s``)."""
-        self.until_closed(time.monotonic() + timeout_s)
+        grandchild still holding one loses it after ``timeout_s``, default ``DRAIN_S``)."""
+        self.until_closed(time.monotonic() + (DRAIN_S if timeout_s is None else timeout_s))
         for fd in list(self.pipes):
             self._close(fd)
 

@@ -200,7 +200,7 @@ def _await_child(
                 _kill_group(pid)
                 deadline = time.monotonic() + KILL_WAIT_S
                 continue
-        elif not output.step(remaining, watch=worker.sock.fileno()):
+        elif not output.step(remaining, watch=(worker.sock.fileno(),)):
             continue
         else:
             message = _recv(worker.sock, KILL_WAIT_S)  # readable: a whole message follows
