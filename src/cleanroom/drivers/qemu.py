@@ -82,6 +82,7 @@ class QemuDriver(RunFolderDriver):
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._template_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why)
         self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
+        self._sealing: dict[str, asyncio.Future[dict[str, Any]]] = {}  # fork snapshots hashing
 
     def run_dir(self, env_id: str) -> Path:
         return self.run_root / env_id
@@ -226,10 +227,14 @@ class QemuDriver(RunFolderDriver):
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         return await qemu_fork.save(self, env, snapshot_id)
 
+    async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
+        return await qemu_fork.sealed(self, snap)
+
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         return await qemu_fork.clone(self, request, snap)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
+        self._sealing.pop(snapshot_id, None)
         return await asyncio.to_thread(qemu_fork.delete, snapshot_id)
 
     def list_snapshots(self) -> list[str]:
