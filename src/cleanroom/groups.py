@@ -53,7 +53,8 @@ class GroupReport:
     snapshot: str | None = None  # the snapshot's digest
     digest: str | None = None  # over setup_digest and snapshot
     parent_env: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # parent_s, setup_s, snapshot_s, seal_s
+    # parent_s, setup_s; snapshot_s: saved, parent gone, files frozen; seal_s: digest known
+    timings: dict[str, float] = field(default_factory=dict)
     classification: str | None = None  # setup_failed, fork_failed, cancelled
     error: str | None = None
     snapshot_deleted: bool | None = None

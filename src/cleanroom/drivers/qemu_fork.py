@@ -260,6 +260,8 @@ async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> 
     machine = snap.facts["machine"]
     if _machine(request) != machine:
         raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
+    if snap.digest is None and snap.snapshot_id not in driver._sealing:
+        raise LaunchError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
     await _check_unchanged(snap)
     template = snapshot.Template(
         key=snap.snapshot_id,
