@@ -38,7 +38,15 @@ from typing import Any
 from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, qemu_clone, qemu_cmdline, qemu_fork, qemu_template, snapshot
+from cleanroom.drivers import (
+    hostproc,
+    qemu_clone,
+    qemu_cmdline,
+    qemu_fork,
+    qemu_seal,
+    qemu_template,
+    snapshot,
+)
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -228,7 +236,7 @@ class QemuDriver(RunFolderDriver):
         return await qemu_fork.save(self, env, snapshot_id)
 
     async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
-        return await qemu_fork.sealed(self, snap)
+        return await qemu_seal.sealed(self, snap)
 
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         return await qemu_fork.clone(self, request, snap)

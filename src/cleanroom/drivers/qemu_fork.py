@@ -13,31 +13,15 @@ Files: ``$CLEANROOM_HOME/forks/<snapshot_id>/`` holds ``owner.json`` (written fi
 reaper), ``ram``, ``state`` and, once sealed, ``snapshot.json``. Clones map ``ram`` privately,
 so the folder may go once the last is restored.
 
-Sealing comes after the parent was destroyed and confirmed absent, in two steps, so that clones
-need not wait for the hash (~0.25 s of CPU for ~100 MiB of RAM file here). ``save`` *freezes*
-the files (read-only, then their stat signature: size, mtime, ctime; a few ms) and returns;
-the digest over both files' content (the RAM file hashed in 1 MiB chunks, holes without reading
-them) is computed in a thread meanwhile (``_hash``), while clones restore. The guarantee stays
-what it was, that every clone's digest names the bytes it was restored from:
-  - a file's content cannot change without its mtime or ctime moving (write, truncate, a
-    mapping written back; resetting mtime moves ctime), so an unchanged signature means
-    unchanged bytes (to the file system's timestamp granularity, as before);
-  - ``_hash`` stats the files again once hashed: if the signature moved, the hash may mix old
-    and new bytes, so the seal fails and no digest is recorded (before, a change during the
-    hash went unnoticed: the signature was taken after it);
-  - ``clone`` checks the signature before restoring, then, once restored, waits for the seal
-    and checks it again: the files were the frozen ones from the freeze to the end of both the
-    hash and this clone's load, so it loaded the hashed bytes. Only then does it return the
-    env; if the seal failed or a file changed, the clone is destroyed and LaunchError raised,
-    so no episode runs on a snapshot whose digest is unknown or does not match.
-``fork_sealed`` (``sealed``) gives the snapshot with its digest for the group's provenance.
+Sealing (``qemu_seal.py``) comes after the parent was destroyed and confirmed absent: the
+files are frozen at once and hashed while the clones restore; a clone is handed over only once
+the digest is known and its files were unchanged from the freeze through its own restore.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -46,9 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cleanroom import paths
-from cleanroom.baseline.model import sha256_file
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import hostproc, qemu_seal, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
@@ -56,11 +39,8 @@ from cleanroom.errors import CleanroomError, DriverError, LaunchError
 if TYPE_CHECKING:
     from cleanroom.drivers.qemu import QemuDriver
 
-META_FILE = "snapshot.json"
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
-CHUNK = 1 << 20
-_ZERO_CHUNK = hashlib.sha256(bytes(CHUNK)).digest()
 
 
 def forks_dir() -> Path:
@@ -87,34 +67,6 @@ def sparse_copy(src: Path, dst: Path) -> None:
                 start += os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
             offset = end
     dst.chmod(0o600)
-
-
-def content_digest(path: Path) -> str:
-    """sha256 over the sha256 of each 1 MiB chunk (a hole's chunk hash is known: not read)."""
-    outer = hashlib.sha256()
-    with path.open("rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        outer.update(size.to_bytes(8, "big"))
-        for offset in range(0, size, CHUNK):
-            n = min(CHUNK, size - offset)
-            try:
-                data_at = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data from here on
-                data_at = size
-            if data_at >= offset + n and n == CHUNK:
-                outer.update(_ZERO_CHUNK)
-            else:
-                outer.update(hashlib.sha256(os.pread(fd, n, offset)).digest())
-    return "sha256:" + outer.hexdigest()
-
-
-def _signature(path: Path) -> dict[str, list[int]]:
-    out = {}
-    for name in snapshot.FILES:
-        info = (path / name).stat()
-        out[name] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns]
-    return out
 
 
 def _make_folder(snapshot_id: str, request: EnvRequest) -> Path:
@@ -161,7 +113,7 @@ async def start_parent(driver: QemuDriver, request: EnvRequest, snapshot_id: str
 
 async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
     """SNAPSHOT_PREPARE, pause and save the parent, destroy it, freeze its files; their hash
-    runs on meanwhile (``sealed``)."""
+    runs on meanwhile (``qemu_seal``)."""
     path, live = folder(snapshot_id), driver._live.get(env.env_id)
     if live is None or not (path / snapshot.RAM_FILE).is_file():
         raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
@@ -181,10 +133,8 @@ async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
     if not report.confirmed_absent:
         raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
     destroyed = time.monotonic()
-    frozen = await asyncio.to_thread(_freeze, path)
-    hashing = asyncio.ensure_future(_sealing(path, frozen, destroyed))
-    hashing.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved
-    driver._sealing[snapshot_id] = hashing
+    frozen = await asyncio.to_thread(qemu_seal.freeze, path)
+    qemu_seal.start(driver, snapshot_id, path, frozen, destroyed)
     facts = {
         "parent_env": env.env_id,
         "parent_start": env.info.start_kind,
@@ -197,59 +147,11 @@ async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
     return ForkSnapshot(snapshot_id, driver.name, None, path, facts)
 
 
-async def sealed(driver: QemuDriver, snap: ForkSnapshot) -> ForkSnapshot:
-    """``snap`` once hashed: its digest, file digests and ``seal_s`` (DriverError if the
-    files changed while they were hashed)."""
-    if snap.digest is not None:
-        return snap
-    hashing = driver._sealing.get(snap.snapshot_id)
-    if hashing is None:
-        raise DriverError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
-    meta = await asyncio.shield(hashing)  # shared by every clone: one cancelled cancels none
-    return dataclasses.replace(snap, digest=meta["digest"], facts={**snap.facts, **meta})
-
-
 def _version(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split("."))
     except ValueError:
         return (0,)
-
-
-def _freeze(path: Path) -> dict[str, Any]:
-    """Make the files read-only; their signature and sizes (what ``_hash`` will cover)."""
-    for name in snapshot.FILES:
-        (path / name).chmod(0o444)
-    return {
-        "signature": _signature(path),
-        "ram_bytes": (path / snapshot.RAM_FILE).stat().st_blocks * 512,
-        "state_bytes": (path / snapshot.STATE_FILE).stat().st_size,
-    }
-
-
-async def _sealing(path: Path, frozen: dict[str, Any], since: float) -> dict[str, Any]:
-    meta = await asyncio.to_thread(_hash, path, frozen)
-    return {**meta, "seal_s": round(time.monotonic() - since, 4)}
-
-
-def _hash(path: Path, frozen: dict[str, Any]) -> dict[str, Any]:
-    """Hash the frozen files, check they did not change meanwhile, write ``snapshot.json``."""
-    files = {
-        snapshot.RAM_FILE: content_digest(path / snapshot.RAM_FILE),
-        snapshot.STATE_FILE: "sha256:" + sha256_file(path / snapshot.STATE_FILE),
-    }
-    now = _signature(path)
-    changed = [n for n in snapshot.FILES if now[n] != frozen["signature"][n]]
-    if changed:
-        raise DriverError(f"snapshot {path.name} changed while sealed ({', '.join(changed)})")
-    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"))
-    meta = {
-        "digest": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
-        "files": files,
-        **frozen,
-    }
-    (path / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
-    return meta
 
 
 async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> Env:
@@ -260,9 +162,9 @@ async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> 
     machine = snap.facts["machine"]
     if _machine(request) != machine:
         raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
-    if snap.digest is None and snap.snapshot_id not in driver._sealing:
+    if not qemu_seal.sealing(driver, snap):
         raise LaunchError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
-    await _check_unchanged(snap)
+    await qemu_seal.check_unchanged(snap)
     template = snapshot.Template(
         key=snap.snapshot_id,
         path=snap.path,
@@ -273,8 +175,8 @@ async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> 
     )
     env = await driver._clone(request, driver.accel, template, time.monotonic(), None)
     try:
-        await sealed(driver, snap)
-        await _check_unchanged(snap)  # since the freeze: through the hash and this restore
+        await qemu_seal.sealed(driver, snap)
+        await qemu_seal.check_unchanged(snap)  # since the freeze: through hash and restore
     except BaseException as exc:
         await asyncio.shield(env.aclose())
         if isinstance(exc, DriverError) and not isinstance(exc, LaunchError):
@@ -282,18 +184,6 @@ async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> 
         raise
     env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
     return env
-
-
-async def _check_unchanged(snap: ForkSnapshot) -> None:
-    """LaunchError unless the snapshot's files still have the signature they were frozen with."""
-    assert snap.path is not None
-    try:
-        signature = await asyncio.to_thread(_signature, snap.path)
-    except OSError as exc:
-        raise LaunchError(f"snapshot {snap.snapshot_id} is gone: {exc}") from exc
-    changed = [n for n in snapshot.FILES if signature[n] != snap.facts["signature"][n]]
-    if changed:
-        raise LaunchError(f"snapshot {snap.snapshot_id} was modified ({', '.join(changed)})")
 
 
 def delete(snapshot_id: str) -> bool:
