@@ -3,8 +3,11 @@
 Measures, on the tiny test baseline, ``--runs`` times (each a new parent):
   parent ready                 template -> warm parent restored (sparse RAM copy, share=on)
   setup                        the group's setup command in the parent (``SETUP``)
-  setup-snapshot               SNAPSHOT_PREPARE + save + parent destroyed/confirmed + seal/hash
-  8 clones ready               parent-snapshot-done -> all 8 clones' agents ready
+  setup-snapshot               SNAPSHOT_PREPARE + save + parent destroyed/confirmed + files frozen
+  seal                         the snapshot's hash, in a thread while the clones restore
+  8 clones ready               parent-snapshot-done -> all 8 clones ready (restored, and the
+                               snapshot sealed and checked unchanged: ``qemu_fork.clone``)
+  setup done -> 8 clones ready the two above: what the group waits for after its setup
   reference: 8 template clones ready at once (bench/start.py's burst), same run
   alternative, not used: saving a plain clone (RAM private, share=off) - its RAM goes into the
   migration stream; its clones load it - ``--alt`` runs
@@ -13,7 +16,7 @@ Measures, on the tiny test baseline, ``--runs`` times (each a new parent):
   group with the setup run in each episode's own env (a driver without ``fork``)
 Results: bench/results/fork.txt.
 
-    python bench/fork.py [--runs 5] [--alt 3]
+    python bench/fork.py [--runs 5] [--alt 3] [--note "what this run compares"]
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ async def fork_run(driver: QemuDriver, baseline: Baseline) -> dict[str, float]:
             *(driver.fork_clone(request(baseline), snap) for _ in range(CLONES))
         )
         t4 = time.perf_counter()
+        snap = await driver.fork_sealed(snap)  # done: every clone waited for it
         await asyncio.sleep(2.0)
         pss = statistics.median(pss_kib(c)[0] for c in clones) / 1024
         await close_all(list(clones))
@@ -86,6 +90,7 @@ async def fork_run(driver: QemuDriver, baseline: Baseline) -> dict[str, float]:
         "save": facts["save_s"],
         "seal": facts["seal_s"],
         "clones": t4 - t3,
+        "to_clones": t4 - t2,
         "pss": pss,
         "state_kib": facts["state_bytes"] / 1024,
         "ram_mib": facts["ram_bytes"] / 2**20,
@@ -178,6 +183,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--alt", type=int, default=3)
+    parser.add_argument("--note", default="", help="a header line saying what the run is for")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fork.txt")
     args = parser.parse_args()
     baseline = resolve_or_build(str(TINY), progress=lambda s, d: print(f"build {s}: {d}"))
@@ -208,14 +214,16 @@ async def main() -> None:
         f"# setup: {' '.join(SETUP[2:])}",
         f"# {args.runs} groups (a new parent each) of {CLONES} clones; template bursts interleaved;"
         f" {len(alts)} runs of the alternative",
+        *([f"# {args.note}"] if args.note else []),
         "",
         TABLE.header("(p50, p95)"),
         TABLE.row("template -> warm parent ready", f["parent"]),
         TABLE.row("setup in the parent", f["setup"]),
-        TABLE.row("setup-snapshot (prepare+save+destroy+seal)", f["snapshot"]),
+        TABLE.row("setup-snapshot (prepare+save+destroy+freeze)", f["snapshot"]),
         TABLE.row("  of which: save (migrate device state)", f["save"]),
-        TABLE.row("  of which: seal (chmod, hash RAM + state)", f["seal"]),
+        TABLE.row("seal: hash RAM + state (as clones restore)", f["seal"]),
         TABLE.row(f"parent-snapshot-done -> {CLONES} clones ready", f["clones"]),
+        TABLE.row(f"setup done -> {CLONES} clones ready", f["to_clones"]),
         TABLE.row(f"reference: {CLONES} template clones ready", [b["clones"] for b in bursts]),
         TABLE.row("alternative: save a plain clone", [a["save"] for a in alts]),
         TABLE.row(f"alternative: {CLONES} of its clones ready", [a["clones"] for a in alts]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,32 @@ def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
     yield resolve_or_build(str(TINY_SPEC), progress=lambda step, detail: print(step, detail))
+
+
+def _gvisor_unusable(tmp: Path) -> str | None:
+    """Why runsc cannot run a sandbox here, or None if it can."""
+    if shutil.which("runsc") is None:
+        return "runsc is not installed (apt-get install runsc)"
+    try:
+        proc = subprocess.run(
+            ["runsc", f"--root={tmp}", "--network=none", "do", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"runsc cannot run here: {exc}"
+    if proc.returncode != 0:
+        return f"runsc cannot run a sandbox here: {proc.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def gvisor_usable(tmp_path_factory: pytest.TempPathFactory) -> None:
+    reason = _gvisor_unusable(tmp_path_factory.mktemp("runsc-probe"))
+    if reason:
+        pytest.skip(reason)
 
 
 if False:  # pragma: no cover - typing only

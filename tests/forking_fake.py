@@ -2,8 +2,9 @@
 
 A "snapshot" is a folder (owner.json, a state file naming the parent); a "clone" is a fresh fake
 env. Nothing of the parent's state reaches a clone: what fork itself does is proven on real VMs
-in tests/snapshot/test_fork.py. ``fail_clones`` makes every fork_clone fail, ``fail_deletes``
-every delete_snapshot.
+in tests/snapshot/test_fork.py. Like qemu's, a snapshot's digest comes later (``fork_sealed``).
+``fail_clones`` makes every fork_clone fail, ``fail_deletes`` every delete_snapshot,
+``fail_seal`` the seal (as if the files changed before they were hashed).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ForkingFake(FakeDriver):
         self.forks = root / "forks"
         self.fail_clones = False
         self.fail_deletes = False
+        self.fail_seal = False
         self.calls: list[str] = []
 
     async def fork_parent(self, request: EnvRequest, snapshot_id: str) -> Env:
@@ -43,8 +45,14 @@ class ForkingFake(FakeDriver):
         report = await env.aclose()
         if not report.confirmed_absent:
             raise DriverError("parent not gone")
-        digest = "sha256:" + hashlib.sha256(env.env_id.encode()).hexdigest()
-        return ForkSnapshot(snapshot_id, self.name, digest, folder, {"parent_env": env.env_id})
+        return ForkSnapshot(snapshot_id, self.name, None, folder, {"parent_env": env.env_id})
+
+    async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
+        if self.fail_seal:
+            raise DriverError(f"snapshot {snap.snapshot_id} changed while sealed (ram)")
+        parent = snap.facts["parent_env"]
+        digest = "sha256:" + hashlib.sha256(parent.encode()).hexdigest()
+        return dataclasses.replace(snap, digest=digest)
 
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         self.calls.append("clone")

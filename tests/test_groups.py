@@ -186,6 +186,20 @@ async def test_clones_that_cannot_be_restored_fail_alone(forking: Harness) -> No
     h.assert_nothing_left("r3")
 
 
+async def test_a_snapshot_that_fails_its_seal_fails_every_clone(forking: Harness) -> None:
+    h = forking
+    h.driver.fail_seal = True
+    result = await h.ctl.run(members("g9", h.count_setup, n=2), h.baseline, run_id="r9")
+    assert result.counts() == {"infra_error": 2}
+    assert all("snapshot not sealed" in (e.error or "") for e in result.episodes)
+    [report] = result.groups
+    assert report.classification == "fork_failed" and "changed while sealed" in report.error
+    assert report.snapshot is None and report.digest is None and report.snapshot_deleted
+    [snap] = h.ledger.snapshots(run_id="r9")
+    assert snap.digest is None and snap.state == "absent"
+    h.assert_nothing_left("r9")
+
+
 async def test_a_snapshot_that_cannot_be_deleted_is_an_alert_and_fails_the_run(
     forking: Harness,
 ) -> None:

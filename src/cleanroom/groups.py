@@ -5,9 +5,10 @@ task with N rollouts. With a driver that can fork (capability ``fork``: qemu) a 
 
     snapshot intent (ledger) -> parent env intent -> parent env (restored from the template, its
     RAM in a shared file) -> setup command -> SNAPSHOT_PREPARE, save, parent destroyed and
-    confirmed absent -> snapshot sealed (digest) -> one clone per episode: an ordinary episode
-    with its own seed, RESEED (host entropy, clone id, clock) and durable record -> snapshot
-    files deleted once the last clone is restored (on every path: in a shielded finally too).
+    confirmed absent -> snapshot frozen, then hashed (digest) while the clones restore -> one
+    clone per episode, handed over once the digest is recorded: an ordinary episode with its
+    own seed, RESEED (host entropy, clone id, clock) and durable record -> snapshot files
+    deleted once the last clone is restored (on every path: in a shielded finally too).
 
 A setup that fails (non-zero exit, timeout) ends every episode of the group ``infra_error``
 with the classification ``setup_failed`` (``fork_failed``: the parent could not be made or
@@ -52,7 +53,8 @@ class GroupReport:
     snapshot: str | None = None  # the snapshot's digest
     digest: str | None = None  # over setup_digest and snapshot
     parent_env: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # parent_s, setup_s, snapshot_s
+    # parent_s, setup_s; snapshot_s: saved, parent gone, files frozen; seal_s: digest known
+    timings: dict[str, float] = field(default_factory=dict)
     classification: str | None = None  # setup_failed, fork_failed, cancelled
     error: str | None = None
     snapshot_deleted: bool | None = None

@@ -2,9 +2,13 @@
 
 ``WarmParent.prepare`` writes the ledger intents (snapshot, then parent env), creates the parent
 (``Driver.fork_parent``), runs the setup, saves it (``Driver.fork_save``: the parent is destroyed
-and confirmed absent before the snapshot is sealed). ``clone`` restores one episode's env from
-it. ``aclose`` (idempotent, shielded) destroys a parent still alive and deletes the snapshot's
-files, recording both in the ledger. The files go as soon as every clone has been restored.
+and confirmed absent before the snapshot is sealed). The snapshot's digest may still be being
+computed then (qemu hashes its RAM file while the clones restore): ``_record_seal`` waits for it
+(``Driver.fork_sealed``) and records it; ``clone`` restores one episode's env and hands it over
+only once the digest is recorded, so each clone's provenance names it; a seal that failed (files
+changed before they were hashed) fails every clone. ``aclose`` (idempotent, shielded) destroys a
+parent still alive and deletes the snapshot's files, recording both in the ledger. The files go
+as soon as every clone has been restored.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
-from cleanroom.errors import CleanroomError, SetupError, StoreError
+from cleanroom.errors import CleanroomError, LaunchError, SetupError, StoreError
 from cleanroom.export import export_attempt
 from cleanroom.manifest import Group
 from cleanroom.record import Outcome
@@ -79,6 +83,7 @@ class WarmParent:
         self.snap: ForkSnapshot | None = None
         self._pending = len(members)  # clones still to restore
         self._delete: asyncio.Future[None] | None = None
+        self._sealed: asyncio.Future[None] | None = None  # the digest recorded
 
     async def prepare(self) -> ForkSnapshot:
         ctl, report = self.ctl, self.report
@@ -122,6 +127,28 @@ class WarmParent:
         self.snap = await ctl.driver.fork_save(self.parent, report.snapshot_id)
         await self._close_parent()
         report.timings["snapshot_s"] = time.monotonic() - saving
+        self._sealed = asyncio.ensure_future(self._record_seal(saving))
+        return self.snap
+
+    async def _record_seal(self, saving: float) -> None:
+        """Wait for the snapshot's digest (hashed while clones restore), then record it."""
+        ctl, report = self.ctl, self.report
+        assert self.snap is not None and report.snapshot_id and self.parent_id
+        try:
+            self.snap = await ctl.driver.fork_sealed(self.snap)
+            if self.snap.digest is None:
+                raise LaunchError(f"snapshot {report.snapshot_id} was sealed without a digest")
+        except (CleanroomError, OSError) as exc:
+            report.classification, report.error = "fork_failed", f"{type(exc).__name__}: {exc}"
+            ctl.ledger.event(
+                "group_failed",
+                run_id=self.run_id,
+                group=self.group.id,
+                classification=report.classification,
+                error=report.error[-2000:],
+            )
+            raise
+        report.timings["seal_s"] = time.monotonic() - saving
         report.snapshot = self.snap.digest
         report.digest = group_digest(report.setup_digest, self.snap.digest)
         ctl.ledger.snapshot_saved(
@@ -131,7 +158,6 @@ class WarmParent:
             group_digest=report.digest,
         )
         ctl._emit("group_ready", group=self.group.id, **report.facts())
-        return self.snap
 
     def _parent_request(self) -> EnvRequest:
         manifest = self.members[0][0]
@@ -149,13 +175,21 @@ class WarmParent:
         )
 
     async def clone(self, request: EnvRequest) -> Env:
-        """One episode's env, restored from the snapshot (``Controller.run_episode``'s create)."""
-        assert self.snap is not None
+        """One episode's env, restored from the snapshot (``Controller.run_episode``'s create),
+        once the snapshot's digest is recorded."""
+        assert self.snap is not None and self._sealed is not None
         labels = {**request.labels, "group": self.group.id}
         try:
             env = await self.ctl.driver.fork_clone(
                 dataclasses.replace(request, labels=labels), self.snap
             )
+            try:
+                await asyncio.shield(self._sealed)
+            except BaseException as exc:
+                await asyncio.shield(env.aclose())
+                if isinstance(exc, CleanroomError | OSError):
+                    raise LaunchError(f"snapshot not sealed: {exc}") from exc
+                raise
         finally:
             self._pending -= 1
             if self._pending == 0:  # every clone has its own private view of the RAM now
@@ -249,6 +283,9 @@ class WarmParent:
 
     async def _cleanup(self) -> None:
         await self._close_parent()
+        if self._sealed is not None:
+            self._sealed.cancel()  # done unless no clone was made (its hash may run on)
+            await asyncio.gather(self._sealed, return_exceptions=True)
         if self._delete is not None:
             await self._delete
         await self._delete_snapshot()

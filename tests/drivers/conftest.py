@@ -7,8 +7,6 @@ skipped, with the reason, when ``runsc`` is missing or cannot run a sandbox here
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -59,32 +57,6 @@ class Kit:
         env = await self.driver.create(request)
         self.envs.append(env)
         return env
-
-
-def _gvisor_unusable(tmp: Path) -> str | None:
-    """Why runsc cannot run a sandbox here, or None if it can."""
-    if shutil.which("runsc") is None:
-        return "runsc is not installed (apt-get install runsc)"
-    try:
-        proc = subprocess.run(
-            ["runsc", f"--root={tmp}", "--network=none", "do", "true"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"runsc cannot run here: {exc}"
-    if proc.returncode != 0:
-        return f"runsc cannot run a sandbox here: {proc.stderr.strip()[-300:]}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def gvisor_usable(tmp_path_factory: pytest.TempPathFactory) -> None:
-    reason = _gvisor_unusable(tmp_path_factory.mktemp("runsc-probe"))
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture(

@@ -13,19 +13,18 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc, snapshot
-from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
+from cleanroom.drivers.base import Env
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import DriftError, DriverError
-from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
-from cleanroom.store import LocalStore
+
+from .. import vmkit
+from ..vmkit import Harness, assert_gone, request
 
 pytestmark = pytest.mark.vm
 
-CANARIES = ["/canary-root", "/tmp/canary-tmp", "/root/canary-home", "/var/tmp/canary-vartmp"]
 PROBE = (
     "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
     "cat /proc/sys/kernel/random/boot_id; "
@@ -35,34 +34,16 @@ PROBE = (
 
 
 def manifest(eid: str, seed: int, **task: Any) -> Manifest:
-    return Manifest.model_validate(
-        {"episode_id": eid, "seed": seed, "policy": {"id": "snap", "version": "1"}, "task": task}
-    )
-
-
-def request(baseline: Baseline) -> EnvRequest:
-    limits = manifest("x", 0).limits.merged_over(baseline.limits)
-    return EnvRequest(new_env_id(), baseline, limits, Owner("snapshot-tests"), hard_deadline_s=300)
-
-
-def assert_gone(driver: QemuDriver, env_id: str) -> None:
-    assert not driver.exists(env_id)
-    assert not hostproc.pids_with_marker(env_id)
-    assert not driver.run_dir(env_id).exists()
+    return vmkit.manifest(eid, seed, policy="snap", **task)
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[tuple[Controller, Ledger, LocalStore, QemuDriver]]:
-    ledger = Ledger(tmp_path / "ledger.db")
-    store = LocalStore(tmp_path / "store")
-    driver = QemuDriver(start="snapshot")
-    ctl = Controller(driver, ledger, store, options=RunOptions(parallel=2, cleanup_window_s=30))
-    yield ctl, ledger, store, driver
-    ledger.close()
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    yield from vmkit.harness(tmp_path, QemuDriver(start="snapshot"))
 
 
 async def test_a_clone_runs_an_episode_to_a_durable_record(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
     ctl, ledger, store, driver = harness
     result = await ctl.run([manifest("clone-ok", 6, mode="ok")], tiny_baseline, run_id="snap-ok")
@@ -112,29 +93,13 @@ async def test_five_clones_diverge(tiny_baseline: Baseline) -> None:
 
 
 async def test_a_clone_never_sees_what_an_earlier_clone_wrote(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
-    ctl, ledger, store, driver = harness
-    await ctl.run(
-        [manifest("writer", 1, mode="write", paths=CANARIES, probe=CANARIES)],
-        tiny_baseline,
-        run_id="snap-fresh",
+    writer, prober = await vmkit.writer_then_prober(
+        harness, tiny_baseline, "snap-fresh", policy="snap"
     )
-    await ctl.run(
-        [manifest("prober", 2, mode="write", paths=[], probe=CANARIES)],
-        tiny_baseline,
-        run_id="snap-fresh",
-    )
-    writer = store.get_record("snap-fresh", "writer")
-    prober = store.get_record("snap-fresh", "prober")
-    assert writer is not None and prober is not None
     assert writer["provenance"]["start"] == prober["provenance"]["start"] == "snapshot"
     assert writer["provenance"]["template"] == prober["provenance"]["template"]
-    assert sorted(writer["info"]["seen"]) == sorted(CANARIES)
-    assert prober["info"]["seen"] == {}
-    for env in ledger.envs(run_id="snap-fresh"):
-        assert env.confirmed_absent_at is not None
-        assert_gone(driver, env.env_id)
 
 
 async def test_a_modified_template_is_named_and_rebuilt(

@@ -23,9 +23,8 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc, qemu_fork
-from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id, new_snapshot_id
+from cleanroom.drivers import qemu_fork
+from cleanroom.drivers.base import Env, EnvRequest, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
@@ -34,13 +33,16 @@ from cleanroom.reaper import reap
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
+from .. import vmkit
 from ..conftest import TINY_SPEC
+from ..vmkit import Harness, assert_gone
 
 pytestmark = pytest.mark.vm
 
 WARM = "/root/warm.txt"
 SETUP = ["sh", "-c", f"head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {WARM}"]
 PROBES = [WARM, "/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/random/uuid"]
+LIMITS = ResolvedLimits(timeout_s=60, memory_mib=256, vcpus=1)
 
 
 def group(gid: str, setup: list[str], n: int = 3, **task: Any) -> list[Manifest]:
@@ -51,23 +53,13 @@ def group(gid: str, setup: list[str], n: int = 3, **task: Any) -> list[Manifest]
     return cr.group(gid, {"command": setup, "timeout_s": 120}, episodes)
 
 
-def assert_gone(driver: QemuDriver, env_id: str) -> None:
-    assert not driver.exists(env_id)
-    assert not hostproc.pids_with_marker(env_id)
-
-
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[tuple[Controller, Ledger, LocalStore, QemuDriver]]:
-    ledger = Ledger(tmp_path / "ledger.db")
-    store = LocalStore(tmp_path / "store")
-    driver = QemuDriver(start="snapshot")
-    ctl = Controller(driver, ledger, store, options=RunOptions(parallel=3, cleanup_window_s=30))
-    yield ctl, ledger, store, driver
-    ledger.close()
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    yield from vmkit.harness(tmp_path, QemuDriver(start="snapshot"), parallel=3)
 
 
 async def test_three_clones_share_the_setup_and_nothing_else(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
     ctl, ledger, store, driver = harness
     batch = group("warm", SETUP, mode="write", paths=[], probe=PROBES)
@@ -101,7 +93,7 @@ async def test_three_clones_share_the_setup_and_nothing_else(
 
 
 async def test_a_failing_setup_fails_every_episode_and_leaves_nothing(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
     ctl, ledger, store, driver = harness
     broken = ["sh", "-c", "echo 'pip: no such package' >&2; exit 7"]
@@ -124,10 +116,9 @@ async def test_clones_diverge_and_the_parent_is_gone_before_they_start(
     tiny_baseline: Baseline,
 ) -> None:
     driver = QemuDriver(start="snapshot")
-    limits = ResolvedLimits(timeout_s=60, memory_mib=256, vcpus=1)
 
     def request() -> EnvRequest:
-        return EnvRequest(new_env_id(), tiny_baseline, limits, Owner("fork-tests"), 300)
+        return vmkit.request(tiny_baseline, LIMITS, "fork-tests")
 
     sid = new_snapshot_id()
     parent = await driver.fork_parent(request(), sid)
@@ -156,12 +147,8 @@ async def test_without_a_template_the_parent_boots_cold_and_still_forks(
     tiny_baseline: Baseline,
 ) -> None:
     driver = QemuDriver(start="cold")
-    limits = ResolvedLimits(timeout_s=60, memory_mib=256, vcpus=1)
-    owner = Owner("fork-tests")
     sid = new_snapshot_id()
-    parent = await driver.fork_parent(
-        EnvRequest(new_env_id(), tiny_baseline, limits, owner, 300), sid
-    )
+    parent = await driver.fork_parent(vmkit.request(tiny_baseline, LIMITS, "fork-tests"), sid)
     clones: list[Env] = []
     try:
         assert parent.info.start_kind == "cold" and parent.info.template is None
@@ -169,7 +156,7 @@ async def test_without_a_template_the_parent_boots_cold_and_still_forks(
         snap = await driver.fork_save(parent, sid)
         assert snap.facts["parent_start"] == "cold" and snap.facts["template"] is None
         for _ in range(2):
-            request = EnvRequest(new_env_id(), tiny_baseline, limits, owner, 300)
+            request = vmkit.request(tiny_baseline, LIMITS, "fork-tests")
             clones.append(await driver.fork_clone(request, snap))
         probe = f"cat {WARM}; echo; cat /proc/sys/kernel/random/uuid"
         outputs = [(await c.exec(["sh", "-c", probe])).check().stdout.split() for c in clones]

@@ -4,7 +4,6 @@ snapshot, and each clone's episode runs ``entry.run`` in the worker's child save
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ import pytest
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
-from cleanroom.drivers.base import Driver
+from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
@@ -23,6 +21,7 @@ from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 from ..conftest import ROOT
+from ..vmkit import assert_nothing_left
 
 pytestmark = pytest.mark.vm
 
@@ -51,7 +50,7 @@ def manifest(eid: str, seed: int = 1, **fields: Any) -> Manifest:
 class Run:
     """A controller over ``driver`` with its own ledger and store in ``tmp``."""
 
-    def __init__(self, tmp: Path, driver: Driver) -> None:
+    def __init__(self, tmp: Path, driver: RunFolderDriver) -> None:
         self.tmp = tmp
         self.driver = driver
         self.ledger = Ledger(tmp / "ledger.db")
@@ -73,12 +72,7 @@ class Run:
         return path.read_text()
 
     def assert_all_destroyed(self, run_id: str) -> None:
-        envs = self.ledger.envs(run_id=run_id)
-        assert envs
-        for env in envs:
-            assert env.confirmed_absent_at is not None
-            assert not self.driver.exists(env.env_id)
-            assert not hostproc.pids_with_marker(env.env_id)
+        assert_nothing_left(self.driver, self.ledger, run_id)
 
 
 @pytest.fixture
@@ -164,23 +158,9 @@ async def test_a_cold_boot_starts_the_worker_at_boot(
         run.ledger.close()
 
 
-def _gvisor_unusable(tmp: Path) -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed"
-    proc = subprocess.run(
-        ["runsc", f"--root={tmp}", "--network=none", "do", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return None if proc.returncode == 0 else f"runsc cannot run here: {proc.stderr[-300:]}"
-
-
-async def test_gvisor_runs_a_function_entry(tmp_path: Path, warm_baseline: Baseline) -> None:
-    reason = _gvisor_unusable(tmp_path / "probe")
-    if reason:
-        pytest.skip(reason)
+async def test_gvisor_runs_a_function_entry(
+    tmp_path: Path, warm_baseline: Baseline, gvisor_usable: None
+) -> None:
     run = Run(tmp_path, GvisorDriver(run_root=tmp_path / "run"))
     try:
         result = await run.ctl.run([manifest("gv", seed=8)], warm_baseline, run_id="warm-g")

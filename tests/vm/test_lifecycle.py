@@ -5,62 +5,29 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests import vmkit
+from tests.vmkit import CANARIES, Harness, assert_nothing_left, manifest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import DriftError
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
-from cleanroom.store import LocalStore
 
 pytestmark = pytest.mark.vm
 
-CANARIES = ["/canary-root", "/tmp/canary-tmp", "/root/canary-home", "/var/tmp/canary-vartmp"]
-
-
-def manifest(eid: str, seed: int, **task: Any) -> Manifest:
-    limits = task.pop("limits", {})
-    return Manifest.model_validate(
-        {
-            "episode_id": eid,
-            "seed": seed,
-            "policy": {"id": "test", "version": "1"},
-            "task": task,
-            "limits": limits,
-        }
-    )
-
-
-def assert_nothing_left(driver: QemuDriver, ledger: Ledger, run_id: str) -> None:
-    envs = ledger.envs(run_id=run_id)
-    assert envs, "the ledger has no env rows"
-    for env in envs:
-        assert env.confirmed_absent_at is not None, env
-        assert env.intent_at is not None and env.intent_at <= (env.created_at or env.intent_at)
-        assert not driver.exists(env.env_id)
-        assert not hostproc.pids_with_marker(env.env_id)
-        assert not (driver.run_root / env.env_id).exists()
-
 
 @pytest.fixture
-def harness(tmp_path: Path) -> tuple[Controller, Ledger, LocalStore, QemuDriver]:
-    ledger = Ledger(tmp_path / "ledger.db")
-    store = LocalStore(tmp_path / "store")
-    driver = QemuDriver()
-    ctl = Controller(driver, ledger, store, options=RunOptions(parallel=2, cleanup_window_s=30))
-    yield ctl, ledger, store, driver
-    ledger.close()
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    yield from vmkit.harness(tmp_path, QemuDriver())
 
 
 async def test_batch_outcomes_evidence_and_cleanup(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
     ctl, ledger, store, driver = harness
     batch = [
@@ -106,31 +73,15 @@ async def test_batch_outcomes_evidence_and_cleanup(
 
 
 async def test_next_episode_sees_nothing_of_the_previous(
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver], tiny_baseline: Baseline
+    harness: Harness, tiny_baseline: Baseline
 ) -> None:
-    ctl, ledger, store, driver = harness
-    await ctl.run(
-        [manifest("writer", 1, mode="write", paths=CANARIES, probe=CANARIES)],
-        tiny_baseline,
-        run_id="vm-fresh",
-    )
-    await ctl.run(
-        [manifest("prober", 2, mode="write", paths=[], probe=CANARIES)],
-        tiny_baseline,
-        run_id="vm-fresh",
-    )
-    writer = store.get_record("vm-fresh", "writer")
-    prober = store.get_record("vm-fresh", "prober")
-    assert writer is not None and prober is not None
-    assert sorted(writer["info"]["seen"]) == sorted(CANARIES)  # the probe can see a canary
-    assert prober["info"]["seen"] == {}  # ...but not one from the previous episode
-    assert_nothing_left(driver, ledger, "vm-fresh")
+    await vmkit.writer_then_prober(harness, tiny_baseline, "vm-fresh")
 
 
 async def test_modified_baseline_is_refused_by_name(
     tmp_path: Path,
     tiny_baseline: Baseline,
-    harness: tuple[Controller, Ledger, LocalStore, QemuDriver],
+    harness: Harness,
 ) -> None:
     ctl, ledger, _, driver = harness
     copy = tmp_path / "baseline-copy"

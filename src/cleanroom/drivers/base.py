@@ -108,7 +108,7 @@ class ForkSnapshot:
 
     snapshot_id: str
     driver: str
-    digest: str  # "sha256:..." over the snapshot's content
+    digest: str | None  # "sha256:..." over its content; None until sealed (``fork_sealed``)
     path: Path | None
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -219,6 +219,11 @@ class Driver(abc.ABC):
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         """Pause and save ``env``, destroy it (confirmed absent), then seal the snapshot."""
         raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
+        """``snap`` with its digest, once sealed (a driver may hash it while clones restore);
+        raises if its files changed before they were hashed."""
+        return snap
 
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         """A new env restored from ``snap``, with its own entropy and clone id."""

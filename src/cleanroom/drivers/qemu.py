@@ -11,29 +11,23 @@ controller and at its hard deadline. destroy = SIGKILL the process group, reap, 
 folder, then confirm (one /proc scan) that neither a process nor the folder remains.
 
 Starts (``QemuDriver(start=...)``, default ``$CLEANROOM_QEMU_START`` or ``auto``): ``cold``
-boots the kernel every time; ``snapshot`` restores a clone of the baseline's template
-(``snapshot.py``: built on first use by booting the baseline once with its RAM in a file and
-saving it); ``auto`` is ``snapshot``, falling back to a cold boot, with the reason recorded in
-``EnvInfo.start_note``, if the template cannot be built or a clone cannot be restored (after a
-failed build, or 3 failed restores in a row, it boots cold for 5 minutes before trying again).
-A clone is a new QEMU process with the template's devices, its RAM mapped copy-on-write from
-the template's RAM file, ``-incoming defer`` and a second monitor (a socket pair) that already
-holds the commands loading the device state (``migrate-incoming fd:N``, the state file
-inherited); it runs once loaded. When the monitor has accepted them the driver queues RESEED
-(host entropy, the env id, the wall clock) on the agent channel, and the clone is ready when
-the agent answers with HELLO. Clones and the template's build VM carry the same
-``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy, confirm and reap treat
-them alike. Fork (a warm env saved, clones restored from it, for groups) lives in
-``qemu_fork.py``.
+boots the kernel every time; ``snapshot`` restores a clone (``qemu_clone.py``) of the
+baseline's template (``qemu_template.py``, files in ``snapshot.py``: built on first use by
+booting the baseline once with its RAM in a file and saving it); ``auto`` is ``snapshot``,
+falling back to a cold boot, with the reason recorded in ``EnvInfo.start_note``, if the
+template cannot be built or a clone cannot be restored (after a failed build, or 3 failed
+restores in a row, it boots cold for 5 minutes before trying again). Clones and the template's
+build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy,
+confirm and reap treat them alike. The command line is in ``qemu_cmdline.py``, the live process
+and its agent channel in ``qemu_live.py``; fork (a warm env saved, clones restored from it, for
+groups) in ``qemu_fork.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
-import secrets
 import signal
 import socket
 import time
@@ -42,10 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom import paths
-from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, qemu_fork, qmp, snapshot
+from cleanroom.drivers import (
+    hostproc,
+    qemu_clone,
+    qemu_cmdline,
+    qemu_fork,
+    qemu_seal,
+    qemu_template,
+    snapshot,
+)
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -54,41 +55,13 @@ from cleanroom.drivers.base import (
     ForkSnapshot,
     RunFolderDriver,
     fail_launch,
-    new_env_id,
     write_owner,
 )
-from cleanroom.drivers.qmp import QmpClient
-from cleanroom.errors import CleanroomError, ConfigError, DriftError, DriverError, LaunchError
-from cleanroom.network import qemu_args as net_args
+from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.errors import CleanroomError, ConfigError, LaunchError
 
-MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"
-SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 STARTS = ("auto", "cold", "snapshot")
 START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
-MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
-RESEED_BYTES = 64
-TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)
-# clearcpuid=erms,rep_good: the kernel copies and clears memory with unrolled loops instead of
-# `rep movs/stos`, which TCG runs one iteration per step: ~10% less CPU for a cold boot and a
-# clone's first steps (A/B, QEMU CPU time). It marks the guest kernel tainted 'S' (cosmetic).
-GUEST_CMDLINE = (
-    "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable tsc_early_khz={khz} "
-    "cryptomgr.notests random.trust_cpu=on mitigations=off nokaslr 8250.nr_uarts=1 "
-    "initcall_blacklist=init_kprobe_trace,load_system_certificate_list "
-    "clearcpuid=erms,rep_good"
-)
-
-
-class _Live(hostproc.ConsoleProcess):
-    """What the driver holds for an env it created in this process."""
-
-    def __init__(
-        self, proc: asyncio.subprocess.Process, run_dir: Path, channel: socket.socket
-    ) -> None:
-        super().__init__(proc)
-        self.run_dir = run_dir
-        self.channel: socket.socket | None = channel  # the agent channel until it is opened
-        self.qmp: QmpClient | None = None
 
 
 class QemuDriver(RunFolderDriver):
@@ -112,11 +85,12 @@ class QemuDriver(RunFolderDriver):
         self.restore_timeout_s = restore_timeout_s
         self.start = start
         self.run_root = run_root or paths.run_dir() / self.name
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self.accel: accel_mod.Accel | None = None
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._template_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why)
         self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
+        self._sealing: dict[str, asyncio.Future[dict[str, Any]]] = {}  # fork snapshots hashing
 
     def run_dir(self, env_id: str) -> Path:
         return self.run_root / env_id
@@ -131,66 +105,8 @@ class QemuDriver(RunFolderDriver):
             "isolation": self.accel.isolation,
         }
 
-    def machine_args(
-        self, request: EnvRequest, accel: accel_mod.Accel, *, memory_backend: bool = False
-    ) -> list[str]:
-        """The machine and its devices: identical for a template and its clones."""
-        b, lim = request.baseline, request.limits
-        return [
-            "-M",
-            MACHINE + (",memory-backend=mem" if memory_backend else ""),
-            *accel.qemu_args(),
-            "-m",
-            str(lim.memory_mib),
-            "-smp",
-            str(lim.vcpus),
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-no-reboot",
-            "-sandbox",
-            SANDBOX if request.network is None else net_args.SANDBOX_NETWORKED,
-            "-serial",
-            "stdio",
-            "-kernel",
-            str(b.kernel),
-            "-initrd",
-            str(b.initrd),
-            "-append",
-            GUEST_CMDLINE.format(khz=accel_mod.host_tsc_khz()),
-            "-drive",
-            f"id=root,file={b.rootfs},format=raw,if=none,readonly=on",
-            "-device",
-            "virtio-blk-device,drive=root",
-            "-device",
-            "virtio-serial-device",
-            "-device",
-            "virtserialport,chardev=ctl,name=ctl",
-            *(net_args.netdev_args(request.network) if request.network else []),
-        ]
-
-    def command(
-        self,
-        request: EnvRequest,
-        accel: accel_mod.Accel,
-        run_dir: Path,
-        extra: list[str] | None = None,
-        *,
-        ctl_fd: int,
-        memory_backend: bool = False,
-    ) -> list[str]:
-        qemu = [
-            accel_mod.QEMU,
-            "-name",
-            hostproc.marker(request.env_id),
-            *self.machine_args(request, accel, memory_backend=memory_backend),
-            "-chardev",
-            f"socket,id=ctl,fd={ctl_fd}",  # the guest's end of the agent channel's socket pair
-            "-qmp",
-            f"unix:{snapshot.qemu_opt(run_dir / 'qmp.sock')},server=on,wait=off",
-            *(extra or []),
-        ]
-        return hostproc.supervised(qemu, request.hard_deadline_s)
+    machine_args = staticmethod(qemu_cmdline.machine_args)
+    command = staticmethod(qemu_cmdline.command)
 
     async def create(self, request: EnvRequest) -> Env:
         if self.accel is None:
@@ -205,28 +121,13 @@ class QemuDriver(RunFolderDriver):
                 template, note = await self.template_for(request, accel)
                 return await self._clone(request, accel, template, started, note)
             except (CleanroomError, OSError) as exc:  # OSError: e.g. template removed under us
-                self._count_restore_failure(request, accel, exc)
+                qemu_template.count_restore_failure(self, request, accel, exc)
                 if self.start == "snapshot":
                     if isinstance(exc, LaunchError):
                         raise
                     raise LaunchError(f"snapshot start failed: {exc}") from exc
-                note = f"snapshot start failed, booted cold: {_first_line(exc)}"
+                note = f"snapshot start failed, booted cold: {first_line(exc)}"
         return await self._cold(request, accel, started, note)
-
-    def _count_restore_failure(
-        self, request: EnvRequest, accel: accel_mod.Accel, exc: Exception
-    ) -> None:
-        """After MAX_RESTORE_FAILURES clones of a template failed in a row, stop using it
-        for TEMPLATE_RETRY_S (auto: cold boots; a timed-out restore is expensive)."""
-        if not isinstance(exc, LaunchError | OSError):
-            return  # the template itself is missing or failed to build: already recorded
-        key = self.template_key(request, accel)
-        failures = self._restore_failures.get(key, 0) + 1
-        self._restore_failures[key] = failures
-        if failures >= MAX_RESTORE_FAILURES:
-            why = f"{failures} clones in a row failed to restore; last: {_first_line(exc)}"
-            self._template_failed[key] = (time.monotonic(), why)
-            self._restore_failures[key] = 0
 
     async def _spawn(
         self,
@@ -236,7 +137,7 @@ class QemuDriver(RunFolderDriver):
         *,
         pass_fds: tuple[int, ...] = (),
         memory_backend: bool = False,
-    ) -> _Live:
+    ) -> Live:
         """Start the env's QEMU process (run folder first: owner, then the process, its pid)."""
         run_dir = self.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
@@ -260,7 +161,7 @@ class QemuDriver(RunFolderDriver):
             raise LaunchError(f"cannot start QEMU: {exc}") from exc
         finally:
             guest_end.close()
-        live = _Live(proc, run_dir, channel)
+        live = Live(proc, run_dir, channel)
         self._live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
@@ -269,7 +170,7 @@ class QemuDriver(RunFolderDriver):
     async def _ready_or_destroy(
         self,
         env_id: str,
-        live: _Live,
+        live: Live,
         ready: Awaitable[AgentSession],
         timeout_s: float,
         what: str,
@@ -292,7 +193,7 @@ class QemuDriver(RunFolderDriver):
     ) -> Env:
         live = await self._spawn(request, accel, extra, memory_backend=memory_backend)
         session = await self._ready_or_destroy(
-            request.env_id, live, self._connect(live), self.boot_timeout_s, "boot"
+            request.env_id, live, live.connect(), self.boot_timeout_s, "boot"
         )
         return Env(self, self._info(request, accel, live, started, start_note=note), session)
 
@@ -300,7 +201,7 @@ class QemuDriver(RunFolderDriver):
         self,
         request: EnvRequest,
         accel: accel_mod.Accel,
-        live: _Live,
+        live: Live,
         started: float,
         **start: Any,
     ) -> EnvInfo:
@@ -316,197 +217,15 @@ class QemuDriver(RunFolderDriver):
             **start,
         )
 
-    # -- snapshot starts ------------------------------------------------------------------------
+    # -- snapshot starts (qemu_template.py, qemu_clone.py) ------------------------------------
 
     def template_key(self, request: EnvRequest, accel: accel_mod.Accel) -> str:
         machine = self.machine_args(request, accel, memory_backend=True)
         return snapshot.template_key(request.baseline, accel.qemu_version, accel.name, machine)
 
-    async def template_for(
-        self, request: EnvRequest, accel: accel_mod.Accel
-    ) -> tuple[snapshot.Template, str | None]:
-        """The checked template for this request (built on first use), and a note if rebuilt."""
-        key = self.template_key(request, accel)
-        failed = self._template_failed.get(key)
-        if failed is not None and time.monotonic() - failed[0] < TEMPLATE_RETRY_S:
-            raise DriverError(failed[1])
-        note: str | None = None
-        async with self._template_locks.setdefault(key, asyncio.Lock()):
-            try:
-                template = await asyncio.to_thread(snapshot.load, key)
-            except DriftError as exc:
-                note = f"template {key[:12]} was modified ({', '.join(exc.drifted)}); rebuilt"
-                await asyncio.to_thread(snapshot.discard, key)
-                template = None
-            if template is not None:
-                return template, note
-            async with snapshot.build_lock(key, self.boot_timeout_s + snapshot.SAVE_TIMEOUT_S):
-                template = await asyncio.to_thread(snapshot.load, key)  # another process?
-                if template is None:
-                    try:
-                        template = await self._build_template(request, accel, key)
-                    except CleanroomError as exc:
-                        why = f"template build failed: {_first_line(exc)}"
-                        self._template_failed[key] = (time.monotonic(), why)
-                        raise DriverError(why) from exc
-            return template, note
-
-    async def _build_template(
-        self, request: EnvRequest, accel: accel_mod.Accel, key: str
-    ) -> snapshot.Template:
-        """Boot the baseline with RAM in a file, prepare the agent, save, destroy the VM."""
-        started = time.monotonic()
-        build = dataclasses.replace(
-            request,
-            env_id=new_env_id(),
-            hard_deadline_s=self.boot_timeout_s + snapshot.SAVE_TIMEOUT_S + 60,
-            labels={"purpose": "template", "template": key},
-        )
-        try:
-            work = await asyncio.to_thread(snapshot.build_dir, key)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-            state_fd = os.open(work / snapshot.STATE_FILE, flags, 0o600)
-        except OSError as exc:
-            raise DriverError(f"cannot prepare the template folder: {exc}") from exc
-        memory = request.limits.memory_mib
-        try:
-            live = await self._spawn(
-                build,
-                accel,
-                snapshot.memory_args(work / snapshot.RAM_FILE, memory, shared=True),
-                memory_backend=True,
-            )
-            writer = await self._ready_template(live)
-            try:
-                live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
-                save_s = await snapshot.save(live.qmp, state_fd)
-            finally:
-                writer.close()
-            boot_s = time.monotonic() - started - save_s
-        except BaseException as exc:
-            await asyncio.shield(self.destroy(build.env_id))
-            await asyncio.to_thread(hostproc.remove_tree, work)
-            if isinstance(exc, TimeoutError):
-                raise DriverError(
-                    f"template VM not ready within {self.boot_timeout_s:.0f}s"
-                ) from exc
-            if isinstance(exc, OSError):
-                raise DriverError(f"template build failed: {exc}") from exc
-            raise
-        finally:
-            os.close(state_fd)
-        report = await self.destroy(build.env_id)
-        if not report.confirmed_absent:
-            await asyncio.to_thread(hostproc.remove_tree, work)
-            raise DriverError(f"template build VM {build.env_id} could not be confirmed gone")
-        facts = {
-            "baseline": request.baseline.digest,
-            "qemu": accel.qemu_version,
-            "accelerator": accel.name,
-            "vcpus": request.limits.vcpus,
-            "build_env": build.env_id,  # the build VM: destroyed and confirmed gone above
-            "built_at": time.time(),
-            "boot_s": round(boot_s, 3),
-            "save_s": round(save_s, 3),
-        }
-        try:
-            return await asyncio.to_thread(snapshot.seal, work, key, memory, facts)
-        except OSError as exc:
-            await asyncio.to_thread(hostproc.remove_tree, work)
-            raise DriverError(f"cannot save the template: {exc}") from exc
-
-    async def _ready_template(self, live: _Live) -> asyncio.StreamWriter:
-        """Wait for the template VM's agent and tell it a snapshot follows (channel kept open)."""
-
-        async def ready() -> asyncio.StreamWriter:
-            reader, writer = await self._open_channel(live)
-            session = AgentSession(reader, writer)
-            await self._await_hello(live, session)  # closes the session if it fails
-            try:
-                if not snapshot.agent_supports_snapshots(session.hello):
-                    version = session.hello.get("agent_version")
-                    raise DriverError(f"the baseline's guest agent {version} predates snapshots")
-                await snapshot.prepare(reader, writer)
-            except BaseException:
-                await session.aclose()
-                raise
-            return writer
-
-        return await asyncio.wait_for(ready(), self.boot_timeout_s)
-
-    async def _clone(
-        self,
-        request: EnvRequest,
-        accel: accel_mod.Accel,
-        template: snapshot.Template,
-        started: float,
-        note: str | None,
-        *,
-        ram: Path | None = None,
-        shared: bool = False,
-    ) -> Env:
-        """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
-        state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
-        monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
-        try:
-            monitor.sendall(snapshot.restore_script(state_fd))
-            memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
-            mon = [
-                "-chardev",
-                f"socket,id=load,fd={guest_end.fileno()}",
-                "-mon",
-                "chardev=load,mode=control",
-            ]
-            live = await self._spawn(
-                request,
-                accel,
-                [*memory, "-incoming", "defer", *mon],
-                pass_fds=(state_fd, guest_end.fileno()),
-                memory_backend=True,
-            )
-            guest_end.close()
-            session = await self._ready_or_destroy(
-                request.env_id,
-                live,
-                self._restore(request.env_id, live, monitor),
-                self.restore_timeout_s,
-                "restore",
-            )
-        finally:
-            os.close(state_fd)
-            guest_end.close()
-            monitor.close()
-        self._restore_failures.pop(template.key, None)
-        info = self._info(
-            request,
-            accel,
-            live,
-            started,
-            start_kind="snapshot",
-            template=template.digest,
-            start_note=note,
-        )
-        return Env(self, info, session)
-
-    async def _restore(self, env_id: str, live: _Live, monitor: socket.socket) -> AgentSession:
-        """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
-        mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
-        try:
-            answers = qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS)
-            await self._while_running(live, answers)
-        finally:
-            mon_writer.close()
-        reader, writer = await self._open_channel(live)
-        header = {"clone_id": env_id, "time_ns": time.time_ns()}
-        writer.write(
-            protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES))
-        )
-        session = AgentSession(reader, writer)
-        await self._await_hello(live, session)
-        if session.hello.get("clone_id") != env_id:
-            await session.aclose()
-            raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
-        return session
+    template_for = qemu_template.template_for  # built on first use
+    _build_template = qemu_template.build_template
+    _clone = qemu_clone.clone  # restore a template (a fork parent: its own RAM copy, shared)
 
     # -- fork (qemu_fork.py) --------------------------------------------------------------------
 
@@ -516,10 +235,14 @@ class QemuDriver(RunFolderDriver):
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         return await qemu_fork.save(self, env, snapshot_id)
 
+    async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
+        return await qemu_seal.sealed(self, snap)
+
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         return await qemu_fork.clone(self, request, snap)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
+        self._sealing.pop(snapshot_id, None)
         return await asyncio.to_thread(qemu_fork.delete, snapshot_id)
 
     def list_snapshots(self) -> list[str]:
@@ -527,45 +250,6 @@ class QemuDriver(RunFolderDriver):
 
     def snapshot_owner(self, snapshot_id: str) -> dict[str, Any] | None:
         return qemu_fork.owner(snapshot_id)
-
-    # -- the agent channel ----------------------------------------------------------------------
-
-    async def _open_channel(self, live: _Live) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """The host's end of the agent channel as streams (once: the streams then own it)."""
-        channel, live.channel = live.channel, None
-        if channel is None:
-            raise DriverError("the agent channel was already opened")
-        return await asyncio.open_unix_connection(sock=channel, limit=1 << 22)
-
-    async def _connect(self, live: _Live) -> AgentSession:
-        reader, writer = await self._open_channel(live)
-        session = AgentSession(reader, writer)
-        await self._await_hello(live, session)
-        return session
-
-    async def _await_hello(self, live: _Live, session: AgentSession) -> None:
-        """Wait for HELLO, or fail as soon as QEMU exits; closes the session on failure."""
-        try:
-            await self._while_running(live, session.wait_hello())
-        except BaseException:
-            await session.aclose()
-            raise
-
-    async def _while_running(self, live: _Live, step: Awaitable[Any]) -> Any:
-        """``step``'s result, or LaunchError as soon as QEMU exits before it is done."""
-        step_task = asyncio.ensure_future(step)
-        exit_task = asyncio.ensure_future(live.proc.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {step_task, exit_task}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if step_task not in done:
-                raise LaunchError(f"QEMU exited with status {live.proc.returncode} during boot")
-            return step_task.result()
-        finally:
-            for task in (step_task, exit_task):
-                task.cancel()
-            await asyncio.gather(step_task, exit_task, return_exceptions=True)
 
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
@@ -589,7 +273,7 @@ class QemuDriver(RunFolderDriver):
         self._live.pop(env_id, None)
         return DestroyReport(env_id, gone, attempts, (time.perf_counter() - start) * 1000)
 
-    async def _kill_and_confirm(self, env_id: str, live: _Live | None) -> bool:
+    async def _kill_and_confirm(self, env_id: str, live: Live | None) -> bool:
         """SIGKILL the env's process group, remove its run folder, then one /proc scan.
 
         No graceful SIGTERM first: the guest's state is disposable (read-only disk, RAM
@@ -618,8 +302,3 @@ class QemuDriver(RunFolderDriver):
         if self.run_root.is_dir():
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

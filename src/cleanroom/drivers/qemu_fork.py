@@ -10,17 +10,18 @@ of its clones loads that into private memory (slower, ~125 MiB PSS each instead 
 build) the parent boots with its RAM in a fresh shared file.
 
 Files: ``$CLEANROOM_HOME/forks/<snapshot_id>/`` holds ``owner.json`` (written first, for the
-reaper), ``ram``, ``state`` and, once sealed, ``snapshot.json``. Sealing comes after the parent
-was destroyed and confirmed absent: files read-only, a digest over both files' content (the RAM
-file hashed in 1 MiB chunks, holes without reading them), and their stat signature, which every
-clone checks first. Clones map ``ram`` privately, so the folder may go once the last is restored.
+reaper), ``ram``, ``state`` and, once sealed, ``snapshot.json``. Clones map ``ram`` privately,
+so the folder may go once the last is restored.
+
+Sealing (``qemu_seal.py``) comes after the parent was destroyed and confirmed absent: the
+files are frozen at once and hashed while the clones restore; a clone is handed over only once
+the digest is known and its files were unchanged from the freeze through its own restore.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -29,9 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cleanroom import paths
-from cleanroom.baseline.model import sha256_file
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import hostproc, qemu_seal, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
@@ -39,11 +39,8 @@ from cleanroom.errors import CleanroomError, DriverError, LaunchError
 if TYPE_CHECKING:
     from cleanroom.drivers.qemu import QemuDriver
 
-META_FILE = "snapshot.json"
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
-CHUNK = 1 << 20
-_ZERO_CHUNK = hashlib.sha256(bytes(CHUNK)).digest()
 
 
 def forks_dir() -> Path:
@@ -70,34 +67,6 @@ def sparse_copy(src: Path, dst: Path) -> None:
                 start += os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
             offset = end
     dst.chmod(0o600)
-
-
-def content_digest(path: Path) -> str:
-    """sha256 over the sha256 of each 1 MiB chunk (a hole's chunk hash is known: not read)."""
-    outer = hashlib.sha256()
-    with path.open("rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        outer.update(size.to_bytes(8, "big"))
-        for offset in range(0, size, CHUNK):
-            n = min(CHUNK, size - offset)
-            try:
-                data_at = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data from here on
-                data_at = size
-            if data_at >= offset + n and n == CHUNK:
-                outer.update(_ZERO_CHUNK)
-            else:
-                outer.update(hashlib.sha256(os.pread(fd, n, offset)).digest())
-    return "sha256:" + outer.hexdigest()
-
-
-def _signature(path: Path) -> dict[str, list[int]]:
-    out = {}
-    for name in snapshot.FILES:
-        info = (path / name).stat()
-        out[name] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns]
-    return out
 
 
 def _make_folder(snapshot_id: str, request: EnvRequest) -> Path:
@@ -143,7 +112,8 @@ async def start_parent(driver: QemuDriver, request: EnvRequest, snapshot_id: str
 
 
 async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
-    """SNAPSHOT_PREPARE, pause and save the parent, destroy it, then seal its files."""
+    """SNAPSHOT_PREPARE, pause and save the parent, destroy it, freeze its files; their hash
+    runs on meanwhile (``qemu_seal``)."""
     path, live = folder(snapshot_id), driver._live.get(env.env_id)
     if live is None or not (path / snapshot.RAM_FILE).is_file():
         raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
@@ -163,7 +133,8 @@ async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
     if not report.confirmed_absent:
         raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
     destroyed = time.monotonic()
-    sealed = await asyncio.to_thread(_seal, path)
+    frozen = await asyncio.to_thread(qemu_seal.freeze, path)
+    qemu_seal.start(driver, snapshot_id, path, frozen, destroyed)
     facts = {
         "parent_env": env.env_id,
         "parent_start": env.info.start_kind,
@@ -171,10 +142,9 @@ async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
         "machine": json.loads((path / MACHINE_FILE).read_text()),
         "save_s": round(save_s, 4),
         "prepare_save_destroy_s": round(destroyed - started, 4),
-        "seal_s": round(time.monotonic() - destroyed, 4),
-        **sealed,
+        **frozen,
     }
-    return ForkSnapshot(snapshot_id, driver.name, sealed["digest"], path, facts)
+    return ForkSnapshot(snapshot_id, driver.name, None, path, facts)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -184,49 +154,34 @@ def _version(text: str) -> tuple[int, ...]:
         return (0,)
 
 
-def _seal(path: Path) -> dict[str, Any]:
-    """Freeze the files, hash them, record their signature in ``snapshot.json``."""
-    for name in snapshot.FILES:
-        (path / name).chmod(0o444)
-    files = {
-        snapshot.RAM_FILE: content_digest(path / snapshot.RAM_FILE),
-        snapshot.STATE_FILE: "sha256:" + sha256_file(path / snapshot.STATE_FILE),
-    }
-    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"))
-    meta = {
-        "digest": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
-        "files": files,
-        "signature": _signature(path),
-        "ram_bytes": (path / snapshot.RAM_FILE).stat().st_blocks * 512,
-        "state_bytes": (path / snapshot.STATE_FILE).stat().st_size,
-    }
-    (path / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
-    return meta
-
-
 async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> Env:
-    """A new QEMU process restored from the sealed snapshot (RESEED: entropy, clone id, clock)."""
+    """A new QEMU process restored from the snapshot (RESEED: entropy, clone id, clock),
+    returned once the snapshot is sealed and its files were unchanged throughout."""
     if snap.path is None or driver.accel is None:
         raise LaunchError(f"snapshot {snap.snapshot_id} was not made by this driver")
     machine = snap.facts["machine"]
     if _machine(request) != machine:
         raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
-    try:
-        signature = await asyncio.to_thread(_signature, snap.path)
-    except OSError as exc:
-        raise LaunchError(f"snapshot {snap.snapshot_id} is gone: {exc}") from exc
-    changed = [n for n in snapshot.FILES if signature[n] != snap.facts["signature"][n]]
-    if changed:
-        raise LaunchError(f"snapshot {snap.snapshot_id} was modified ({', '.join(changed)})")
+    if not qemu_seal.sealing(driver, snap):
+        raise LaunchError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
+    await qemu_seal.check_unchanged(snap)
     template = snapshot.Template(
         key=snap.snapshot_id,
         path=snap.path,
-        digest=snap.digest,
+        digest=snap.digest or "",  # not recorded: the env's template is the parent's (below)
         memory_mib=machine["memory_mib"],
         files={},
         facts={},
     )
     env = await driver._clone(request, driver.accel, template, time.monotonic(), None)
+    try:
+        await qemu_seal.sealed(driver, snap)
+        await qemu_seal.check_unchanged(snap)  # since the freeze: through hash and restore
+    except BaseException as exc:
+        await asyncio.shield(env.aclose())
+        if isinstance(exc, DriverError) and not isinstance(exc, LaunchError):
+            raise LaunchError(str(exc)) from exc
+        raise
     env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
     return env
 

@@ -1,0 +1,106 @@
+"""Snapshot starts for the qemu driver: a clone restored from a template (or a fork snapshot).
+
+A clone is a new QEMU process with the template's devices, its RAM mapped copy-on-write from
+the template's RAM file, ``-incoming defer`` and a second monitor (a socket pair) that already
+holds the commands loading the device state (``migrate-incoming fd:N``, the state file
+inherited); it runs once loaded. When the monitor has accepted them the driver queues RESEED
+(host entropy, the env id, the wall clock) on the agent channel, and the clone is ready when
+the agent answers with HELLO naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cleanroom.agent import protocol
+from cleanroom.agent.session import AgentSession
+from cleanroom.drivers import accel as accel_mod
+from cleanroom.drivers import qmp, snapshot
+from cleanroom.drivers.base import Env, EnvRequest
+from cleanroom.drivers.qemu_live import Live
+from cleanroom.errors import DriverError
+
+if TYPE_CHECKING:
+    from cleanroom.drivers.qemu import QemuDriver
+
+RESEED_BYTES = 64
+
+
+async def clone(
+    driver: QemuDriver,
+    request: EnvRequest,
+    accel: accel_mod.Accel,
+    template: snapshot.Template,
+    started: float,
+    note: str | None,
+    *,
+    ram: Path | None = None,
+    shared: bool = False,
+) -> Env:
+    """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
+    state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+    monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
+    try:
+        monitor.sendall(snapshot.restore_script(state_fd))
+        memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
+        mon = [
+            "-chardev",
+            f"socket,id=load,fd={guest_end.fileno()}",
+            "-mon",
+            "chardev=load,mode=control",
+        ]
+        live = await driver._spawn(
+            request,
+            accel,
+            [*memory, "-incoming", "defer", *mon],
+            pass_fds=(state_fd, guest_end.fileno()),
+            memory_backend=True,
+        )
+        guest_end.close()
+        session = await driver._ready_or_destroy(
+            request.env_id,
+            live,
+            restore(request.env_id, live, monitor),
+            driver.restore_timeout_s,
+            "restore",
+        )
+    finally:
+        os.close(state_fd)
+        guest_end.close()
+        monitor.close()
+    driver._restore_failures.pop(template.key, None)
+    info = driver._info(
+        request,
+        accel,
+        live,
+        started,
+        start_kind="snapshot",
+        template=template.digest,
+        start_note=note,
+    )
+    return Env(driver, info, session)
+
+
+async def restore(env_id: str, live: Live, monitor: socket.socket) -> AgentSession:
+    """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
+    mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
+    try:
+        answers = qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS)
+        await live.while_running(answers)
+    finally:
+        mon_writer.close()
+    reader, writer = await live.open_channel()
+    header = {"clone_id": env_id, "time_ns": time.time_ns()}
+    writer.write(protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES)))
+    session = AgentSession(reader, writer)
+    await live.await_hello(session)
+    if session.hello.get("clone_id") != env_id:
+        await session.aclose()
+        raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
+    return session
