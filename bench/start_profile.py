@@ -10,6 +10,7 @@ own facts come from its HELLO (``reseed_ms``; ``boot_time_s`` = guest uptime at 
 
     python bench/start_profile.py [--clones 20] [--cold 3] [--burst 8] [--bursts 3]
     python bench/start_profile.py --ab /tmp/ref/src --rounds 4 [--clones 5 ...]
+    python bench/start_profile.py --floor 5   # the cold boot before any agent: power off at /init
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import functools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -189,6 +191,42 @@ def run_ab(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return merged
 
 
+def floor(boots: int) -> list[str]:
+    """The cold boot's floor: the env's own QEMU command (machine, devices, kernel, initramfs,
+    command line) with ``rdinit`` set to power off at once, so no agent, module or mount runs.
+    Whatever an agent does comes on top of this."""
+    import resource
+
+    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.drivers import accel as accel_mod
+    from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+    from cleanroom.drivers.qemu_cmdline import machine_args
+    from cleanroom.manifest import Limits
+
+    baseline = resolve_or_build(str(TINY))
+    limits = Limits().merged_over(baseline.limits)
+    request = EnvRequest(new_env_id(), baseline, limits, Owner("bench-floor"), 600)
+    argv = [
+        accel_mod.QEMU,
+        *machine_args(request, accel_mod.Accel("tcg", "", "floor")),
+        "-chardev",
+        "null,id=ctl",
+    ]
+    at = argv.index("-append") + 1
+    argv[at] += " rdinit=/bin/busybox -- poweroff -f"
+    lines = []
+    for _ in range(boots):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        what = "QEMU start -> guest kernel at /init -> powered off"
+        lines.append(f"  {what}: {wall:.2f} s wall, {cpu:.2f} s CPU")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clones", type=int, default=20)
@@ -198,8 +236,15 @@ def main() -> None:
     parser.add_argument("--ab", type=Path, help="another tree's src/ to compare against")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write every run's steps here")
+    parser.add_argument(
+        "--floor", type=int, default=0, help="only: N boots to an init that powers off"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
+    if args.floor:
+        print("\n".join(floor(args.floor)))
+        print(f"load average (1 min) at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}")
+        return
     results = run_ab(args) if args.ab else {"this": asyncio.run(measure(args))}
     if args.json:
         args.json.write_text(json.dumps(results["this"] if not args.ab else results))
