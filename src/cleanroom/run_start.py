@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 async def preflight(ctl: Controller, manifests: list[Manifest], baseline: Baseline) -> None:
     """Raise if the run must be refused; reap what dead controllers left behind."""
     try:
-        baseline_store.require_intact(baseline)  # full re-hash: drift refuses the run
+        # drift refuses the run: a full re-hash, except of files this process hashed clean
+        # that have not changed since (same inode, size, mtime and ctime)
+        baseline_store.require_intact(baseline, reuse=True)
     except DriftError as exc:
         ctl._emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
         raise

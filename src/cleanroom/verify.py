@@ -172,7 +172,7 @@ class Verifiers:
         ):
             if ref not in self._baselines:
                 baseline = baseline_store.resolve_or_build(ref)
-                baseline_store.require_intact(baseline)
+                baseline_store.require_intact(baseline, reuse=True)
                 self._baselines[ref] = baseline
 
     def _baseline(self, ref: VerifierRef, episode_baseline: Baseline) -> Baseline:

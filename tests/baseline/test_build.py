@@ -149,6 +149,40 @@ def test_verify_is_clean_and_a_flipped_byte_is_named(
     assert store.verify(tiny) == []  # the original was never touched
 
 
+def test_a_run_rehashes_only_what_changed_since_this_process_hashed_it(
+    tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(store, "SETTLED_S", 0.0)  # the copy was just written
+    clone_baseline(tiny, tmp_path / "home", copy=("rootfs.erofs",))
+    copy = store.resolve(tiny.digest)
+    hashed: list[str] = []
+    real_hash = store.sha256_file
+
+    def counted(path: Path) -> str:
+        hashed.append(path.name)
+        return real_hash(path)
+
+    monkeypatch.setattr(store, "sha256_file", counted)
+
+    assert store.verify(copy, reuse=True) == [] and "rootfs.erofs" in hashed
+    hashed.clear()
+    assert store.verify(copy, reuse=True) == [] and hashed == []  # unchanged: not hashed again
+    assert store.verify(copy) == [] and "rootfs.erofs" in hashed  # without reuse: always
+
+    before = copy.rootfs.stat()
+    with copy.rootfs.open("r+b") as f:  # same size, and the old mtime put back
+        f.seek(4096 * 3)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(copy.rootfs, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert copy.rootfs.stat().st_mtime_ns == before.st_mtime_ns
+    assert store.verify(copy, reuse=True) == ["rootfs.erofs"]  # its ctime moved: re-hashed
+    with pytest.raises(DriftError, match=r"rootfs\.erofs"):
+        store.require_intact(copy, reuse=True)  # and a drifted file is never trusted again
+
+
 def test_edited_metadata_is_drift(
     tiny: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,29 +145,48 @@ def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
 # -- checks ---------------------------------------------------------------------------------------
 
 
-def verify(baseline: Baseline) -> list[str]:
+# file -> its (device, inode, size, mtime, ctime) when this process last hashed it clean
+_HASHED_CLEAN: dict[Path, tuple[int, int, int, int, int]] = {}
+SETTLED_S = 2.0  # a signature is trusted only for files unchanged this long before the hash
+
+
+def _signature(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def verify(baseline: Baseline, *, reuse: bool = False) -> list[str]:
     """Names of components (or ``baseline.json``) that no longer match; empty when intact.
 
     Works on any baseline folder (a copy elsewhere too): it checks content, not location.
+    With ``reuse``, a file this process already hashed clean is not hashed again while its
+    device, inode, size, mtime and ctime are those it had then: user space cannot set a ctime,
+    and every write, chmod or replacement changes it (git trusts its index the same way). A
+    process that runs many batches then pays the full re-hash once, not once per run.
     """
     drifted: list[str] = []
     for component in baseline.components:
         path = baseline.path / component.name
         try:
-            size = path.stat().st_size
-            ok = size == component.size and sha256_file(path) == component.sha256
+            info = path.stat()
+            signature = _signature(info)
+            if reuse and _HASHED_CLEAN.get(path) == signature:
+                continue
+            ok = info.st_size == component.size and sha256_file(path) == component.sha256
         except OSError:
             ok = False
         if not ok:
+            _HASHED_CLEAN.pop(path, None)
             drifted.append(component.name)
+        elif info.st_ctime_ns < time.time_ns() - int(SETTLED_S * 1e9):
+            _HASHED_CLEAN[path] = signature  # taken before the hash: a later write changes it
     if digest_of(baseline.identity()) != baseline.digest:
         drifted.append(METADATA_FILE)
     return sorted(set(drifted))
 
 
-def require_intact(baseline: Baseline) -> None:
+def require_intact(baseline: Baseline, *, reuse: bool = False) -> None:
     """``verify``, raising DriftError naming the drifted files."""
-    drifted = verify(baseline)
+    drifted = verify(baseline, reuse=reuse)
     if drifted:
         raise DriftError(baseline.digest, drifted)
 
