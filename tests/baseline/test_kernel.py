@@ -19,6 +19,7 @@ from cleanroom.baseline.kernel import (
     load_order,
     module_depends,
     read_modinfo,
+    split_for_nic,
 )
 from cleanroom.errors import BuildError
 
@@ -131,6 +132,12 @@ def test_real_kernel_modules_and_order(kernel: Kernel) -> None:
     assert (kernel.module_dir / "order").read_text().split() == order
     again = load_order(list(MODULES), index_modules(kernel.module_dir))
     assert again == order
+    always, nic = split_for_nic(kernel)
+    assert sorted(nic) == ["failover", "net_failover", "virtio_net"]  # only a NIC needs them
+    assert sorted(always + nic) == sorted(order)
+    assert {"virtio_mmio", "virtio_blk", "virtio_console", "erofs", "overlay"} <= set(always)
+    for part in (always, nic):
+        assert part == [n for n in order if n in part]  # each still in load order
 
 
 def test_a_second_fetch_is_served_from_the_cache(kernel: Kernel) -> None:

@@ -6,8 +6,15 @@ B=/bin/busybox
 $B mount -t proc proc /proc
 $B mount -t sysfs sys /sys
 $B mount -t devtmpfs dev /dev
-for m in $($B cat /lib/modules/order); do
-  $B insmod "/lib/modules/$m.ko" 2>/dev/null || echo "cleanroom-init: insmod $m failed"
+load() {
+  for m in $($B cat "/lib/modules/$1"); do
+    $B insmod "/lib/modules/$m.ko" 2>/dev/null || echo "cleanroom-init: insmod $m failed"
+  done
+}
+load order
+# the NIC's driver only in a VM that has one (a virtio device of type 1: network)
+for d in /sys/bus/virtio/devices/*; do
+  if [ "$($B cat "$d/device" 2>/dev/null)" = 0x0001 ]; then load order.nic; break; fi
 done
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do $B usleep 10000; i=$((i+1)); done

@@ -34,8 +34,9 @@ from cleanroom.errors import BuildError
 from cleanroom.paths import cache_dir
 
 MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "erofs", "overlay")
-"""What the initramfs must load (their dependencies are added). ``virtio_net`` is for VMs with
-an egress allowlist (the only ones with a NIC); without a NIC it just registers its driver."""
+"""What the initramfs may load (their dependencies are added)."""
+NIC_MODULES = ("virtio_net",)
+"""Loaded only in a VM with a NIC (one whose episode has an egress allowlist)."""
 
 LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"
 ELF_MAGIC = b"\x7fELF"
@@ -99,6 +100,19 @@ def module_depends(ko: Path) -> list[str]:
 def index_modules(modules_root: Path) -> dict[str, Path]:
     """Module name (``-`` normalised to ``_``) -> ``.ko`` path, for every module under a tree."""
     return {p.name.removesuffix(".ko").replace("-", "_"): p for p in modules_root.rglob("*.ko")}
+
+
+def split_for_nic(kernel: Kernel) -> tuple[list[str], list[str]]:
+    """``kernel.order`` as (what every VM loads, what only a VM with a NIC adds: ``NIC_MODULES``
+    and the dependencies nothing else needs), each still in load order."""
+    if not set(NIC_MODULES) & set(kernel.order):
+        return list(kernel.order), []
+    index = {name: kernel.module(name) for name in kernel.order}
+    always = set(load_order([m for m in MODULES if m not in NIC_MODULES and m in index], index))
+    return (
+        [n for n in kernel.order if n in always],
+        [n for n in kernel.order if n not in always],
+    )
 
 
 def load_order(wanted: tuple[str, ...] | list[str], index: dict[str, Path]) -> list[str]:
