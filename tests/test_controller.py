@@ -26,6 +26,7 @@ from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
+from .vmkit import assert_nothing_left
 
 
 def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:
@@ -50,12 +51,7 @@ class Harness:
         )
 
     def assert_all_destroyed(self, run_id: str) -> None:
-        envs = self.ledger.envs(run_id=run_id)
-        assert envs
-        for env in envs:
-            assert env.confirmed_absent_at is not None, env
-            assert not self.driver.exists(env.env_id)
-            assert not hostproc.pids_with_marker(env.env_id)
+        assert_nothing_left(self.driver, self.ledger, run_id)
 
 
 @pytest.fixture

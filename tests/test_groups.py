@@ -18,7 +18,6 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Owner, new_snapshot_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ManifestError
@@ -32,6 +31,7 @@ from cleanroom.store import LocalStore
 from .conftest import make_fake_baseline
 from .forking_fake import ForkingFake
 from .test_reaper import dead_pid
+from .vmkit import assert_nothing_left
 
 
 def py(code: str) -> list[str]:
@@ -71,10 +71,7 @@ class Harness:
         return len(self.counter.read_text()) if self.counter.exists() else 0
 
     def assert_nothing_left(self, run_id: str) -> None:
-        for env in self.ledger.envs(run_id=run_id):
-            assert env.confirmed_absent_at is not None, env
-            assert not self.driver.exists(env.env_id)
-            assert not hostproc.pids_with_marker(env.env_id)
+        assert_nothing_left(self.driver, self.ledger, run_id)
         for snap in self.ledger.snapshots(run_id=run_id):
             assert snap.confirmed_absent_at is not None, snap
         assert self.driver.list_snapshots() == []

@@ -20,7 +20,6 @@ from cleanroom.baseline.model import (
     sha256_file,
 )
 from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Limits, Manifest
@@ -28,6 +27,7 @@ from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 from .conftest import ROOT, make_fake_baseline
+from .vmkit import assert_nothing_left
 
 WARM_ENTRY = ROOT / "tests" / "baselines" / "warm" / "files" / "entry.py"
 
@@ -90,10 +90,7 @@ class Harness:
         return record
 
     def assert_all_destroyed(self, run_id: str) -> None:
-        for env in self.ledger.envs(run_id=run_id):
-            assert env.confirmed_absent_at is not None
-            assert not self.driver.exists(env.env_id)
-            assert not hostproc.pids_with_marker(env.env_id)
+        assert_nothing_left(self.driver, self.ledger, run_id)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Shared pieces of the real-VM tests (tests/snapshot, tests/vm): manifests, env requests, a
-controller over a qemu driver, and the checks that an env is gone and that the next episode
-sees nothing of the previous one."""
+controller over a qemu driver, the checks that an env is gone (for any run-folder driver: the
+fake driver's controller tests use them too) and that the next episode sees nothing of the
+previous one."""
 
 from __future__ import annotations
 
