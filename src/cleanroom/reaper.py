@@ -18,7 +18,7 @@ from typing import Any
 
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Driver
-from cleanroom.ledger import EnvRow, Ledger
+from cleanroom.ledger import EnvRow, Ledger, SnapshotRow
 from cleanroom.record import Outcome
 from cleanroom.store import Store
 
@@ -71,7 +71,7 @@ def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:
     return found
 
 
-def _claimed(row: Any, owner: dict[str, Any] | None) -> bool:
+def _claimed(row: EnvRow | SnapshotRow | None, owner: dict[str, Any] | None) -> bool:
     """Whether a live process still owns an env or snapshot: the one its ledger ``row`` names
     (``owner_host``, ``owner_pid``, ``intent_at``), else the one its files name (``owner``).
     With neither, nobody will ever clean it up."""

@@ -86,9 +86,9 @@ def test_relay_until_closed_stops_at_its_deadline_and_drain_closes_every_pipe() 
     pipes = relay.Relay(lambda kind, header, data: sent.append((kind, data)), {read_end: 6})
     os.write(write_end, b"partial")
     assert pipes.until_closed(time.monotonic() + 0.2) is False  # the writer is still open
-    assert sent == [(6, b"partial")] and pipes.open
+    assert sent == [(6, b"partial")] and read_end in pipes.pipes
     pipes.drain(0.1)
-    assert not pipes.open
+    assert pipes.pipes == {}
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed by the relay
     os.close(write_end)

@@ -32,11 +32,6 @@ class Relay:
         for fd in self.pipes:
             self.poller.register(fd, select.POLLIN)
 
-    @property
-    def open(self) -> bool:
-        """True while some pipe has not reached end of file."""
-        return bool(self.pipes)
-
     def step(self, timeout_s: float | None, watch: tuple[int, ...] = ()) -> set[int]:
         """Forward what the pipes have, waiting up to ``timeout_s`` (None: until something
         happens); returns which of ``watch`` are readable. A pipe at end of file is closed."""
