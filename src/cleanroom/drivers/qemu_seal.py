@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cleanroom.baseline.model import sha256_file
+from cleanroom.baseline.model import digest_of, sha256_file
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import ForkSnapshot
 from cleanroom.errors import DriverError, LaunchError
@@ -72,6 +72,12 @@ def signature(path: Path) -> dict[str, list[int]]:
     return out
 
 
+def changed_since(path: Path, frozen: dict[str, list[int]]) -> list[str]:
+    """The snapshot files whose signature is no longer the frozen one."""
+    now = signature(path)
+    return [name for name in snapshot.FILES if now[name] != frozen[name]]
+
+
 def freeze(path: Path) -> dict[str, Any]:
     """Make the files read-only; their signature and sizes (what ``hash_files`` will cover)."""
     for name in snapshot.FILES:
@@ -103,13 +109,11 @@ def hash_files(path: Path, frozen: dict[str, Any]) -> dict[str, Any]:
         snapshot.RAM_FILE: content_digest(path / snapshot.RAM_FILE),
         snapshot.STATE_FILE: "sha256:" + sha256_file(path / snapshot.STATE_FILE),
     }
-    now = signature(path)
-    changed = [n for n in snapshot.FILES if now[n] != frozen["signature"][n]]
+    changed = changed_since(path, frozen["signature"])
     if changed:
         raise DriverError(f"snapshot {path.name} changed while sealed ({', '.join(changed)})")
-    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"))
     meta = {
-        "digest": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+        "digest": digest_of(files),
         "files": files,
         **frozen,
     }
@@ -138,9 +142,8 @@ async def check_unchanged(snap: ForkSnapshot) -> None:
     """LaunchError unless the snapshot's files still have the signature they were frozen with."""
     assert snap.path is not None
     try:
-        now = await asyncio.to_thread(signature, snap.path)
+        changed = await asyncio.to_thread(changed_since, snap.path, snap.facts["signature"])
     except OSError as exc:
         raise LaunchError(f"snapshot {snap.snapshot_id} is gone: {exc}") from exc
-    changed = [n for n in snapshot.FILES if now[n] != snap.facts["signature"][n]]
     if changed:
         raise LaunchError(f"snapshot {snap.snapshot_id} was modified ({', '.join(changed)})")

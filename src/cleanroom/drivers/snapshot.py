@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom import paths
-from cleanroom.baseline.model import Baseline, sha256_file
+from cleanroom.baseline.model import Baseline, digest_of, sha256_file
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.drivers.qmp import script as qmp_script
@@ -103,11 +103,6 @@ class Template:
         return self.path / STATE_FILE
 
 
-def _digest(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def _signature(path: Path) -> tuple[tuple[int, int, int], ...]:
     sig = []
     for name in (*FILES, META_FILE):
@@ -145,7 +140,7 @@ def _read_meta(path: Path, key: str) -> Template:
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DriftError(f"template {key}", [META_FILE]) from exc
-    if template.key != key or _digest(body) != template.digest or body["format"] != FORMAT:
+    if template.key != key or digest_of(body) != template.digest or body["format"] != FORMAT:
         raise DriftError(f"template {key}", [META_FILE])
     return template
 
@@ -233,7 +228,7 @@ def seal(work: Path, key: str, memory_mib: int, facts: dict[str, Any]) -> Templa
             os.fsync(f.fileno())
         files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     body = {"format": FORMAT, "key": key, "memory_mib": memory_mib, "files": files, "facts": facts}
-    meta = {**body, "digest": _digest(body)}
+    meta = {**body, "digest": digest_of(body)}
     (work / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     for name in (*FILES, META_FILE):
         (work / name).chmod(0o444)
