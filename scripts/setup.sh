@@ -12,6 +12,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
   qemu-system-x86 mmdebstrap erofs-utils busybox-static cpio lz4 util-linux python3-venv
   ca-certificates
+  gcc libc6-dev  # the guest agent's native reseed helper (agent/reseed.c), built into baselines
   runsc  # gVisor, for --driver gvisor (a user-space kernel sandbox: no VM, no KVM needed)
   chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
 )

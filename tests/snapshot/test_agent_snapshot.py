@@ -38,6 +38,9 @@ class Script:
     def write(self, data: memoryview) -> int:
         return self.sent.write(data)
 
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a script has no descriptor")  # so no reseed helper
+
     def frames(self) -> list[Frame]:
         stream = io.BytesIO(self.sent.getvalue())
         out = []
@@ -73,7 +76,7 @@ def test_after_prepare_a_closed_channel_is_waited_out_until_reseed(
     guest.Agent(port).serve()
     kinds = [f.kind for f in port.frames()]
     assert kinds == [Kind.HELLO, Kind.OK, Kind.HELLO, Kind.PONG]
-    assert port.frames()[1].header == {"prepared": True}
+    assert port.frames()[1].header["reseeder"] == "python"  # no helper outside a baseline
     assert port.frames()[2].header["clone_id"] == "env-1"
     assert port.frames()[2].header["agent_version"] == guest.AGENT_VERSION
     assert seen == [("pool", b"e" * 64, {"clone_id": "env-1", "time_ns": 5})]
@@ -102,7 +105,7 @@ def test_prepare_right_after_a_request_waits_for_its_worker(
     agent.serve()
     frames = port.frames()
     assert [f.kind for f in frames] == [Kind.HELLO, Kind.OK], frames
-    assert frames[1].header == {"prepared": True} and agent.snapshotted
+    assert frames[1].header["prepared"] is True and agent.snapshotted
 
 
 def test_without_prepare_a_closed_channel_ends_the_agent() -> None:
@@ -111,7 +114,7 @@ def test_without_prepare_a_closed_channel_ends_the_agent() -> None:
     assert [f.kind for f in port.frames()] == [Kind.HELLO]  # the PING was never read
 
 
-def test_reseed_feeds_and_credits_the_pool_reseeds_random_and_sets_the_clock(
+def test_reseed_feeds_and_credits_the_pool_and_sets_the_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import fcntl
@@ -132,9 +135,23 @@ def test_reseed_feeds_and_credits_the_pool_reseeds_random_and_sets_the_clock(
         (guest.RNDRESEEDCRNG, None),
     ]
     assert clock == [(time.CLOCK_REALTIME, 1234)]
-    assert len(seeds) == 1 and seeds[0].startswith(entropy)
+    assert seeds == []  # Python's own state: the agent's adopt_reseed, after the helper too
     assert facts["clone_id"] == "env-2" and facts["reseeded"] is True
+    assert facts["reseeder"] == "python"
     assert "boot_id" not in facts  # never read by the agent: the clone's first reader makes it
+
+
+def test_adopting_a_reseed_reseeds_random_and_makes_the_agent_a_clone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seeds: list[bytes] = []
+    monkeypatch.setattr(random, "seed", lambda value: seeds.append(value))
+    agent = guest.Agent(Script())
+    agent.snapshotted = True
+    entropy = bytes(range(64))
+    agent.adopt_reseed(entropy)
+    assert len(seeds) == 1 and seeds[0].startswith(entropy) and len(seeds[0]) > len(entropy)
+    assert agent.entropy == entropy and not agent.snapshotted
 
 
 def test_prepare_rehearses_reseed_without_crediting_entropy(

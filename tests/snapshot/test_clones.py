@@ -78,6 +78,7 @@ async def test_five_clones_diverge(tiny_baseline: Baseline) -> None:
         for env in envs:
             assert env.info.start_kind == "snapshot"
             assert env.hello["clone_id"] == env.env_id and env.hello["reseeded"] is True
+            assert env.hello["reseeder"] == "native"  # the helper answered, not Python
             result = (await env.exec(["sh", "-c", PROBE], timeout_s=60)).check()
             outputs.append(result.stdout.decode().split())
     finally:

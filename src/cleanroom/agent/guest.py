@@ -11,8 +11,11 @@ closed channel for "host gone": the VM is about to be saved, and every clone res
 sees the template's host connection vanish. It waits for the next host instead, which sends
 RESEED (host entropy, the clone's id, the wall clock); the agent mixes the entropy into the
 kernel's pool and forces a CRNG reseed, reseeds Python's ``random`` if it is loaded, sets the
-clock and says HELLO again. It keeps the entropy: each function episode's child reseeds its
-``random`` (and numpy's) from it, since a template's worker shares its state with every clone.
+clock and says HELLO again. In a baseline the native helper (``reseed.c``, started at
+SNAPSHOT_PREPARE, ``reseed_helper.py``) does all that but the ``random`` part: under TCG a
+clone translates every code path it runs first, and the interpreter's path is ~10x longer.
+The agent keeps the entropy: each function episode's child reseeds its ``random`` (and
+numpy's) from it, since a template's worker shares its state with every clone.
 Nothing here reads ``/proc/sys/kernel/random/boot_id`` before that (the kernel fixes it at its
 first read, so each clone must be the first to read it).
 
@@ -27,6 +30,7 @@ a unix socket to connect to and ``CLEANROOM_GUEST_ROOT`` to relocate ``/run/clea
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import threading
@@ -45,12 +49,14 @@ if __package__:  # on the host, as part of the package (a failed import costs ~3
         prepare_guest_root,
         warm_module,
     )
-    from cleanroom.agent.protocol import HEARTBEAT_S, Frame, Kind, encode, read_frame
+    from cleanroom.agent.protocol import HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame
+    from cleanroom.agent.reseed_helper import Prefixed, ReseedHelper
 else:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import guestnet  # type: ignore[import-not-found,no-redef]
     from handlers import BASE_ENV, NETWORK, Handlers, prepare_guest_root, warm_module  # type: ignore[no-redef,import-not-found]
-    from protocol import HEARTBEAT_S, Frame, Kind, encode, read_frame  # type: ignore[no-redef,import-not-found]
+    from protocol import HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame  # type: ignore[no-redef,import-not-found]
+    from reseed_helper import Prefixed, ReseedHelper  # type: ignore[no-redef,import-not-found]
 
 AGENT_VERSION = "0.4.0"
 PORT_NAME = "ctl"
@@ -126,6 +132,7 @@ class Agent(Handlers):
         self.idle.set()
         self.warm: Any = None  # warm.Worker: the pre-importing Python worker, if any
         self.entropy = b""  # the host's RESEED bytes (function episodes reseed from them)
+        self.helper: ReseedHelper | None = None  # holds the port from a snapshot to RESEED
 
     def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         data = encode(kind, header, body)
@@ -135,13 +142,16 @@ class Agent(Handlers):
                 written = self.stream.write(view)
                 view = view[written:]
 
-    def hello(self, extra: dict[str, Any] | None = None) -> None:
+    def hello_fields(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         header = hello_header(extra)
         if NETWORK:
             header["network"] = NETWORK
         if self.warm is not None:
             header["warm"] = self.warm.hello_facts()
-        self.send(Kind.HELLO, header)
+        return header
+
+    def hello(self, extra: dict[str, Any] | None = None) -> None:
+        self.send(Kind.HELLO, self.hello_fields(extra))
 
     def serve(self) -> None:
         self.hello()
@@ -151,11 +161,13 @@ class Agent(Handlers):
         threading.Thread(target=self.handle_requests, daemon=True).start()
         while True:
             try:
-                frame = read_frame(self.stream)
+                frame = self.next_frame()
             except EOFError:
                 if not self.snapshotted:
                     return
                 time.sleep(RECONNECT_POLL_S)  # a clone: the port reads EOF until its host connects
+                continue
+            if frame is None:  # the reseed helper answered a clone's RESEED
                 continue
             if frame.kind == Kind.PING:
                 self.send(Kind.PONG, {"t": frame.header.get("t")})
@@ -164,11 +176,11 @@ class Agent(Handlers):
             elif frame.kind == Kind.SNAPSHOT_PREPARE and self.wait_idle():
                 self.pool = prepare_snapshot()
                 self.snapshotted = True
-                self.send(Kind.OK, {"prepared": True})
+                self.send(Kind.OK, {"prepared": True, **self.start_helper()})
             elif frame.kind == Kind.RESEED and self.pool is not None and self.wait_idle():
-                self.snapshotted = False  # a clone now: its host closing the channel ends it
-                self.entropy = frame.body
-                self.hello(reseed(self.pool, frame.body, frame.header))
+                facts = reseed(self.pool, frame.body, frame.header)
+                self.adopt_reseed(frame.body)
+                self.hello(facts)
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:
@@ -176,6 +188,40 @@ class Agent(Handlers):
                 self.idle.clear()
                 self.pending = frame
                 self.wake.release()
+
+    def next_frame(self) -> Frame | None:
+        """The next request. After a snapshot the reseed helper reads the first: if it answered
+        a RESEED, adopt that (None); else read the frame it began, from its bytes on."""
+        helper, self.helper = self.helper, None
+        if helper is None:
+            return read_frame(self.stream)
+        status, consumed = helper.outcome()
+        if status == b"H":
+            self.adopt_reseed(read_frame(io.BytesIO(consumed)).body)
+            return None
+        return read_frame(Prefixed(consumed, self.stream))  # type: ignore[arg-type]
+
+    def adopt_reseed(self, entropy: bytes) -> None:
+        """A clone now: its host closing the channel ends it; its Python diverges too."""
+        self.snapshotted = False
+        self.entropy = entropy
+        if "random" in sys.modules:  # only a module already loaded shares the template's state
+            sys.modules["random"].seed(entropy + os.urandom(16))
+
+    def start_helper(self) -> dict[str, str]:
+        """Let the native helper answer the clone's RESEED; which one will, and why not it."""
+        try:
+            self.helper = ReseedHelper.start(self.stream, self.pool, self.hello_prefix())
+        except OSError as exc:
+            return {"reseeder": "python", "reseeder_note": f"{type(exc).__name__}: {exc}"}
+        return {"reseeder": "native"}
+
+    def hello_prefix(self) -> str:
+        """The HELLO a clone sends, as compact JSON without its closing brace (for the helper,
+        which adds the clone's facts and its own uptime)."""
+        fields = self.hello_fields()
+        fields.pop("boot_time_s", None)
+        return dumps(fields)[:-1]
 
     def wait_idle(self, timeout_s: float = 2.0) -> bool:
         """Let a request that has sent its last frame finish (the host may already be ahead:
@@ -248,8 +294,6 @@ def prepare_snapshot(pool_path: str = "/dev/urandom") -> Any:
     a first EXEC (``true``, its frames discarded): the clone's own first one is ~20% faster.
     Returns the pool (``/dev/urandom`` opened for writing: a handle, no state).
     """
-    import io
-
     pool = open(pool_path, "wb", buffering=0)  # noqa: SIM115 - kept for the clone
     probe = {"clone_id": "env-" + "0" * 16, "time_ns": time.time_ns()}
     frame = read_frame(io.BytesIO(encode(Kind.RESEED, probe, os.urandom(64))))
@@ -273,7 +317,11 @@ def reseed(
     import struct
 
     started = time.monotonic()
-    facts: dict[str, Any] = {"start": "snapshot", "clone_id": header.get("clone_id")}
+    facts: dict[str, Any] = {
+        "start": "snapshot",
+        "reseeder": "python",
+        "clone_id": header.get("clone_id"),
+    }
     bits = 8 * len(entropy) if credit else 0
     try:
         pool.write(entropy)
@@ -283,8 +331,6 @@ def reseed(
     except OSError as exc:
         facts["reseeded"] = False
         facts["reseed_error"] = f"{type(exc).__name__}: {exc}"
-    if "random" in sys.modules:  # only a module already loaded shares the template's state
-        sys.modules["random"].seed(entropy + os.urandom(16))
     when = header.get("time_ns")
     if isinstance(when, int):
         try:

@@ -38,7 +38,7 @@ def require_tool(name: str) -> str:
     if found is None:
         raise ConfigError(
             f"{name} not found on PATH; install the host tools "
-            "(qemu-system-x86 mmdebstrap erofs-utils busybox-static lz4)"
+            "(qemu-system-x86 mmdebstrap erofs-utils busybox-static lz4 gcc libc6-dev)"
         )
     return found
 

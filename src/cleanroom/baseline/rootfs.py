@@ -7,8 +7,9 @@ Steps, each reported to the progress callback:
    ``cache_dir()/rootfs/<key>.tar``; every build extracts that tarball, so builds that share
    packages share one debootstrap and a rebuild starts from identical bytes.
 2. ``pip``: wheels for the guest's Python (``pyinstall.install_pip``).
-3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/`` (and, for a
-   function entrypoint, the warm worker's config as ``/opt/cleanroom/entry.json``).
+3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/`` (with its
+   native reseed helper, compiled here by ``gcc``; for a function entrypoint, the warm worker's
+   config as ``/opt/cleanroom/entry.json``).
 4. ``compile``: byte-compiled by the guest's own Python, reproducibly
    (``pyinstall.byte_compile``); the agent is test-imported so a missing module fails the build.
 5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
@@ -188,8 +189,20 @@ def install_agent(rootfs: Path, warm_config: dict[str, Any] | None = None) -> No
         entry = dest.parent / "entry.json"
         entry.write_text(json.dumps(warm_config, sort_keys=True) + "\n")
         entry.chmod(0o644)
+    build_reseed_helper(dest)
     for folder in (dest, dest.parent):
         folder.chmod(0o755)
+
+
+RESEED_CFLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
+
+
+def build_reseed_helper(dest: Path) -> None:
+    """Compile the agent's native reseed helper (``agent/reseed.c``) to ``dest/reseed``:
+    static, so it runs whatever the image's libc."""
+    binary = dest / "reseed"
+    run(["gcc", *RESEED_CFLAGS, "-o", binary, AGENT_DIR / "reseed.c"], "files")
+    binary.chmod(0o755)
 
 
 # -- scrub ----------------------------------------------------------------------------------------

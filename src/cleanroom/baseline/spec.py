@@ -61,6 +61,8 @@ AGENT_FILES = (
     "handlers.py",
     "protocol.py",
     "relay.py",
+    "reseed.c",
+    "reseed_helper.py",
     "warm.py",
     "worker.py",
 )

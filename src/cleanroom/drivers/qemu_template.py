@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
@@ -103,7 +103,7 @@ async def build_template(
             snapshot.memory_args(work / snapshot.RAM_FILE, memory, shared=True),
             memory_backend=True,
         )
-        writer = await _ready_template(live, driver.boot_timeout_s)
+        writer, prepared = await _ready_template(live, driver.boot_timeout_s)
         try:
             live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
             save_s = await snapshot.save(live.qmp, state_fd)
@@ -133,6 +133,7 @@ async def build_template(
         "built_at": time.time(),
         "boot_s": round(boot_s, 3),
         "save_s": round(save_s, 3),
+        **{k: v for k, v in prepared.items() if k in ("reseeder", "reseeder_note")},
     }
     try:
         return await asyncio.to_thread(snapshot.seal, work, key, memory, facts)
@@ -141,10 +142,13 @@ async def build_template(
         raise DriverError(f"cannot save the template: {exc}") from exc
 
 
-async def _ready_template(live: Live, timeout_s: float) -> asyncio.StreamWriter:
-    """Wait for the template VM's agent and tell it a snapshot follows (channel kept open)."""
+async def _ready_template(
+    live: Live, timeout_s: float
+) -> tuple[asyncio.StreamWriter, dict[str, Any]]:
+    """Wait for the template VM's agent and tell it a snapshot follows (channel kept open);
+    the agent's answer to that."""
 
-    async def ready() -> asyncio.StreamWriter:
+    async def ready() -> tuple[asyncio.StreamWriter, dict[str, Any]]:
         reader, writer = await live.open_channel()
         session = AgentSession(reader, writer)
         await live.await_hello(session)  # closes the session if it fails
@@ -152,10 +156,10 @@ async def _ready_template(live: Live, timeout_s: float) -> asyncio.StreamWriter:
             if not snapshot.agent_supports_snapshots(session.hello):
                 version = session.hello.get("agent_version")
                 raise DriverError(f"the baseline's guest agent {version} predates snapshots")
-            await snapshot.prepare(reader, writer)
+            prepared = await snapshot.prepare(reader, writer)
         except BaseException:
             await session.aclose()
             raise
-        return writer
+        return writer, prepared
 
     return await asyncio.wait_for(ready(), timeout_s)

@@ -305,11 +305,12 @@ def restore_script(state_fd: int) -> bytes:
 
 async def prepare(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float = 10.0
-) -> None:
-    """Tell the template's agent a snapshot follows (SNAPSHOT_PREPARE) and wait for its OK."""
+) -> dict[str, Any]:
+    """Tell the template's agent a snapshot follows (SNAPSHOT_PREPARE); its OK's header
+    (which reseeder will answer the clones' RESEED: ``native`` or ``python``, and why)."""
     from cleanroom.agent import protocol
 
-    async def exchange() -> None:
+    async def exchange() -> dict[str, Any]:
         writer.write(protocol.encode(protocol.Kind.SNAPSHOT_PREPARE))
         await writer.drain()
         while True:
@@ -321,12 +322,12 @@ async def prepare(
             if kind == protocol.Kind.HEARTBEAT:
                 continue
             if kind == protocol.Kind.OK and header.get("prepared") is True:
-                return
+                return header
             name = protocol.kind_name(kind)
             raise DriverError(f"the agent answered SNAPSHOT_PREPARE with {name}: {header}")
 
     try:
-        await asyncio.wait_for(exchange(), timeout_s)
+        return await asyncio.wait_for(exchange(), timeout_s)
     except TimeoutError:
         raise DriverError(
             f"the agent did not confirm SNAPSHOT_PREPARE in {timeout_s:.0f}s"
