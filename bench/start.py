@@ -5,10 +5,13 @@ Measures, on the tiny test baseline (the template is built first, if needed, and
   clone -> agent ready                     (--runs runs)
   clone -> first exec (`true`) answered    (same clones: create + one exec)
   destroy + confirm of a clone             (same clones)
-  N clones ready at once                   (--bursts bursts of --burst clones)
+  spare clone -> agent ready               (--runs runs: a clone started ahead, paused; the
+                                            clock starts at create, once it is ready)
+  N clones ready at once                   (--bursts bursts of --burst clones; and of N spares)
   PSS per QEMU process with --idle idle clones alive (/proc/PID/smaps_rollup), and one cold VM
   trivial episodes per second end to end   (Controller + LocalStore + Ledger in a temp dir,
-                                            task {"mode": "ok"}, --episodes at --parallel 2, 4)
+                                            task {"mode": "ok"}, --episodes at --parallel 2, 4;
+                                            and at 2 without spares)
 and, for the warm test baseline (a function entrypoint run by the agent's warm worker):
   clone: function episode answered         (--warm fresh clones: RUN -> DONE of a trivial
                                             function episode), beside a command episode
@@ -62,16 +65,24 @@ def manifest(i: int) -> Manifest:
     )
 
 
-def request(baseline: Baseline) -> EnvRequest:
+def request(baseline: Baseline, driver: QemuDriver | None = None) -> EnvRequest:
+    """A request for a new env; with ``driver``, under the id it hands out (a spare's)."""
     limits = manifest(0).limits.merged_over(baseline.limits)
-    return EnvRequest(new_env_id(), baseline, limits, Owner("bench-start"), hard_deadline_s=600)
+    env_id = driver.next_env_id(baseline, limits) if driver else new_env_id()
+    return EnvRequest(env_id, baseline, limits, Owner("bench-start"), hard_deadline_s=600)
 
 
-async def timed_env(driver: QemuDriver, baseline: Baseline, python: bool) -> dict[str, float]:
-    """create -> ready, + first `true` (+ then `python3 -c pass`), destroy + confirm (s)."""
+async def timed_env(
+    driver: QemuDriver, baseline: Baseline, python: bool, spare: bool = False
+) -> dict[str, float]:
+    """create -> ready, + first `true` (+ then `python3 -c pass`), destroy + confirm (s).
+    ``spare``: a spare started ahead (and settled) before the clock starts."""
+    if spare:
+        await driver.spares.settled()
     t0 = time.perf_counter()
-    env = await driver.create(request(baseline))
+    env = await driver.create(request(baseline, driver if spare else None))
     t1 = time.perf_counter()
+    assert spare == (env.info.spare_s is not None), env.info
     (await env.exec(["true"])).check()
     t2 = time.perf_counter()
     times = {"ready": t1 - t0, "exec": t2 - t0}
@@ -137,10 +148,17 @@ async def warm_rows(
     return rows, rates
 
 
-async def burst(driver: QemuDriver, baseline: Baseline, n: int) -> float:
+async def burst(driver: QemuDriver, baseline: Baseline, n: int, spares: bool = False) -> float:
+    """Seconds until ``n`` clones created at once are ready (``spares``: n spares, settled)."""
+    if spares:
+        driver.keep_spares(n)
+        await (await driver.create(request(baseline))).aclose()  # tops the spares up
+        await driver.spares.settled()
+    requests = [request(baseline, driver if spares else None) for _ in range(n)]
     t0 = time.perf_counter()
-    envs = await asyncio.gather(*(driver.create(request(baseline)) for _ in range(n)))
+    envs = await asyncio.gather(*(driver.create(r) for r in requests))
     elapsed = time.perf_counter() - t0
+    assert all((e.info.spare_s is not None) == spares for e in envs)
     reports = await asyncio.gather(*(env.aclose() for env in envs))
     assert all(r.confirmed_absent for r in reports)
     return elapsed
@@ -174,7 +192,9 @@ async def idle_pss(driver: QemuDriver, baseline: Baseline, n: int) -> list[tuple
         await asyncio.gather(*(env.aclose() for env in envs))
 
 
-async def episodes_per_s(baseline: Baseline, n: int, parallel: int, start: str) -> dict[str, float]:
+async def episodes_per_s(
+    baseline: Baseline, n: int, parallel: int, start: str, spares: int | None = None
+) -> dict[str, float]:
     marks: dict[str, float] = {}
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -189,7 +209,7 @@ async def episodes_per_s(baseline: Baseline, n: int, parallel: int, start: str) 
             QemuDriver(start=start),
             ledger,
             LocalStore(Path(tmp) / "store"),
-            options=RunOptions(parallel=parallel, staging_dir=Path(tmp) / "staging"),
+            options=RunOptions(parallel=parallel, staging_dir=Path(tmp) / "staging", spares=spares),
             on_event=on_event,
         )
         t0 = time.perf_counter()
@@ -229,6 +249,8 @@ async def main() -> None:
     args = parser.parse_args()
     baseline = resolve_or_build(str(TINY), progress=lambda s, d: print(f"build {s}: {d}"))
     cold, snap = QemuDriver(start="cold"), QemuDriver(start="snapshot")
+    spare = QemuDriver(start="snapshot")
+    spare.keep_spares(1)
     load_at_start = os.getloadavg()[0]
     if args.only_warm:
         await only_warm(args, snap, baseline, load_at_start)
@@ -243,18 +265,23 @@ async def main() -> None:
 
     cold_runs: list[dict[str, float]] = []
     clone_runs: list[dict[str, float]] = []
+    spare_runs: list[dict[str, float]] = []
+    await (await spare.create(request(baseline))).aclose()  # starts its first spare
     every = max(args.runs // max(args.cold, 1), 1)
     for i in range(args.runs):
         clone_runs.append(await timed_env(snap, baseline, python=i < args.python))
+        spare_runs.append(await timed_env(spare, baseline, python=False, spare=True))
         if i % every == 0 and len(cold_runs) < args.cold:
             cold_runs.append(await timed_env(cold, baseline, python=len(cold_runs) < args.python))
         print(f"run {i + 1}/{args.runs}: clone ready {clone_runs[-1]['ready'] * 1000:.0f} ms")
     while len(cold_runs) < args.cold:
         cold_runs.append(await timed_env(cold, baseline, python=len(cold_runs) < args.python))
-    bursts = []
+    bursts, spare_bursts = [], []
     for i in range(args.bursts):
         bursts.append(await burst(snap, baseline, args.burst))
+        spare_bursts.append(await burst(spare, baseline, args.burst, spares=True))
         print(f"burst {i + 1}/{args.bursts}: {args.burst} ready in {bursts[-1] * 1000:.0f} ms")
+    await spare.release_spares()
     pss = await idle_pss(snap, baseline, args.idle)
     cold_env = await cold.create(request(baseline))
     await asyncio.sleep(3.0)
@@ -262,6 +289,7 @@ async def main() -> None:
     await cold_env.aclose()
     load_at_episodes = os.getloadavg()[0]
     rates = {p: await episodes_per_s(baseline, args.episodes, p, "snapshot") for p in (2, 4)}
+    no_spares = await episodes_per_s(baseline, args.episodes, 2, "snapshot", spares=0)
     cold_rate = await episodes_per_s(baseline, 6, 2, "cold")
     warm_table, warm_rates = await warm_rows(snap, baseline, args.warm, args.episodes, (2, 4))
 
@@ -293,7 +321,15 @@ async def main() -> None:
             "<= 50 ms p50, >= 20x",
         ),
         row("clone -> first exec answered", [r["exec"] for r in clone_runs], cold_p50),
+        row(
+            "spare clone -> agent ready",
+            [r["ready"] for r in spare_runs],
+            cold_p50,
+            "<= 50 ms p50, >= 20x",
+        ),
+        row("spare clone -> first exec answered", [r["exec"] for r in spare_runs], cold_p50),
         row(f"{args.burst} clones ready at once", bursts, cold_p50, "<= 500 ms"),
+        row(f"{args.burst} spare clones ready at once", spare_bursts, cold_p50, "<= 500 ms"),
         row(
             "cold: then `python3 -c pass`", [r["python"] for r in cold_runs if "python" in r], None
         ),
@@ -319,6 +355,11 @@ async def main() -> None:
             f" target >= 15/s); median provision {rate['provision_s'] * 1000:.0f} ms, run "
             f"{rate['run_s'] * 1000:.0f} ms, export {rate['export_s'] * 1000:.0f} ms"
         )
+    lines.append(
+        f"  snapshot, parallel 2, no spares: {no_spares['wall']:.2f}/s wall, "
+        f"{no_spares['episodes']:.2f}/s first start -> last finish; median provision "
+        f"{no_spares['provision_s'] * 1000:.0f} ms"
+    )
     lines.append(
         f"  cold, parallel 2: {cold_rate['wall']:.2f}/s wall, {cold_rate['episodes']:.2f}/s "
         f"episodes (6 episodes)"

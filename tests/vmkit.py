@@ -62,13 +62,15 @@ def assert_gone(driver: RunFolderDriver, env_id: str) -> None:
 
 
 def assert_nothing_left(driver: RunFolderDriver, ledger: Ledger, run_id: str) -> None:
-    """Every env of the run: confirmed absent in the ledger, and gone from the host."""
+    """Every env of the run: confirmed absent in the ledger, and gone from the host; and no env
+    of the driver is left on the host at all (a spare nobody took has no ledger row)."""
     envs = ledger.envs(run_id=run_id)
     assert envs, "the ledger has no env rows"
     for env in envs:
         assert env.confirmed_absent_at is not None, env
         assert env.intent_at is not None and env.intent_at <= (env.created_at or env.intent_at)
         assert_gone(driver, env.env_id)
+    assert driver.list_owned() == []
 
 
 async def writer_then_prober(

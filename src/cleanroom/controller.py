@@ -64,6 +64,7 @@ class RunOptions:
     collect_grace_s: float = 30.0
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
+    spares: int | None = None  # envs kept started ahead per shape (None: ``parallel``; 0: none)
 
 
 def new_run_id() -> str:
@@ -125,6 +126,8 @@ class Controller:
         todo = queue_pending(self, run_id, manifests, result)
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         gate = asyncio.Semaphore(self.options.parallel)
+        spares = self.options.spares
+        self.driver.keep_spares(self.options.parallel if spares is None else spares)
         status = "failed"
         singles, grouped = plan(todo)
         try:
@@ -140,14 +143,18 @@ class Controller:
             status = "cancelled"
             raise
         finally:
-            result.leaked_envs = [
+            released = asyncio.ensure_future(self._release_spares(run_id, result))
+            cancelled_now = await until_done(released)
+            result.leaked_envs += [
                 e.episode_id
                 for e in result.episodes
                 if e.destroy and not e.destroy.confirmed_absent
             ] + [leak for g in result.groups for leak in g.leaked]  # a parent env, a snapshot
             shutil.rmtree(self._staging_root() / run_id, ignore_errors=True)
-            self.ledger.finish_run(run_id, status)
+            self.ledger.finish_run(run_id, "cancelled" if cancelled_now else status)
             self._emit("run_finished", run_id=run_id, status=status)
+            if cancelled_now:
+                raise asyncio.CancelledError
         return result
 
     async def _guarded(
@@ -182,7 +189,9 @@ class Controller:
         ``create`` makes its env (default ``driver.create``; a group's clones: ``groups.py``)."""
         eid = manifest.episode_id
         limits = manifest.limits.merged_over(baseline.limits)
-        env_id = new_env_id()
+        # a spare's id if the driver has one ready (none for a group's clones or a NIC)
+        spare_ok = create is None and not baseline.network
+        env_id = self.driver.next_env_id(baseline, limits) if spare_ok else new_env_id()
         clock = EpisodeClock(queue_s)
         staging = self._staging_root() / run_id / eid / str(attempt)
         outcome: Outcome = Outcome.INFRA_ERROR
@@ -287,6 +296,18 @@ class Controller:
         if cancelled:
             raise asyncio.CancelledError
         return episode
+
+    async def _release_spares(self, run_id: str, result: RunResult) -> None:
+        """Destroy the envs the driver started ahead that no episode took; record each."""
+        for report in await self.driver.release_spares():
+            self.ledger.event(
+                "spare_destroyed" if report.confirmed_absent else "env_leaked",
+                run_id=run_id,
+                env_id=report.env_id,
+                cleanup_ms=report.elapsed_ms,
+            )
+            if not report.confirmed_absent:
+                result.leaked_envs.append(report.env_id)
 
     def _request(
         self,

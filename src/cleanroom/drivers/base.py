@@ -82,15 +82,17 @@ class EnvInfo:
     template: str | None = None  # the template's digest when start_kind == "snapshot"
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
+    spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
-        ``group``)."""
+        ``group``, ``spare_s``)."""
         return {
             "start": self.start_kind,
             "template": self.template,
             "start_note": self.start_note,
             "group": self.group,
+            "spare_s": self.spare_s,
         }
 
     def ledger_fields(self) -> dict[str, Any]:
@@ -209,6 +211,21 @@ class Driver(abc.ABC):
     def describe(self) -> dict[str, str]:
         """Driver and accelerator facts for provenance."""
         return {"driver": self.name}
+
+    # -- spares (capability "spares"): envs started ahead, handed out by id ---------------------
+
+    def keep_spares(self, count: int) -> None:
+        """Keep up to ``count`` envs per shape started ahead (0: none)."""
+        return None
+
+    def next_env_id(self, baseline: Baseline, limits: ResolvedLimits) -> str:
+        """The id for the next env of this shape: a spare's, reserved (``create`` with it then
+        resumes the spare), or a fresh one. Create or destroy it: a reserved spare is running."""
+        return new_env_id()
+
+    async def release_spares(self) -> list[DestroyReport]:
+        """Destroy every spare nobody took; the reports of those destroys."""
+        return []
 
     # -- fork (capability "fork"): save one warm env, restore many ------------------------------
 

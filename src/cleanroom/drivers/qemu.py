@@ -20,7 +20,9 @@ restores in a row, it boots cold for 5 minutes before trying again). Clones and 
 build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy,
 confirm and reap treat them alike. The command line is in ``qemu_cmdline.py``, the live process
 and its agent channel in ``qemu_live.py``; fork (a warm env saved, clones restored from it, for
-groups) in ``qemu_fork.py``.
+groups) in ``qemu_fork.py``; spares (clones started ahead, paused before their first guest
+instruction, resumed by ``create`` under the id ``next_env_id`` handed out) in
+``qemu_spares.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 from cleanroom import paths
 from cleanroom.agent.session import AgentSession
+from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import (
     hostproc,
@@ -44,6 +47,7 @@ from cleanroom.drivers import (
     qemu_cmdline,
     qemu_fork,
     qemu_seal,
+    qemu_spares,
     qemu_template,
     snapshot,
 )
@@ -55,10 +59,12 @@ from cleanroom.drivers.base import (
     ForkSnapshot,
     RunFolderDriver,
     fail_launch,
+    new_env_id,
     write_owner,
 )
 from cleanroom.drivers.qemu_live import Live, first_line
 from cleanroom.errors import CleanroomError, ConfigError, LaunchError
+from cleanroom.manifest import ResolvedLimits
 
 STARTS = ("auto", "cold", "snapshot")
 START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
@@ -68,7 +74,7 @@ class QemuDriver(RunFolderDriver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress", "fork"})
+    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress", "fork", "spares"})
 
     def __init__(
         self,
@@ -91,6 +97,7 @@ class QemuDriver(RunFolderDriver):
         self._template_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why)
         self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
         self._sealing: dict[str, asyncio.Future[dict[str, Any]]] = {}  # fork snapshots hashing
+        self.spares = qemu_spares.Spares(self)
 
     def run_dir(self, env_id: str) -> Path:
         return self.run_root / env_id
@@ -114,12 +121,18 @@ class QemuDriver(RunFolderDriver):
         accel = self.accel
         started = time.monotonic()
         note: str | None = None
+        if request.network is not None and self.spares.claim(request.env_id) is not None:
+            await self.destroy(request.env_id)  # a spare has no NIC: the id is free again
         if request.network is not None and self.start != "cold":
             note = "egress needs a NIC and snapshot templates have none: booted cold"
         elif self.start != "cold":
             try:
                 template, note = await self.template_for(request, accel)
-                return await self._clone(request, accel, template, started, note)
+                env, unused = await self._from_spare(request, accel, template, started)
+                if env is None:
+                    env = await self._clone(request, accel, template, started, note or unused)
+                self.spares.top_up(request, accel)
+                return env
             except (CleanroomError, OSError) as exc:  # OSError: e.g. template removed under us
                 qemu_template.count_restore_failure(self, request, accel, exc)
                 if self.start == "snapshot":
@@ -128,6 +141,37 @@ class QemuDriver(RunFolderDriver):
                     raise LaunchError(f"snapshot start failed: {exc}") from exc
                 note = f"snapshot start failed, booted cold: {first_line(exc)}"
         return await self._cold(request, accel, started, note)
+
+    async def _from_spare(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        template: snapshot.Template,
+        started: float,
+    ) -> tuple[Env | None, str | None]:
+        """Resume the spare reserved under ``request.env_id``, if any and if it still fits.
+        (env, None), or (None, why the spare was not used: it is destroyed), or (None, None)."""
+        spare = self.spares.claim(request.env_id)
+        if spare is None:
+            return None, None
+        why = spare.fits(request, template, time.monotonic())
+        if why is None:
+            try:
+                return await qemu_spares.resume(self, spare, request, accel, started), None
+            except LaunchError as exc:  # destroyed already
+                why = first_line(exc)
+        else:
+            await self.destroy(request.env_id)
+        return None, f"a spare was not used: {why}"
+
+    def keep_spares(self, count: int) -> None:
+        self.spares.target = max(0, count) if self.start != "cold" else 0
+
+    def next_env_id(self, baseline: Baseline, limits: ResolvedLimits) -> str:
+        return self.spares.take_id(baseline, limits) or new_env_id()
+
+    async def release_spares(self) -> list[DestroyReport]:
+        return await self.spares.release()
 
     async def _spawn(
         self,
@@ -253,6 +297,7 @@ class QemuDriver(RunFolderDriver):
 
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
+        self.spares.forget(env_id)
         live = self._live.get(env_id)
         gone, attempts = False, 0
         for attempts in range(1, 6):

@@ -44,25 +44,8 @@ async def clone(
     shared: bool = False,
 ) -> Env:
     """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
-    state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
-    monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
+    live, monitor = await spawn_restoring(driver, request, accel, template, ram=ram, shared=shared)
     try:
-        monitor.sendall(snapshot.restore_script(state_fd))
-        memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
-        mon = [
-            "-chardev",
-            f"socket,id=load,fd={guest_end.fileno()}",
-            "-mon",
-            "chardev=load,mode=control",
-        ]
-        live = await driver._spawn(
-            request,
-            accel,
-            [*memory, "-incoming", "defer", *mon],
-            pass_fds=(state_fd, guest_end.fileno()),
-            memory_backend=True,
-        )
-        guest_end.close()
         session = await driver._ready_or_destroy(
             request.env_id,
             live,
@@ -71,8 +54,6 @@ async def clone(
             "restore",
         )
     finally:
-        os.close(state_fd)
-        guest_end.close()
         monitor.close()
     driver._restore_failures.pop(template.key, None)
     info = driver._info(
@@ -87,14 +68,63 @@ async def clone(
     return Env(driver, info, session)
 
 
+async def spawn_restoring(
+    driver: QemuDriver,
+    request: EnvRequest,
+    accel: accel_mod.Accel,
+    template: snapshot.Template,
+    *,
+    ram: Path | None = None,
+    shared: bool = False,
+    paused: bool = False,
+) -> tuple[Live, socket.socket]:
+    """Start the QEMU process of a clone of ``template``: its monitor (returned) already holds
+    the commands loading the device state. It runs once loaded, unless ``paused`` (``-S``:
+    its vCPU then waits for ``cont``, and no guest code runs before)."""
+    state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+    monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
+    try:
+        monitor.sendall(snapshot.restore_script(state_fd))
+        memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
+        mon = [
+            "-chardev",
+            f"socket,id=load,fd={guest_end.fileno()}",
+            "-mon",
+            "chardev=load,mode=control",
+        ]
+        live = await driver._spawn(
+            request,
+            accel,
+            [*memory, "-incoming", "defer", *mon, *(["-S"] if paused else [])],
+            pass_fds=(state_fd, guest_end.fileno()),
+            memory_backend=True,
+        )
+    except BaseException:
+        monitor.close()
+        raise
+    finally:
+        os.close(state_fd)
+        guest_end.close()
+    return live, monitor
+
+
 async def restore(env_id: str, live: Live, monitor: socket.socket) -> AgentSession:
     """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
     mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
     try:
-        answers = qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS)
-        await live.while_running(answers)
+        await load_accepted(live, mon_reader)
     finally:
         mon_writer.close()
+    return await reseed(env_id, live)
+
+
+async def load_accepted(live: Live, mon_reader: asyncio.StreamReader) -> None:
+    """The monitor's answers to the load commands (DriverError if it refused one)."""
+    await live.while_running(qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS))
+
+
+async def reseed(env_id: str, live: Live) -> AgentSession:
+    """Send the clone its RESEED (host entropy, its id, the wall clock); await its HELLO."""
     reader, writer = await live.open_channel()
     header = {"clone_id": env_id, "time_ns": time.time_ns()}
     writer.write(protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES)))

@@ -220,10 +220,13 @@ def _check(command: str, reply: dict[str, Any]) -> None:
 
 def script(*commands: tuple[str, dict[str, Any] | None]) -> bytes:
     """``qmp_capabilities``, then ``commands`` ((name, arguments) pairs), as one write."""
-    lines: list[dict[str, Any]] = [{"execute": "qmp_capabilities"}]
-    for name, arguments in commands:
-        lines.append({"execute": name, **({"arguments": arguments} if arguments else {})})
-    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    return b"".join(_line(n, a) for n, a in (("qmp_capabilities", None), *commands))
+
+
+def _line(name: str, arguments: dict[str, Any] | None) -> bytes:
+    """One command as the monitor reads it."""
+    message = {"execute": name, **({"arguments": arguments} if arguments else {})}
+    return json.dumps(message).encode() + b"\n"
 
 
 async def read_answers(reader: asyncio.StreamReader, commands: tuple[str, ...]) -> None:
@@ -235,3 +238,19 @@ async def read_answers(reader: asyncio.StreamReader, commands: tuple[str, ...]) 
             _check(name, message)
             if "return" in message:
                 break
+
+
+async def command(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    name: str,
+    arguments: dict[str, Any] | None = None,
+) -> None:
+    """Send one command on a monitor past its ``script`` and read its answer (events skipped);
+    DriverError if it is refused or the monitor closes."""
+    writer.write(_line(name, arguments))
+    while True:
+        message = await _read_message(reader)
+        _check(name, message)
+        if "return" in message:
+            return

@@ -1,0 +1,211 @@
+"""Spare clones for the qemu driver: started ahead, so an episode's snapshot start is only
+``cont``, RESEED and HELLO.
+
+A spare is a clone in all but use: its own env id (the QEMU process's marker and its run folder,
+with owner.json naming this controller), the template's RAM mapped copy-on-write, the device
+state loaded. ``-S`` keeps its vCPU stopped: like any clone, the process has run no guest code
+when an episode takes it. QEMU's own start (~55 ms of CPU under TCG) is then off the episode's
+path.
+
+The driver keeps ``target`` spares per shape (baseline, limits), topped up in the background
+after each snapshot start of that shape. ``take_id`` hands out a spare's env id, so the
+controller's ledger intent names the env before it is used, and ``create`` with that id resumes
+the spare (``claim`` + ``resume``). A spare that no longer fits (its template was replaced, its
+QEMU died, it is older than ``MAX_AGE_S``) is destroyed instead, and the env starts the usual way
+under the same id. ``release`` destroys the spares nobody took and returns each destroy's report
+(the controller calls it at the end of a run); after a crash the reaper finds them by their run
+folders and dead owner, like any orphaned env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cleanroom.agent.session import AgentSession
+from cleanroom.drivers import accel as accel_mod
+from cleanroom.drivers import qmp, snapshot
+from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
+from cleanroom.drivers.qemu_clone import load_accepted, reseed, spawn_restoring
+from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.manifest import ResolvedLimits
+
+if TYPE_CHECKING:
+    from cleanroom.baseline.model import Baseline
+    from cleanroom.drivers.qemu import QemuDriver
+
+MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
+Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve
+
+
+def shape_of(baseline: Baseline, limits: ResolvedLimits) -> Shape:
+    return (baseline.digest, limits)
+
+
+@dataclass
+class Spare:
+    env_id: str
+    shape: Shape
+    template: snapshot.Template
+    live: Live
+    monitor: tuple[asyncio.StreamReader, asyncio.StreamWriter]  # its load monitor, kept open
+    started: float  # monotonic: when its QEMU was spawned
+    deadline: float  # monotonic: when its supervisor kills it
+
+    def fits(self, request: EnvRequest, template: snapshot.Template, now: float) -> str | None:
+        """Why this spare cannot serve ``request`` (None: it can)."""
+        if self.live.proc.returncode is not None:
+            return f"its QEMU exited ({self.live.proc.returncode})"
+        if template.digest != self.template.digest:
+            return "its template was replaced"
+        if shape_of(request.baseline, request.limits) != self.shape or request.network:
+            return "the request has another shape"
+        if now - self.started > MAX_AGE_S:
+            return f"it is older than {MAX_AGE_S:.0f}s"
+        if now + request.hard_deadline_s > self.deadline:
+            return "its hard deadline is too close"
+        return None
+
+
+class Spares:
+    """The spares of one driver: ready ones by shape, taken ones by env id, starting ones."""
+
+    def __init__(self, driver: QemuDriver) -> None:
+        self.driver = driver
+        self.target = 0
+        self.ready: dict[Shape, list[Spare]] = {}
+        self.taken: dict[str, Spare] = {}
+        self.starting: dict[str, tuple[Shape, asyncio.Task[None]]] = {}
+        self.chores: set[asyncio.Task[DestroyReport]] = set()  # destroys of unfit spares
+        self.last_error: str | None = None  # why the last spare failed to start
+
+    def take_id(self, baseline: Baseline, limits: ResolvedLimits) -> str | None:
+        """Reserve the oldest ready spare of this shape and return its env id, if any."""
+        now = time.monotonic()
+        queue = self.ready.get(shape_of(baseline, limits), [])
+        while queue:
+            spare = queue.pop(0)
+            if now - spare.started <= MAX_AGE_S and spare.live.proc.returncode is None:
+                self.taken[spare.env_id] = spare
+                return spare.env_id
+            self.discard(spare)
+        return None
+
+    def claim(self, env_id: str) -> Spare | None:
+        """The spare reserved under ``env_id`` (once)."""
+        return self.taken.pop(env_id, None)
+
+    def discard(self, spare: Spare) -> None:
+        """Destroy a spare in the background (``release`` waits for it)."""
+        task = asyncio.ensure_future(self.driver.destroy(spare.env_id))
+        self.chores.add(task)
+        task.add_done_callback(self.chores.discard)
+
+    def top_up(self, request: EnvRequest, accel: accel_mod.Accel) -> None:
+        """Start spares of ``request``'s shape until ``target`` are ready or starting."""
+        if self.target <= 0 or request.network is not None:
+            return
+        shape = shape_of(request.baseline, request.limits)
+        have = len(self.ready.get(shape, [])) + sum(s == shape for s, _ in self.starting.values())
+        for _ in range(self.target - have):
+            env_id = new_env_id()
+            spare_request = dataclasses.replace(
+                request,
+                env_id=env_id,
+                labels={"spare": "true"},
+                hard_deadline_s=request.hard_deadline_s + MAX_AGE_S,
+            )
+            task = asyncio.ensure_future(self._start(spare_request, accel, shape))
+            self.starting[env_id] = (shape, task)
+
+    async def _start(self, request: EnvRequest, accel: accel_mod.Accel, shape: Shape) -> None:
+        driver, env_id = self.driver, request.env_id
+        monitor: socket.socket | None = None
+        try:
+            template, _ = await driver.template_for(request, accel)
+            started = time.monotonic()
+            live, monitor = await spawn_restoring(driver, request, accel, template, paused=True)
+            reader, writer = await asyncio.open_unix_connection(sock=monitor)
+            monitor = None  # the streams own it now
+            await asyncio.wait_for(load_accepted(live, reader), driver.restore_timeout_s)
+        except BaseException as exc:
+            if monitor is not None:
+                monitor.close()
+            await asyncio.shield(driver.destroy(env_id))
+            if not isinstance(exc, Exception):
+                raise  # cancelled (release): nothing to report
+            self.last_error = first_line(exc)
+            return
+        finally:
+            self.starting.pop(env_id, None)
+        deadline = started + request.hard_deadline_s
+        spare = Spare(env_id, shape, template, live, (reader, writer), started, deadline)
+        self.ready.setdefault(shape, []).append(spare)
+
+    async def settled(self) -> None:
+        """Wait until no spare is starting (benchmarks and tests)."""
+        while self.starting:
+            await asyncio.gather(*(t for _, t in self.starting.values()), return_exceptions=True)
+
+    async def release(self) -> list[DestroyReport]:
+        """Stop topping up; destroy every spare nobody took (and any starting). Their reports."""
+        self.target = 0
+        starting = [task for _, task in self.starting.values()]
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
+        await asyncio.gather(*self.chores, return_exceptions=True)
+        spares = [s for queue in self.ready.values() for s in queue]
+        self.ready.clear()
+        return [await self.driver.destroy(s.env_id) for s in spares]
+
+    def forget(self, env_id: str) -> None:
+        """``env_id`` is being destroyed: no longer a spare anyone can take."""
+        spare = self.taken.pop(env_id, None)
+        for queue in self.ready.values():
+            queue[:] = [s for s in queue if s.env_id != env_id]
+        if spare is not None:
+            _close_monitor(spare)
+
+
+async def resume(
+    driver: QemuDriver,
+    spare: Spare,
+    request: EnvRequest,
+    accel: accel_mod.Accel,
+    started: float,
+) -> Env:
+    """Run the spare for ``request`` (its env id): ``cont``, RESEED, HELLO."""
+    write_owner(spare.live.run_dir, request, driver.name)  # the episode's labels now
+    reader, writer = spare.monitor
+
+    async def resumed() -> AgentSession:
+        await spare.live.while_running(qmp.command(reader, writer, "cont"))
+        return await reseed(request.env_id, spare.live)
+
+    try:
+        session = await driver._ready_or_destroy(
+            request.env_id, spare.live, resumed(), driver.restore_timeout_s, "resume"
+        )
+    finally:
+        _close_monitor(spare)
+    info = driver._info(
+        request,
+        accel,
+        spare.live,
+        started,
+        start_kind="snapshot",
+        template=spare.template.digest,
+        spare_s=round(started - spare.started, 3),
+    )
+    return Env(driver, info, session)
+
+
+def _close_monitor(spare: Spare) -> None:
+    with contextlib.suppress(Exception):
+        spare.monitor[1].close()

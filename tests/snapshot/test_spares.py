@@ -1,0 +1,137 @@
+"""Spare clones on real QEMU microVMs: started ahead and paused before any guest code, handed
+out by id, resumed by ``create``, destroyed and confirmed gone when nobody takes them."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import EnvRequest, Owner
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.drivers.qmp import QmpClient
+from cleanroom.record import Outcome
+
+from .. import vmkit
+from ..vmkit import Harness, assert_gone, request
+
+pytestmark = pytest.mark.vm
+
+
+def request_for(env_id: str, baseline: Baseline) -> EnvRequest:
+    shape = request(baseline)
+    return EnvRequest(env_id, baseline, shape.limits, Owner("vm-tests"), hard_deadline_s=300)
+
+
+async def run_state(driver: QemuDriver, env_id: str) -> str:
+    async with await QmpClient.connect(driver.run_dir(env_id) / "qmp.sock") as qmp:
+        answer = await qmp.execute("query-status")
+    return str(answer["status"])
+
+
+async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
+    tiny_baseline: Baseline,
+) -> None:
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(2)
+    first = await driver.create(request(tiny_baseline))  # builds the template, starts 2 spares
+    await driver.spares.settled()
+    limits = request(tiny_baseline).limits
+    spare_ids = [s.env_id for q in driver.spares.ready.values() for s in q]
+    assert len(spare_ids) == 2, driver.spares.last_error
+    for env_id in spare_ids:  # loaded, but its vCPU has not run a guest instruction
+        assert await run_state(driver, env_id) == "paused"
+        assert hostproc.pids_with_marker(env_id)
+    taken = driver.next_env_id(tiny_baseline, limits)
+    assert taken == spare_ids[0]
+    env = await driver.create(request_for(taken, tiny_baseline))
+    others: list[str] = []
+    try:
+        assert env.env_id == taken and env.hello["clone_id"] == taken
+        assert env.info.start_kind == "snapshot" and env.info.start_note is None
+        assert env.info.spare_s is not None and env.info.spare_s > 0
+        assert env.info.start_facts()["spare_s"] == env.info.spare_s
+        a = (await env.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=60)).check()
+        b = (await first.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=60)).check()
+        assert a.stdout != b.stdout
+        await driver.spares.settled()  # taking one started another
+        others = [s.env_id for q in driver.spares.ready.values() for s in q]
+        assert len(others) == 2 and taken not in others
+    finally:
+        reports = [await env.aclose(), await first.aclose()]
+        released = await driver.release_spares()
+    assert all(r.confirmed_absent for r in reports + released)
+    assert sorted(r.env_id for r in released) == sorted(others)
+    for env_id in [*spare_ids, *others, env.env_id, first.env_id]:
+        assert_gone(driver, env_id)
+    assert driver.list_owned() == []
+
+
+async def test_a_spare_that_died_is_replaced_and_the_env_starts_anyway(
+    tiny_baseline: Baseline,
+) -> None:
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    await (await driver.create(request(tiny_baseline))).aclose()
+    await driver.spares.settled()
+    taken = driver.next_env_id(tiny_baseline, request(tiny_baseline).limits)
+    spare = driver.spares.taken[taken]
+    hostproc.kill_group(spare.live.proc.pid, signal.SIGKILL)
+    await spare.live.proc.wait()
+    env = await driver.create(request_for(taken, tiny_baseline))
+    try:
+        assert env.env_id == taken and env.info.spare_s is None
+        assert env.info.start_note is not None and "a spare was not used" in env.info.start_note
+        assert (await env.exec(["true"], timeout_s=60)).exit_code == 0
+    finally:
+        report = await env.aclose()
+        released = await driver.release_spares()
+    assert report.confirmed_absent and all(r.confirmed_absent for r in released)
+    assert_gone(driver, taken)
+    assert driver.list_owned() == []
+
+
+async def test_a_reserved_spare_nobody_creates_is_destroyed_by_its_id(
+    tiny_baseline: Baseline,
+) -> None:
+    """The controller destroys an episode's env id whatever happened before create."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    await (await driver.create(request(tiny_baseline))).aclose()
+    await driver.spares.settled()
+    taken = driver.next_env_id(tiny_baseline, request(tiny_baseline).limits)
+    assert hostproc.pids_with_marker(taken)
+    report = await driver.destroy(taken)
+    assert report.confirmed_absent and taken not in driver.spares.taken
+    assert_gone(driver, taken)
+    await driver.release_spares()
+    assert driver.list_owned() == []
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    yield from vmkit.harness(tmp_path, QemuDriver(start="snapshot"))
+
+
+async def test_a_run_uses_spares_and_leaves_none_behind(
+    harness: Harness, tiny_baseline: Baseline
+) -> None:
+    ctl, ledger, store, driver = harness
+    manifests = [vmkit.manifest(f"sp-{i}", i, policy="snap", mode="ok") for i in range(6)]
+    result = await ctl.run(manifests, tiny_baseline, run_id="spares")
+    assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED] * 6
+    assert result.leaked_envs == []
+    records = [store.get_record("spares", m.episode_id) for m in manifests]
+    provenance = [r["provenance"] for r in records if r is not None]
+    assert len(provenance) == 6
+    assert any(p.get("spare_s") for p in provenance), provenance  # later episodes took spares
+    released = ledger.events("spares", "spare_destroyed")
+    assert released, "the spares nobody took were destroyed and recorded"
+    vmkit.assert_nothing_left(driver, ledger, "spares")
+    for event in released:
+        assert_gone(driver, str(event.env_id))
+    assert driver.list_owned() == []
