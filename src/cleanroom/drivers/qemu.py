@@ -116,6 +116,10 @@ class QemuDriver(RunFolderDriver):
     command = staticmethod(qemu_cmdline.command)
 
     async def create(self, request: EnvRequest) -> Env:
+        with self.spares.create_in_flight():
+            return await self._create(request)
+
+    async def _create(self, request: EnvRequest) -> Env:
         if self.accel is None:
             self.accel = await accel_mod.choose(request.baseline)
         accel = self.accel

@@ -8,13 +8,13 @@ when an episode takes it. QEMU's own start (~55 ms of CPU under TCG) is then off
 path.
 
 The driver keeps ``target`` spares per shape (baseline, limits), topped up in the background
-after each snapshot start of that shape. ``take_id`` hands out a spare's env id, so the
-controller's ledger intent names the env before it is used, and ``create`` with that id resumes
-the spare (``claim`` + ``resume``). A spare that no longer fits (its template was replaced, its
-QEMU died, it is older than ``MAX_AGE_S``) is destroyed instead, and the env starts the usual way
-under the same id. ``release`` destroys the spares nobody took and returns each destroy's report
-(the controller calls it at the end of a run); after a crash the reaper finds them by their run
-folders and dead owner, like any orphaned env.
+after each snapshot start of that shape, once no create is in flight. ``take_id`` hands out a
+spare's env id, so the controller's ledger intent names the env before it is used, and
+``create`` with that id resumes the spare (``claim`` + ``resume``). A spare that no longer
+fits (its template was replaced, its QEMU died, it is older than ``MAX_AGE_S``) is destroyed
+instead, and the env starts the usual way under the same id. ``release`` destroys the spares
+nobody took and returns each destroy's report (the controller calls it at the end of a run);
+after a crash the reaper finds them by their run folders and dead owner, like any orphaned env.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,22 @@ class Spares:
         self.starting: dict[str, tuple[Shape, asyncio.Task[None]]] = {}
         self.chores: set[asyncio.Task[DestroyReport]] = set()  # destroys of unfit spares
         self.last_error: str | None = None  # why the last spare failed to start
+        self.creating = 0  # the driver's creates in flight: spares start only in between
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+
+    @contextlib.contextmanager
+    def create_in_flight(self) -> Iterator[None]:
+        """Around a create: spares wait for the creates in flight, whose CPU they would take
+        (a burst of 8 creates is ready sooner if the spares it uses up are replaced after)."""
+        self.creating += 1
+        self.quiet.clear()
+        try:
+            yield
+        finally:
+            self.creating -= 1
+            if not self.creating:
+                self.quiet.set()
 
     def take_id(self, baseline: Baseline, limits: ResolvedLimits) -> str | None:
         """Reserve the oldest ready spare of this shape and return its env id, if any."""
@@ -127,6 +144,7 @@ class Spares:
         driver, env_id = self.driver, request.env_id
         monitor: socket.socket | None = None
         try:
+            await self.quiet.wait()
             template, _ = await driver.template_for(request, accel)
             started = time.monotonic()
             live, monitor = await spawn_restoring(driver, request, accel, template, paused=True)
