@@ -54,6 +54,10 @@ def run(
     manifests: Annotated[Path, typer.Argument(help="JSON Lines file, one manifest per line")],
     baseline: Annotated[str, typer.Option(help="baseline digest, unique prefix, or a spec .toml")],
     parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
+    spares: Annotated[
+        int | None,
+        typer.Option(min=0, max=256, help="envs kept started ahead (qemu; default: --parallel)"),
+    ] = None,
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
     run_id: Annotated[str | None, typer.Option(help="resume (or name) this run")] = None,
     driver: Annotated[str, typer.Option(help="qemu | gvisor | fake | auto")] = "qemu",
@@ -88,7 +92,7 @@ def run(
     except CleanroomError as exc:
         logs.close()
         raise _fail(exc) from exc
-    options = RunOptions(parallel=parallel, cleanup_window_s=cleanup_window)
+    options = RunOptions(parallel=parallel, cleanup_window_s=cleanup_window, spares=spares)
 
     async def main() -> RunResult:
         task = asyncio.current_task()
@@ -276,7 +280,8 @@ def ps(driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu
 
     from cleanroom.drivers import get_driver
 
-    on_host = set(get_driver(driver).list_owned())
+    chosen = get_driver(driver)
+    on_host = set(chosen.list_owned())
     table = Table("env id", "age", "episode", "run", "owner pid", "on host")
     with Ledger() as ledger:
         rows = ledger.envs(live_only=True)
@@ -291,7 +296,17 @@ def ps(driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu
             "yes" if row.env_id in on_host else "no",
         )
     for env_id in sorted(on_host - {r.env_id for r in rows}):
-        table.add_row(env_id, "?", "(not in ledger)", "", "", "yes")
+        owner = chosen.owner_of(env_id) or {}
+        spare = (owner.get("labels") or {}).get("spare") == "true"  # started ahead, not yet used
+        created = owner.get("created_at")
+        table.add_row(
+            env_id,
+            f"{time.time() - created:.0f}s" if isinstance(created, (int, float)) else "?",
+            "(spare, not in ledger)" if spare else "(not in ledger)",
+            "",
+            str(owner.get("pid") or ""),
+            "yes",
+        )
     out.print(table)
     _print_live_snapshots()
 
