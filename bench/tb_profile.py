@@ -1,0 +1,146 @@
+"""What a fresh clone translates during one trivial function episode (RUN -> DONE), by place.
+
+Under TCG a clone's cost is mostly translating the guest code it runs for the first time. This
+turns on QEMU's ``in_asm`` log (HMP ``log`` over the clone's QMP socket) just before RUN and
+off after DONE, then attributes every translated block to a kernel symbol (the guest's
+``/proc/kallsyms``; the kernel runs with ``nokaslr``) or to a user-space mapping of the
+guest's processes (their ``/proc/PID/maps`` read after the episode: a clone's processes are
+restored, so their layout is fixed). Prints the places with the most blocks and guest
+instructions translated.
+
+    python bench/tb_profile.py [--top 40] [--baseline tests/baselines/warm/baseline.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import collections
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
+KERNEL_BASE = 0xFFFF_8000_0000_0000
+MAPS = (
+    'for p in /proc/[0-9]*; do echo "== ${p#/proc/} $(cat $p/comm)"; cat $p/maps; done 2>/dev/null'
+)
+
+
+def read_blocks(log: Path) -> list[tuple[int, int]]:
+    """(address, guest instructions) of every block in an ``in_asm`` log."""
+    blocks: list[tuple[int, int]] = []
+    start: int | None = None
+    count = 0
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("IN:"):
+            if start is not None:
+                blocks.append((start, count))
+            start, count = None, 0
+        elif line.startswith("0x") and ":" in line:
+            address = int(line.split(":", 1)[0], 16)
+            start = address if start is None else start
+            count += 1
+    if start is not None:
+        blocks.append((start, count))
+    return blocks
+
+
+class Places:
+    """Kernel symbols and user mappings, to name an address."""
+
+    def __init__(self, kallsyms: str, maps: str) -> None:
+        symbols = []
+        for line in kallsyms.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1].lower() in "tw":
+                symbols.append((int(parts[0], 16), parts[2]))
+        symbols.sort()
+        self.addresses = [a for a, _ in symbols]
+        self.names = [n for _, n in symbols]
+        self.ranges: list[tuple[int, int, str]] = []
+        process = ""
+        for line in maps.splitlines():
+            if line.startswith("== "):
+                process = line[3:]
+                continue
+            parts = line.split()
+            if len(parts) >= 2 and "x" in parts[1]:
+                low, high = (int(x, 16) for x in parts[0].split("-"))
+                path = parts[5] if len(parts) > 5 else "[anon]"
+                self.ranges.append((low, high, f"{process}:{Path(path).name}"))
+
+    def name(self, address: int) -> str:
+        if address >= KERNEL_BASE:
+            i = bisect.bisect_right(self.addresses, address) - 1
+            return f"kernel:{self.names[i]}" if i >= 0 else "kernel:?"
+        owners = {name for low, high, name in self.ranges if low <= address < high}
+        return "user:" + ("|".join(sorted(owners)) if owners else "?")
+
+
+async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]], Places]:
+    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qmp import QmpClient
+    from cleanroom.manifest import Manifest
+
+    baseline = resolve_or_build(str(baseline_spec))
+    manifest = Manifest.model_validate(
+        {"episode_id": "tb", "seed": 1, "policy": {"id": "bench"}, "task": {"mode": "ok"}}
+    )
+    limits = manifest.limits.merged_over(baseline.limits)
+    driver = QemuDriver(start="snapshot")
+
+    def request() -> EnvRequest:
+        return EnvRequest(new_env_id(), baseline, limits, Owner("bench-tb"), 600)
+
+    async with await driver.create(request()) as env:  # the template; and the kernel's symbols
+        kallsyms = (await env.exec(["cat", "/proc/kallsyms"])).check().stdout.decode()
+    assert baseline.function is not None, "a function baseline is needed"
+    run: dict[str, Any] = {
+        "manifest": manifest.guest_view(),
+        "function": baseline.function.to_json(),
+        "timeout_s": 60,
+        "env": {},
+    }
+    with tempfile.TemporaryDirectory() as staging:
+        async with await driver.create(request()) as env:
+            async with await QmpClient.connect(env.info.run_dir / "qmp.sock") as qmp:  # type: ignore[operator]
+                await qmp.execute("human-monitor-command", {"command-line": f"logfile {log}"})
+                await qmp.execute("human-monitor-command", {"command-line": "log in_asm"})
+                await env.run_episode(run, Path(staging) / "out", quota_bytes=1 << 24)
+                await qmp.execute("human-monitor-command", {"command-line": "log none"})
+            maps = (await env.exec(["sh", "-c", MAPS])).check().stdout.decode()
+    return read_blocks(log), Places(kallsyms, maps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--baseline", type=Path, default=WARM)
+    parser.add_argument("--by", choices=("symbol", "area"), default="symbol")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        blocks, places = asyncio.run(profile(args.baseline, Path(tmp) / "in_asm.log"))
+    by_place: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for address, instructions in blocks:
+        name = places.name(address)
+        if args.by == "area":
+            name = name.split(":", 1)[0] if name.startswith("kernel") else name
+        by_place[name][0] += 1
+        by_place[name][1] += instructions
+    total_blocks = len(blocks)
+    total_insns = sum(i for _, i in blocks)
+    print(f"translated during RUN -> DONE: {total_blocks} blocks, {total_insns} instructions")
+    user = sum(v[0] for k, v in by_place.items() if k.startswith("user"))
+    print(f"  user space {user} blocks ({100 * user / max(total_blocks, 1):.0f}%)")
+    print(f"{'place':<60} {'blocks':>7} {'insns':>7}")
+    for name, (n, insns) in sorted(by_place.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"{name[:60]:<60} {n:>7} {insns:>7}")
+
+
+if __name__ == "__main__":
+    main()
