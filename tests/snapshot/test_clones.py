@@ -6,7 +6,6 @@ import asyncio
 import signal
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,6 @@ PROBE = (
 
 def manifest(eid: str, seed: int, **task: Any) -> Manifest:
     return vmkit.manifest(eid, seed, policy="snap", **task)
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    yield from vmkit.harness(tmp_path, QemuDriver(start="snapshot"))
 
 
 async def test_a_clone_runs_an_episode_to_a_durable_record(

@@ -4,8 +4,6 @@ out by id, resumed by ``create``, destroyed and confirmed gone when nobody takes
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -71,14 +69,19 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
     assert driver.list_owned() == []
 
 
+async def reserved_spare(baseline: Baseline) -> tuple[QemuDriver, str]:
+    """A driver keeping one spare, and that spare's id, reserved as the controller would."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    await (await driver.create(request(baseline))).aclose()
+    await driver.spares.settled()
+    return driver, driver.next_env_id(baseline, request(baseline).limits)
+
+
 async def test_a_spare_that_died_is_replaced_and_the_env_starts_anyway(
     tiny_baseline: Baseline,
 ) -> None:
-    driver = QemuDriver(start="snapshot")
-    driver.keep_spares(1)
-    await (await driver.create(request(tiny_baseline))).aclose()
-    await driver.spares.settled()
-    taken = driver.next_env_id(tiny_baseline, request(tiny_baseline).limits)
+    driver, taken = await reserved_spare(tiny_baseline)
     spare = driver.spares.taken[taken]
     hostproc.kill_group(spare.live.proc.pid, signal.SIGKILL)
     await spare.live.proc.wait()
@@ -99,22 +102,13 @@ async def test_a_reserved_spare_nobody_creates_is_destroyed_by_its_id(
     tiny_baseline: Baseline,
 ) -> None:
     """The controller destroys an episode's env id whatever happened before create."""
-    driver = QemuDriver(start="snapshot")
-    driver.keep_spares(1)
-    await (await driver.create(request(tiny_baseline))).aclose()
-    await driver.spares.settled()
-    taken = driver.next_env_id(tiny_baseline, request(tiny_baseline).limits)
+    driver, taken = await reserved_spare(tiny_baseline)
     assert hostproc.pids_with_marker(taken)
     report = await driver.destroy(taken)
     assert report.confirmed_absent and taken not in driver.spares.taken
     assert_gone(driver, taken)
     await driver.release_spares()
     assert driver.list_owned() == []
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    yield from vmkit.harness(tmp_path, QemuDriver(start="snapshot"))
 
 
 async def test_a_run_uses_spares_and_leaves_none_behind(
