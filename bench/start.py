@@ -152,7 +152,7 @@ async def burst(driver: QemuDriver, baseline: Baseline, n: int, spares: bool = F
     """Seconds until ``n`` clones created at once are ready (``spares``: n spares, settled)."""
     if spares:
         driver.keep_spares(n)
-        await (await driver.create(request(baseline))).aclose()  # tops the spares up
+        await (await driver.create(request(baseline, driver))).aclose()  # tops the spares up
         await driver.spares.settled()
     requests = [request(baseline, driver if spares else None) for _ in range(n)]
     t0 = time.perf_counter()
@@ -266,7 +266,7 @@ async def main() -> None:
     cold_runs: list[dict[str, float]] = []
     clone_runs: list[dict[str, float]] = []
     spare_runs: list[dict[str, float]] = []
-    await (await spare.create(request(baseline))).aclose()  # starts its first spare
+    await (await spare.create(request(baseline, spare))).aclose()  # starts its first spare
     every = max(args.runs // max(args.cold, 1), 1)
     for i in range(args.runs):
         clone_runs.append(await timed_env(snap, baseline, python=i < args.python))

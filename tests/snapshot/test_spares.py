@@ -36,9 +36,12 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
 ) -> None:
     driver = QemuDriver(start="snapshot")
     driver.keep_spares(2)
-    first = await driver.create(request(tiny_baseline))  # builds the template, starts 2 spares
-    await driver.spares.settled()
     limits = request(tiny_baseline).limits
+    first_id = driver.next_env_id(tiny_baseline, limits)  # none ready: a fresh id
+    assert not driver.spares.taken
+    # the template is built, then 2 spares of this shape start
+    first = await driver.create(request_for(first_id, tiny_baseline))
+    await driver.spares.settled()
     spare_ids = [s.env_id for q in driver.spares.ready.values() for s in q]
     assert len(spare_ids) == 2, driver.spares.last_error
     for env_id in spare_ids:  # loaded, but its vCPU has not run a guest instruction
@@ -73,9 +76,22 @@ async def reserved_spare(baseline: Baseline) -> tuple[QemuDriver, str]:
     """A driver keeping one spare, and that spare's id, reserved as the controller would."""
     driver = QemuDriver(start="snapshot")
     driver.keep_spares(1)
-    await (await driver.create(request(baseline))).aclose()
+    limits = request(baseline).limits
+    first = request_for(driver.next_env_id(baseline, limits), baseline)
+    await (await driver.create(first)).aclose()
     await driver.spares.settled()
-    return driver, driver.next_env_id(baseline, request(baseline).limits)
+    taken = driver.next_env_id(baseline, limits)
+    assert taken in driver.spares.taken
+    return driver, taken
+
+
+async def test_only_a_shape_asked_for_gets_spares(tiny_baseline: Baseline) -> None:
+    """An env made with an id of its own (a verifier's, a test's) starts no spares."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(2)
+    await (await driver.create(request(tiny_baseline))).aclose()
+    await driver.spares.settled()
+    assert driver.spares.ready == {} and driver.list_owned() == []
 
 
 async def test_a_spare_that_died_is_replaced_and_the_env_starts_anyway(

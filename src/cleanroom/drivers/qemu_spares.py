@@ -7,8 +7,9 @@ state loaded. ``-S`` keeps its vCPU stopped: like any clone, the process has run
 when an episode takes it. QEMU's own start (~55 ms of CPU under TCG) is then off the episode's
 path.
 
-The driver keeps ``target`` spares per shape (baseline, limits), topped up in the background
-after each snapshot start of that shape, once no create is in flight. ``take_id`` hands out a
+The driver keeps ``target`` spares per shape (baseline, limits) that ``take_id`` was asked for,
+topped up in the background after each snapshot start of that shape, once no create is in
+flight. ``take_id`` hands out a
 spare's env id, so the controller's ledger intent names the env before it is used, and
 ``create`` with that id resumes the spare (``claim`` + ``resume``). A spare that no longer
 fits (its template was replaced, its QEMU died, it is older than ``MAX_AGE_S``) is destroyed
@@ -79,6 +80,7 @@ class Spares:
     def __init__(self, driver: QemuDriver) -> None:
         self.driver = driver
         self.target = 0
+        self.wanted: set[Shape] = set()  # shapes ``take_id`` was asked for
         self.ready: dict[Shape, list[Spare]] = {}
         self.taken: dict[str, Spare] = {}
         self.starting: dict[str, tuple[Shape, asyncio.Task[None]]] = {}
@@ -102,9 +104,12 @@ class Spares:
                 self.quiet.set()
 
     def take_id(self, baseline: Baseline, limits: ResolvedLimits) -> str | None:
-        """Reserve the oldest ready spare of this shape and return its env id, if any."""
+        """Reserve the oldest ready spare of this shape and return its env id, if any. Only
+        shapes asked for here get spares (not, say, a verifier's envs)."""
         now = time.monotonic()
-        queue = self.ready.get(shape_of(baseline, limits), [])
+        shape = shape_of(baseline, limits)
+        self.wanted.add(shape)
+        queue = self.ready.get(shape, [])
         while queue:
             spare = queue.pop(0)
             if now - spare.started <= MAX_AGE_S and spare.live.proc.returncode is None:
@@ -125,9 +130,9 @@ class Spares:
 
     def top_up(self, request: EnvRequest, accel: accel_mod.Accel) -> None:
         """Start spares of ``request``'s shape until ``target`` are ready or starting."""
-        if self.target <= 0 or request.network is not None:
-            return
         shape = shape_of(request.baseline, request.limits)
+        if self.target <= 0 or request.network is not None or shape not in self.wanted:
+            return
         have = len(self.ready.get(shape, [])) + sum(s == shape for s, _ in self.starting.values())
         for _ in range(self.target - have):
             env_id = new_env_id()
@@ -173,6 +178,7 @@ class Spares:
     async def release(self) -> list[DestroyReport]:
         """Stop topping up; destroy every spare nobody took (and any starting). Their reports."""
         self.target = 0
+        self.wanted.clear()
         starting = [task for _, task in self.starting.values()]
         for task in starting:
             task.cancel()
