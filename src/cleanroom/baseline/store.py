@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cleanroom import filesig
 from cleanroom.baseline.model import METADATA_FILE, Baseline, digest_of, sha256_file
 from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.errors import BaselineNotFound, DriftError
@@ -150,10 +151,6 @@ _HASHED_CLEAN: dict[Path, tuple[int, int, int, int, int]] = {}
 SETTLED_S = 2.0  # a signature is trusted only for files unchanged this long before the hash
 
 
-def _signature(info: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
 def verify(baseline: Baseline, *, reuse: bool = False) -> list[str]:
     """Names of components (or ``baseline.json``) that no longer match; empty when intact.
 
@@ -168,7 +165,7 @@ def verify(baseline: Baseline, *, reuse: bool = False) -> list[str]:
         path = baseline.path / component.name
         try:
             info = path.stat()
-            signature = _signature(info)
+            signature = filesig.signature(info)
             if reuse and _HASHED_CLEAN.get(path) == signature:
                 continue
             ok = info.st_size == component.size and sha256_file(path) == component.sha256

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
+from cleanroom import filesig, paths
 from cleanroom.baseline.model import Baseline, digest_of, sha256_file
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
@@ -48,7 +48,7 @@ SAVE_TIMEOUT_S = 60.0
 KEEP = 8  # templates kept on disk (newest first); older ones are removed when one is saved
 IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 
-_verified: dict[str, tuple[tuple[int, int, int], ...]] = {}  # path -> stat signature hashed OK
+_verified: dict[str, tuple[filesig.Signature, ...]] = {}  # path -> stat signature hashed OK
 
 
 def templates_dir() -> Path:
@@ -103,12 +103,8 @@ class Template:
         return self.path / STATE_FILE
 
 
-def _signature(path: Path) -> tuple[tuple[int, int, int], ...]:
-    sig = []
-    for name in (*FILES, META_FILE):
-        info = (path / name).stat()
-        sig.append((info.st_size, info.st_mtime_ns, info.st_ctime_ns))
-    return tuple(sig)
+def _signature(path: Path) -> tuple[filesig.Signature, ...]:
+    return tuple(filesig.signature((path / name).stat()) for name in (*FILES, META_FILE))
 
 
 def _drifted(path: Path, files: dict[str, dict[str, Any]]) -> list[str]:
@@ -149,7 +145,7 @@ def load(key: str) -> Template | None:
     """The saved template for ``key``, checked; None if there is none.
 
     Raises ``DriftError`` naming every file that no longer matches its recorded sha256. The
-    full hash runs once per process (and again whenever a file's size, mtime or ctime moved).
+    full hash runs once per process (and again whenever a file's stat signature moved).
     """
     path = templates_dir() / key
     if not (path / META_FILE).is_file():
