@@ -7,6 +7,7 @@ and no QEMU process, run folder or socket of the run remains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -214,6 +215,21 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
     assert _no_qemu_of(run_id) == []
 
 
+def _owned_by(pid: int) -> list[dict[str, Any]]:
+    """The owner records of the qemu run folders a controller process left."""
+    owners = []
+    for path in paths.run_dir().glob("qemu/env-*/owner.json"):
+        with contextlib.suppress(OSError, ValueError):
+            owner = json.loads(path.read_text())
+            if owner.get("pid") == pid:
+                owners.append(owner)
+    return owners
+
+
+def _spares_of(pid: int) -> list[dict[str, Any]]:
+    return [o for o in _owned_by(pid) if o.get("labels", {}).get("spare") == "true"]
+
+
 def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Baseline) -> None:
     run_id = f"chaos-kill9-{os.getpid()}"
     path = tmp_path / "m.jsonl"
@@ -240,6 +256,9 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
     end = time.monotonic() + 180
     while store.get_record(run_id, "quick") is None and time.monotonic() < end:
         time.sleep(0.1)
+    while not _spares_of(proc.pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _spares_of(proc.pid), "the controller keeps spare VMs: one must be there to kill"
     killed_at = time.monotonic()
     proc.kill()
     proc.wait()
@@ -277,6 +296,7 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
         json.loads(p.read_text())["labels"].get("run_id") != run_id
         for p in paths.run_dir().glob("qemu/env-*/owner.json")
     )
+    assert _owned_by(proc.pid) == [] and _owned_by(again.pid) == []  # spares too
     record_fault(
         "SIGKILL of the controller + resume",
         "no VM left, resumed",
