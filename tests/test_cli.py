@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,6 +180,21 @@ def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Pa
     assert set(lines) == {"snap-with-files", "snap-files-gone"}  # the deleted one is not live
     assert "yes" in lines["snap-with-files"] and "no" in lines["snap-files-gone"]
     assert "g1" in lines["snap-with-files"]
+
+
+def test_ps_names_a_spare_vm_that_no_ledger_row_names_yet(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for env_id, labels in (("env-spare1", {"spare": "true"}), ("env-stray1", {})):
+        folder = home / "run" / "qemu" / env_id
+        folder.mkdir(parents=True)
+        owner = {"env_id": env_id, "pid": 4242, "created_at": time.time() - 100, "labels": labels}
+        (folder / "owner.json").write_text(json.dumps(owner))
+    result = cli(home, "ps")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if "env-" in line}
+    assert "(spare, not in ledger)" in lines["env-spare1"] and "4242" in lines["env-spare1"]
+    assert "(not in ledger)" in lines["env-stray1"] and "spare" not in lines["env-stray1"]
+    assert re.search(r" 1\d\ds ", lines["env-spare1"])  # its age, from its owner record
 
 
 def test_run_prints_one_line_per_group(home: Path) -> None:
