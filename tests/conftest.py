@@ -30,7 +30,8 @@ def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
 
     The script is a component (hard-linked into the baseline folder), so drift tests work.
     """
-    from cleanroom.baseline.model import Baseline, Component, digest_of, identity, sha256_file
+    from cleanroom.baseline.model import Baseline, Component, identity
+    from cleanroom.digests import digest_of, sha256_file
     from cleanroom.manifest import Limits
 
     entry = tmp / "entry" / "entry.py"
@@ -69,7 +70,7 @@ def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline
     list) whose components are hard links to the original's, so nothing is rebuilt."""
     import dataclasses
 
-    from cleanroom.baseline.model import digest_of
+    from cleanroom.digests import digest_of
 
     spec = {**baseline.spec, "network": {"allow": list(allow)}}
     derived = dataclasses.replace(baseline, network=tuple(allow), spec=spec)

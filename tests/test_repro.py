@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cleanroom.baseline.model import Baseline, Component, digest_of, identity, sha256_file
+from cleanroom.baseline.model import Baseline, Component, identity
 from cleanroom.check_cli import check_app
 from cleanroom.controller import Controller, RunOptions
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Limits, Manifest

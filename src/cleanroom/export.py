@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from cleanroom import __version__
 from cleanroom.agent.session import Artifact, EpisodeOutput
-from cleanroom.baseline.model import Baseline, sha256_file
+from cleanroom.baseline.model import Baseline
+from cleanroom.digests import sha256_file
 from cleanroom.errors import ExportError
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome, cleanroom_revision, host_facts, parse_guest_result

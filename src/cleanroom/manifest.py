@@ -6,7 +6,6 @@ anything runs; every bad line is reported with its line number and the field at 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cleanroom.digests import digest_of
 from cleanroom.errors import ManifestError
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -122,8 +122,7 @@ class GroupSetup(BaseModel):
 
     def digest(self) -> str:
         """A stable digest of the setup spec (part of each episode's provenance)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        return digest_of(self.model_dump(mode="json"))
 
 
 class Group(BaseModel):
@@ -182,8 +181,7 @@ class Manifest(BaseModel):
         for optional in ("verifier", "group"):
             if data.get(optional) is None:
                 data.pop(optional, None)  # digests of manifests without one stay as they were
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        return digest_of(data)
 
     def guest_view(self) -> dict[str, Any]:
         """What the guest sees at /run/cleanroom/manifest.json (no secret values, ever; not

@@ -39,9 +39,7 @@ from cleanroom.baseline.model import (
     Baseline,
     Component,
     FunctionEntry,
-    digest_of,
     identity,
-    sha256_file,
 )
 from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.baseline.rootfs import build_rootfs, scratch_parent
@@ -53,6 +51,7 @@ from cleanroom.baseline.spec import (
     load_spec,
     spec_digest,
 )
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
 from cleanroom.paths import baselines_dir, cache_dir
 

@@ -10,8 +10,6 @@ host-dependent enters it, so the same spec builds to the same digest.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,17 +152,3 @@ def identity(
     if network is not None:
         ident["network"] = list(network)
     return ident
-
-
-def digest_of(identity_json: dict[str, Any]) -> str:
-    """sha256 over the canonical JSON of an identity."""
-    canonical = json.dumps(identity_json, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

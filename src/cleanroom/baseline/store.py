@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import filesig
-from cleanroom.baseline.model import METADATA_FILE, Baseline, digest_of, sha256_file
+from cleanroom import digests
+from cleanroom.baseline.model import METADATA_FILE, Baseline
 from cleanroom.baseline.proc import Progress, quiet
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, DriftError
 from cleanroom.paths import baselines_dir
 
@@ -165,7 +166,7 @@ def verify(baseline: Baseline, *, reuse: bool = False) -> list[str]:
         path = baseline.path / component.name
         try:
             info = path.stat()
-            signature = filesig.signature(info)
+            signature = digests.signature(info)
             if reuse and _HASHED_CLEAN.get(path) == signature:
                 continue
             ok = info.st_size == component.size and sha256_file(path) == component.sha256

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from cleanroom.baseline import store
-from cleanroom.baseline.model import METADATA_FILE, Baseline, digest_of
+from cleanroom.baseline.model import METADATA_FILE, Baseline
 from cleanroom.baseline.spec import SOURCE_DATE_EPOCH
+from cleanroom.digests import digest_of
 from cleanroom.errors import BaselineNotFound, DriftError, TransferError
 from cleanroom.paths import baselines_dir
 

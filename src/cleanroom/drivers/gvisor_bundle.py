@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom import paths
-from cleanroom.baseline.model import ROOTFS_FILE, Baseline, sha256_file
+from cleanroom.baseline.model import ROOTFS_FILE, Baseline
+from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest
 from cleanroom.errors import DriftError, LaunchError
 

@@ -2,7 +2,7 @@
 
 Sealing comes after the parent was destroyed and confirmed absent, in two steps, so that clones
 need not wait for the hash (~0.1-0.25 s of CPU for ~100 MiB of RAM file here). ``freeze`` makes
-the files read-only and takes their stat signature (``filesig``; a few ms); ``start``
+the files read-only and takes their stat signature (``digests.signature``; a few ms); ``start``
 then computes the digest over both files' content in a thread (``hash_files``: the RAM file in
 1 MiB chunks, holes without reading them) while clones restore. The guarantee stays what it
 was, that every clone's digest names the bytes it was restored from:
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cleanroom import filesig
-from cleanroom.baseline.model import digest_of, sha256_file
+from cleanroom import digests
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import ForkSnapshot
 from cleanroom.errors import DriverError, LaunchError
@@ -66,7 +66,7 @@ def content_digest(path: Path) -> str:
 
 
 def signature(path: Path) -> dict[str, list[int]]:
-    return {name: list(filesig.signature((path / name).stat())) for name in snapshot.FILES}
+    return {name: list(digests.signature((path / name).stat())) for name in snapshot.FILES}
 
 
 def changed_since(path: Path, frozen: dict[str, list[int]]) -> list[str]:

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleanroom import filesig, paths
-from cleanroom.baseline.model import Baseline, digest_of, sha256_file
+from cleanroom import digests, paths
+from cleanroom.baseline.model import Baseline
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.drivers.qmp import script as qmp_script
@@ -48,7 +49,7 @@ SAVE_TIMEOUT_S = 60.0
 KEEP = 8  # templates kept on disk (newest first); older ones are removed when one is saved
 IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 
-_verified: dict[str, tuple[filesig.Signature, ...]] = {}  # path -> stat signature hashed OK
+_verified: dict[str, tuple[digests.Signature, ...]] = {}  # path -> stat signature hashed OK
 
 
 def templates_dir() -> Path:
@@ -103,8 +104,8 @@ class Template:
         return self.path / STATE_FILE
 
 
-def _signature(path: Path) -> tuple[filesig.Signature, ...]:
-    return tuple(filesig.signature((path / name).stat()) for name in (*FILES, META_FILE))
+def _signature(path: Path) -> tuple[digests.Signature, ...]:
+    return tuple(digests.signature((path / name).stat()) for name in (*FILES, META_FILE))
 
 
 def _drifted(path: Path, files: dict[str, dict[str, Any]]) -> list[str]:
