@@ -225,6 +225,7 @@ async def episodes_per_s(
 
 
 TABLE = Table(("n", "p50", "p95"), name_width=34, n_width=4)
+READY_TARGET = "<= 50 ms p50, >= 20x"
 
 
 def row(name: str, values: list[float], cold_p50: float | None, target: str = "") -> str:
@@ -314,20 +315,14 @@ async def main() -> None:
         f"{TABLE.header('start path (ms)')} {'vs cold':>9}  target",
         row("cold boot -> agent ready", [r["ready"] for r in cold_runs], None),
         row("cold boot -> first exec answered", [r["exec"] for r in cold_runs], None),
-        row(
-            "clone -> agent ready",
-            [r["ready"] for r in clone_runs],
-            cold_p50,
-            "<= 50 ms p50, >= 20x",
+        *(
+            line
+            for name, runs in (("clone", clone_runs), ("spare clone", spare_runs))
+            for line in (
+                row(f"{name} -> agent ready", [r["ready"] for r in runs], cold_p50, READY_TARGET),
+                row(f"{name} -> first exec answered", [r["exec"] for r in runs], cold_p50),
+            )
         ),
-        row("clone -> first exec answered", [r["exec"] for r in clone_runs], cold_p50),
-        row(
-            "spare clone -> agent ready",
-            [r["ready"] for r in spare_runs],
-            cold_p50,
-            "<= 50 ms p50, >= 20x",
-        ),
-        row("spare clone -> first exec answered", [r["exec"] for r in spare_runs], cold_p50),
         row(f"{args.burst} clones ready at once", bursts, cold_p50, "<= 500 ms"),
         row(f"{args.burst} spare clones ready at once", spare_bursts, cold_p50, "<= 500 ms"),
         row(
