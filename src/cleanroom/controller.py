@@ -23,7 +23,7 @@ from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
-from cleanroom.env_destroy import destroy_env
+from cleanroom.env_destroy import destroy_env, release_spares
 from cleanroom.episode_clock import EpisodeClock
 from cleanroom.episode_finish import finish_episode
 from cleanroom.episode_run import run_in_env
@@ -143,19 +143,31 @@ class Controller:
             status = "cancelled"
             raise
         finally:
-            released = asyncio.ensure_future(self._release_spares(run_id, result))
+            released = asyncio.ensure_future(release_spares(self, run_id))
             cancelled_now = await until_done(released)
-            result.leaked_envs += [
-                e.episode_id
-                for e in result.episodes
-                if e.destroy and not e.destroy.confirmed_absent
-            ] + [leak for g in result.groups for leak in g.leaked]  # a parent env, a snapshot
+            result.leaked_envs += (
+                self._spares_left(released)
+                + [
+                    e.episode_id
+                    for e in result.episodes
+                    if e.destroy and not e.destroy.confirmed_absent
+                ]
+                + [leak for g in result.groups for leak in g.leaked]
+            )  # a parent env, a snapshot
             shutil.rmtree(self._staging_root() / run_id, ignore_errors=True)
             self.ledger.finish_run(run_id, "cancelled" if cancelled_now else status)
             self._emit("run_finished", run_id=run_id, status=status)
             if cancelled_now:
                 raise asyncio.CancelledError
         return result
+
+    def _spares_left(self, released: asyncio.Future[list[str]]) -> list[str]:
+        """The spares ``release_spares`` could not confirm gone (an alert if it failed)."""
+        try:
+            return released.result()
+        except Exception as exc:  # what was destroyed is in the ledger already
+            self._emit("alert", message=f"releasing the spares failed: {exc}")
+            return []
 
     async def _guarded(
         self,
@@ -296,18 +308,6 @@ class Controller:
         if cancelled:
             raise asyncio.CancelledError
         return episode
-
-    async def _release_spares(self, run_id: str, result: RunResult) -> None:
-        """Destroy the envs the driver started ahead that no episode took; record each."""
-        for report in await self.driver.release_spares():
-            self.ledger.event(
-                "spare_destroyed" if report.confirmed_absent else "env_leaked",
-                run_id=run_id,
-                env_id=report.env_id,
-                cleanup_ms=report.elapsed_ms,
-            )
-            if not report.confirmed_absent:
-                result.leaked_envs.append(report.env_id)
 
     def _request(
         self,

@@ -1,5 +1,6 @@
 """Destroy an env and prove it: retries within the cleanup window, ledger rows, an alert if it
-remains, and the proof (``destroy.json``) in the episode's store folder."""
+remains, and the proof (``destroy.json``) in the episode's store folder. Also the end of a
+run's spares (envs started ahead that no episode took)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ async def destroy_env(
                 _destroy_json(report),
             )
     return report
+
+
+async def release_spares(ctl: Controller, run_id: str) -> list[str]:
+    """Destroy the envs the driver started ahead that no episode took, record each
+    (``spare_destroyed``, or ``env_leaked`` and an alert); the ids of those that remain."""
+    leaked = []
+    for report in await ctl.driver.release_spares():
+        kind = "spare_destroyed" if report.confirmed_absent else "env_leaked"
+        ctl.ledger.event(kind, run_id=run_id, env_id=report.env_id, cleanup_ms=report.elapsed_ms)
+        if not report.confirmed_absent:
+            leaked.append(report.env_id)
+            message = f"spare env {report.env_id} still present"
+            ctl._emit("alert", message=message, env_id=report.env_id)
+    return leaked
 
 
 def _destroy_json(report: DestroyReport) -> bytes:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
-async def until_done(task: asyncio.Future[None]) -> bool:
+async def until_done(task: asyncio.Future[Any]) -> bool:
     """Await ``task`` to the end, even through repeated cancellation; True if we were cancelled.
 
     Cleanup must not be abandoned: asyncio.run() cancels every task left when the main task
