@@ -11,15 +11,9 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import (
-    Baseline,
-    Component,
-    FunctionEntry,
-    digest_of,
-    identity,
-    sha256_file,
-)
+from cleanroom.baseline.model import Baseline, Component, FunctionEntry, identity
 from cleanroom.controller import Controller, RunOptions
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Limits, Manifest
