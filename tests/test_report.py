@@ -45,6 +45,7 @@ def _episode(
     confirmed: bool = True,
     run_s: float = 1.0,
     error: str | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> None:
     env_id = f"env-{eid}-{attempt}"
     led.episode_queued(RUN, eid, attempt)
@@ -71,6 +72,7 @@ def _episode(
                 "reward": reward,
                 "verdict": None,
                 "policy": {"id": policy, "version": "1"},
+                "provenance": provenance or {"start": "snapshot"},
                 "timings": {
                     "queue_s": 0.01,
                     "provision_s": 0.5,
@@ -93,7 +95,10 @@ def scene(tmp_path: Path) -> Iterator[tuple[Ledger, LocalStore]]:
         _episode(led, store, "e1", 1, "completed", reward=1.0, run_s=1.0)
         _episode(led, store, "e2", 1, "env_crashed", error="guest went silent")
         _episode(led, store, "e2", 2, "completed", reward=0.0, run_s=3.0)
-        _episode(led, store, "e3", 1, "completed", reward=5.0, policy="q", run_s=2.0)
+        spare = {"start": "snapshot", "spare_s": 0.8}
+        _episode(
+            led, store, "e3", 1, "completed", reward=5.0, policy="q", run_s=2.0, provenance=spare
+        )
         _episode(led, store, "e4", 1, "infra_error", confirmed=False, error=LONG_ERROR)
         led.finish_run(RUN, "completed")
         yield led, store
@@ -122,7 +127,9 @@ def test_report_json_counts_latest_attempts_and_groups_rewards(
     assert summary["phases"]["destroy_s"]["n"] == 4
     assert list(summary["phases"]) == ["queue_s", "provision_s", "run_s", "destroy_s"]
     assert summary["envs"] == {"total": 4, "confirmed_absent": 3}
+    assert summary["starts"] == {"snapshot": 2, "spare": 1}  # e4 has no record to say
     rows = {r["episode_id"]: r for r in report["episodes"]}
+    assert rows["e3"]["start"] == "spare" and rows["e4"]["start"] is None
     assert rows["e2"]["attempt"] == 2 and rows["e2"]["cleanup_ms"] == 20.0
     assert rows["e4"]["confirmed_absent"] is False and rows["e4"]["durable"] is False
     assert report["run"]["status"] == "completed"
@@ -162,6 +169,7 @@ def test_summary_table_renders_outcomes_rewards_phases(scene: tuple[Ledger, Loca
     text = _render(summary_table(RUN, led, store))
     for expected in ("completed", "export_failed", "mean reward p@1", "run_s", "p95", "3/4"):
         assert expected in text
+    assert "snapshot 2  spare 1" in text
     assert "1 NOT confirmed" in text
 
 

@@ -252,7 +252,7 @@ class Controller:
                 "env_ready",
                 episode_id=eid,
                 env_id=env_id,
-                start=env.info.start_kind,
+                start=env.info.started_as,
                 **clock.phases,
             )
             self.ledger.episode_state(run_id, eid, attempt, "RUNNING", env_id=env_id)

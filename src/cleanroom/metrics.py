@@ -17,7 +17,7 @@ is an event hook: pass ``metrics.on_event`` (alone or through ``compose``) as th
     cleanroom_export_failures_total            counter    episodes that ended export_failed
     cleanroom_env_delete_retries_total         counter    destroy attempts beyond the first
     cleanroom_baseline_drift_refusals_total    counter    a drifted baseline refused
-    cleanroom_env_starts_total{kind}           counter    envs started (cold; snapshot/fork later)
+    cleanroom_env_starts_total{kind}           counter    envs started (cold, snapshot, spare, fork)
 
 prometheus_client is imported lazily (the ``metrics`` extra), so importing cleanroom never needs it.
 """

@@ -62,6 +62,18 @@ def _timings(record: dict[str, Any] | None, env: EnvRow | None) -> dict[str, flo
     return phases
 
 
+def _start(record: dict[str, Any] | None) -> str | None:
+    """How the episode's env started: ``spare`` (a clone started ahead), else the record's
+    ``start`` (``snapshot``, ``fork``, ``cold``); None without a record."""
+    provenance = (record or {}).get("provenance")
+    if not isinstance(provenance, dict):
+        return None
+    if provenance.get("spare_s") is not None:
+        return "spare"
+    start = provenance.get("start")
+    return start if isinstance(start, str) else None
+
+
 def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) -> dict[str, Any]:
     reward = ep.reward if ep.reward is not None else (record or {}).get("reward")
     verdict = ep.verdict if ep.verdict is not None else (record or {}).get("verdict")
@@ -79,6 +91,7 @@ def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) 
         "cleanup_ms": env.cleanup_ms if env else None,
         "confirmed_absent": (env.confirmed_absent_at is not None) if env else None,
         "durable": record is not None,
+        "start": _start(record),
         "wall_s": wall,
         "timings": _timings(record, env),
     }
@@ -97,6 +110,10 @@ def _summary(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, An
         for phase, seconds in row["timings"].items():
             phases.setdefault(phase, []).append(seconds)
     envs = [r for r in rows if r["confirmed_absent"] is not None]
+    starts: dict[str, int] = {}
+    for row in rows:
+        if row["start"] is not None:
+            starts[row["start"]] = starts.get(row["start"], 0) + 1
     return {
         "episodes": len(rows),
         "outcomes": {**dict.fromkeys(OUTCOMES, 0), **counts},
@@ -105,6 +122,7 @@ def _summary(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, An
             p: {"n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95)}
             for p, v in sorted(phases.items(), key=lambda kv: _phase_rank(kv[0]))
         },
+        "starts": dict(sorted(starts.items(), key=lambda kv: -kv[1])),
         "envs": {
             "total": len(envs),
             "confirmed_absent": sum(1 for r in envs if r["confirmed_absent"]),
@@ -136,7 +154,8 @@ def _outcome_text(outcome: str | None, state: str) -> Text:
 
 
 def summary_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Table:
-    """Counts per outcome, mean reward per policy, p50/p95 per phase, envs confirmed absent."""
+    """Counts per outcome, mean reward per policy, p50/p95 per phase, how the envs started,
+    envs confirmed absent."""
     report = run_report_json(run_id, ledger, store)
     summary, run = report["summary"], report["run"]
     title = f"run {run_id}" + (f" ({run['status']})" if run else " (not in the ledger)")
@@ -153,6 +172,10 @@ def summary_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Ta
     for phase, stats in summary["phases"].items():
         value = f"p50 {stats['p50']:.3f}s  p95 {stats['p95']:.3f}s"
         table.add_row(phase, str(stats["n"]), value)
+    if summary["starts"]:
+        starts = "  ".join(f"{kind} {n}" for kind, n in summary["starts"].items())
+        table.add_section()
+        table.add_row("env starts", str(sum(summary["starts"].values())), starts)
     envs = summary["envs"]
     leaked = envs["total"] - envs["confirmed_absent"]
     table.add_section()

@@ -92,6 +92,7 @@ async def test_report_of_a_run_has_every_chart(obs: Observed, tmp_path: Path) ->
     assert len(page.with_class("reward-dot")) == 3
     text = " ".join(page.text)
     assert "alpha@2" in text and "beta@2" in text
+    assert re.search(r"provision \(create → agent ready\)[^<]* — 4 cold", html)  # fake: booted
     assert "No orphans, no leaks." in text
     assert "every env confirmed absent (4/4)" in text
     # self-contained: no script, no external resource of any kind

@@ -13,6 +13,7 @@ from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.record import Outcome
+from cleanroom.report import run_report_json
 
 from .. import vmkit
 from ..vmkit import Harness, assert_gone, request
@@ -139,6 +140,8 @@ async def test_a_run_uses_spares_and_leaves_none_behind(
     provenance = [r["provenance"] for r in records if r is not None]
     assert len(provenance) == 6
     assert any(p.get("spare_s") for p in provenance), provenance  # later episodes took spares
+    starts = run_report_json("spares", ledger, store)["summary"]["starts"]
+    assert starts.get("spare") == sum(1 for p in provenance if p.get("spare_s") is not None)
     released = ledger.events("spares", "spare_destroyed")
     assert released, "the spares nobody took were destroyed and recorded"
     vmkit.assert_nothing_left(driver, ledger, "spares")

@@ -84,6 +84,11 @@ class EnvInfo:
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
 
+    @property
+    def started_as(self) -> str:
+        """``spare`` for a spare clone, else ``start_kind`` (logs and metrics label starts so)."""
+        return "spare" if self.spare_s is not None else self.start_kind
+
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
         ``group``, ``spare_s``)."""

@@ -100,6 +100,9 @@ def latencies(report: dict[str, Any]) -> str:
             if vs
             else ""
         )
+        starts = report["summary"].get("starts") or {}
+        if phase == "provision_s" and starts:  # spare, snapshot, fork, cold: why it took that
+            stats += " — " + ", ".join(f"{n} {kind}" for kind, n in starts.items())
         parts.append(
             f'<div class="phase"><h3>{escape(PHASE_NAMES[phase])}{stats}</h3>'
             + _phase_hist(phase, vs, PHASE_COLOURS[phase], f"hist-{phase.removesuffix('_s')}")
