@@ -9,13 +9,13 @@ path.
 
 The driver keeps ``target`` spares per shape (baseline, limits) that ``take_id`` was asked for,
 topped up in the background after each snapshot start of that shape, once no create is in
-flight. ``take_id`` hands out a
-spare's env id, so the controller's ledger intent names the env before it is used, and
-``create`` with that id resumes the spare (``claim`` + ``resume``). A spare that no longer
-fits (its template was replaced, its QEMU died, it is older than ``MAX_AGE_S``) is destroyed
-instead, and the env starts the usual way under the same id. ``release`` destroys the spares
-nobody took and returns each destroy's report (the controller calls it at the end of a run);
-after a crash the reaper finds them by their run folders and dead owner, like any orphaned env.
+flight. ``take_id`` hands out a spare's env id, so the controller's ledger intent names the env
+before it is used, and ``create`` with that id resumes the spare (``claim`` + ``resume``). A
+spare that no longer fits (its template was replaced, its QEMU died, it is older than
+``MAX_AGE_S``) is destroyed instead, and the env starts the usual way under the same id.
+``release`` destroys the spares nobody took and returns each destroy's report (the controller
+calls it at the end of a run); after a crash the reaper finds them by their run folders and dead
+owner, like any orphaned env.
 """
 
 from __future__ import annotations
@@ -59,16 +59,22 @@ class Spare:
     started: float  # monotonic: when its QEMU was spawned
     deadline: float  # monotonic: when its supervisor kills it
 
-    def fits(self, request: EnvRequest, template: snapshot.Template, now: float) -> str | None:
-        """Why this spare cannot serve ``request`` (None: it can)."""
+    def stale(self, now: float) -> str | None:
+        """Why this spare can serve nobody any more (None: it still can)."""
         if self.live.proc.returncode is not None:
             return f"its QEMU exited ({self.live.proc.returncode})"
+        if now - self.started > MAX_AGE_S:
+            return f"it is older than {MAX_AGE_S:.0f}s"
+        return None
+
+    def fits(self, request: EnvRequest, template: snapshot.Template, now: float) -> str | None:
+        """Why this spare cannot serve ``request`` (None: it can)."""
+        if why := self.stale(now):
+            return why
         if template.digest != self.template.digest:
             return "its template was replaced"
         if shape_of(request.baseline, request.limits) != self.shape or request.network:
             return "the request has another shape"
-        if now - self.started > MAX_AGE_S:
-            return f"it is older than {MAX_AGE_S:.0f}s"
         if now + request.hard_deadline_s > self.deadline:
             return "its hard deadline is too close"
         return None
@@ -112,7 +118,7 @@ class Spares:
         queue = self.ready.get(shape, [])
         while queue:
             spare = queue.pop(0)
-            if now - spare.started <= MAX_AGE_S and spare.live.proc.returncode is None:
+            if spare.stale(now) is None:
                 self.taken[spare.env_id] = spare
                 return spare.env_id
             self.discard(spare)

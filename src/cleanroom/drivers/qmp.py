@@ -233,11 +233,7 @@ async def read_answers(reader: asyncio.StreamReader, commands: tuple[str, ...]) 
     """Read a monitor's answers to a ``script`` of ``commands`` (greeting and events skipped);
     DriverError naming the first command it refused, or if it closes before answering all."""
     for name in ("qmp_capabilities", *commands):
-        while True:
-            message = await _read_message(reader)
-            _check(name, message)
-            if "return" in message:
-                break
+        await _answer(reader, name)
 
 
 async def command(
@@ -249,6 +245,11 @@ async def command(
     """Send one command on a monitor past its ``script`` and read its answer (events skipped);
     DriverError if it is refused or the monitor closes."""
     writer.write(_line(name, arguments))
+    await _answer(reader, name)
+
+
+async def _answer(reader: asyncio.StreamReader, name: str) -> None:
+    """Read up to the answer to ``name`` (events skipped); DriverError if it was refused."""
     while True:
         message = await _read_message(reader)
         _check(name, message)
