@@ -7,6 +7,7 @@ each environment's cleanup; the store's result records add policy, verdict and p
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from cleanroom.drivers.base import start_label
 from cleanroom.ledger import EnvRow, EpisodeRow, Ledger
 from cleanroom.record import Outcome
 from cleanroom.store import Store
@@ -63,15 +65,11 @@ def _timings(record: dict[str, Any] | None, env: EnvRow | None) -> dict[str, flo
 
 
 def _start(record: dict[str, Any] | None) -> str | None:
-    """How the episode's env started: ``spare`` (a clone started ahead), else the record's
-    ``start`` (``snapshot``, ``fork``, ``cold``); None without a record."""
+    """How the episode's env started (``start_label`` of its provenance); None without one."""
     provenance = (record or {}).get("provenance")
-    if not isinstance(provenance, dict):
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("start"), str):
         return None
-    if provenance.get("spare_s") is not None:
-        return "spare"
-    start = provenance.get("start")
-    return start if isinstance(start, str) else None
+    return start_label(provenance["start"], provenance.get("spare_s"))
 
 
 def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) -> dict[str, Any]:
@@ -110,10 +108,7 @@ def _summary(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, An
         for phase, seconds in row["timings"].items():
             phases.setdefault(phase, []).append(seconds)
     envs = [r for r in rows if r["confirmed_absent"] is not None]
-    starts: dict[str, int] = {}
-    for row in rows:
-        if row["start"] is not None:
-            starts[row["start"]] = starts.get(row["start"], 0) + 1
+    starts = Counter(row["start"] for row in rows if row["start"] is not None)
     return {
         "episodes": len(rows),
         "outcomes": {**dict.fromkeys(OUTCOMES, 0), **counts},
@@ -122,7 +117,7 @@ def _summary(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, An
             p: {"n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95)}
             for p, v in sorted(phases.items(), key=lambda kv: _phase_rank(kv[0]))
         },
-        "starts": dict(sorted(starts.items(), key=lambda kv: -kv[1])),
+        "starts": dict(starts.most_common()),
         "envs": {
             "total": len(envs),
             "confirmed_absent": sum(1 for r in envs if r["confirmed_absent"]),

@@ -68,6 +68,12 @@ class EnvRequest:
     network: Attachment | None = None  # egress through a proxy (drivers with "egress" only)
 
 
+def start_label(start_kind: str, spare_s: float | None) -> str:
+    """``spare`` for a spare clone (one that waited ``spare_s``), else the start kind
+    (``snapshot``, ``fork``, ``cold``)."""
+    return "spare" if spare_s is not None else start_kind
+
+
 @dataclass(frozen=True)
 class EnvInfo:
     env_id: str
@@ -86,8 +92,8 @@ class EnvInfo:
 
     @property
     def started_as(self) -> str:
-        """``spare`` for a spare clone, else ``start_kind`` (logs and metrics label starts so)."""
-        return "spare" if self.spare_s is not None else self.start_kind
+        """How it started, as logs, metrics and reports label it (``start_label``)."""
+        return start_label(self.start_kind, self.spare_s)
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
