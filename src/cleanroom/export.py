@@ -144,6 +144,7 @@ def export_episode(
             "spec_digest": baseline.spec_digest,
             "kernel": baseline.kernel_version,
             "agent_version": baseline.agent_version,
+            **({"image": baseline.image} if baseline.image is not None else {}),
             "manifest_digest": manifest.digest(),
             "env_id": env_id,
             "fresh_env": True,

@@ -27,6 +27,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cleanroom.baseline import store
 from cleanroom.baseline.initramfs import build_initramfs
@@ -41,6 +42,7 @@ from cleanroom.baseline.model import (
     FunctionEntry,
     identity,
 )
+from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.baseline.rootfs import build_rootfs, scratch_parent
 from cleanroom.baseline.spec import (
@@ -99,6 +101,28 @@ def _install(out: Path, digest: str) -> None:
         os.replace(staging, final)
 
 
+def image_record(image: Image | None) -> dict[str, Any] | None:
+    """What a baseline records of its container image: digests, and the config it honours."""
+    if image is None:
+        return None
+    return {
+        **{k: v for k, v in image.identity().items() if k != "ref"},  # the spec names the source
+        "env": list(image.config.env),
+        "working_dir": image.config.working_dir,
+        "user": image.config.user,
+    }
+
+
+def _entrypoint(spec: BaselineSpec, image: Image | None) -> tuple[str, ...]:
+    """The spec's command; with no ``[entrypoint]``, the image's ``Entrypoint`` + ``Cmd``."""
+    if spec.entrypoint is not None:
+        return tuple(spec.entrypoint.command or ())
+    command = image.config.command() if image is not None else ()
+    if not command:
+        raise BuildError(f"{spec.name}: no [entrypoint] and the image sets no Entrypoint or Cmd")
+    return command
+
+
 def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) -> Baseline:
     started = time.monotonic()
     kernel = fetch_kernel(spec.kernel.package, progress)
@@ -106,7 +130,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
     out.mkdir()
     tree = Path(tempfile.mkdtemp(prefix="cleanroom-rootfs-", dir=scratch_parent()))
     try:
-        build_rootfs(spec, tree, out / ROOTFS_FILE, progress)
+        image = build_rootfs(spec, tree, out / ROOTFS_FILE, progress)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")
@@ -115,7 +139,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
 
     progress("digest", "hashing components")
     components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
-    entrypoint = tuple(spec.entrypoint.command or ())
+    entrypoint = _entrypoint(spec, image)
     warm = spec.warm_config()
     function = FunctionEntry.from_json(warm) if warm is not None else None
     version = agent_version()
@@ -129,6 +153,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         sdigest,
         function,
         network=network,
+        image=image_record(image),
     )
     digest = digest_of(ident)
     for component in components:
@@ -146,6 +171,7 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         spec=spec.canonical(),
         function=function,
         network=network,
+        image=image_record(image),
     )
     data = baseline.to_json()
     data["built"] = {

@@ -69,6 +69,7 @@ class Baseline:
     spec: dict[str, Any] = field(default_factory=dict)
     function: FunctionEntry | None = None
     network: tuple[str, ...] | None = None  # the egress allowlist (None: no network)
+    image: dict[str, Any] | None = None  # the container image it came from (``ImageRecord``)
 
     @property
     def short(self) -> str:
@@ -97,7 +98,19 @@ class Baseline:
             self.spec_digest,
             self.function,
             network=self.network,
+            image=self.image,
         )
+
+    @property
+    def image_env(self) -> dict[str, str]:
+        """The image config's ``Env`` as a mapping (empty for a Debian baseline)."""
+        pairs = (item.partition("=") for item in (self.image or {}).get("env", []))
+        return {name: value for name, _, value in pairs if name}
+
+    @property
+    def workdir(self) -> str | None:
+        """The image config's ``WorkingDir``, if it set one."""
+        return (self.image or {}).get("working_dir") or None
 
     def to_json(self) -> dict[str, Any]:
         data = self.identity()
@@ -119,6 +132,7 @@ class Baseline:
             spec=data.get("spec", {}),
             function=FunctionEntry.from_json(data["function"]) if "function" in data else None,
             network=tuple(data["network"]) if data.get("network") is not None else None,
+            image=data.get("image"),
         )
 
 
@@ -132,9 +146,10 @@ def identity(
     function: FunctionEntry | None = None,
     *,
     network: tuple[str, ...] | None = None,
+    image: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The canonical, digest-covered description of a baseline (``function`` and ``network``
-    only if set, so baselines without them keep their digests)."""
+    """The canonical, digest-covered description of a baseline (``function``, ``network`` and
+    ``image`` only if set, so baselines without them keep their digests)."""
     ident = {
         "format": FORMAT_VERSION,
         "components": [
@@ -151,4 +166,6 @@ def identity(
         ident["function"] = function.to_json()
     if network is not None:
         ident["network"] = list(network)
+    if image is not None:
+        ident["image"] = image
     return ident

@@ -29,6 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from cleanroom.baseline import oci
+from cleanroom.baseline.layers import resolve_in_root
+from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
 from cleanroom.baseline.spec import (
@@ -210,7 +213,10 @@ def build_reseed_helper(dest: Path) -> None:
 
 def _user_id(rootfs: Path, name: str) -> int:
     """The uid of a user in the tree's /etc/passwd (0 if absent)."""
-    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
+    passwd = rootfs / "etc" / "passwd"
+    if not passwd.is_file():
+        return 0
+    for line in passwd.read_text(errors="replace").splitlines():
         fields = line.split(":")
         if len(fields) > 2 and fields[0] == name and fields[2].isdigit():
             return int(fields[2])
@@ -219,6 +225,7 @@ def _user_id(rootfs: Path, name: str) -> int:
 
 def scrub(rootfs: Path) -> None:
     """Remove or fix everything host- or time-dependent, and make the folders the guest needs."""
+    (rootfs / "etc").mkdir(mode=0o755, exist_ok=True)  # an image may have none
     for name, content in (("hostname", b"cleanroom\n"), ("resolv.conf", b""), ("machine-id", b"")):
         path = rootfs / "etc" / name
         path.unlink(missing_ok=True)
@@ -271,14 +278,48 @@ def make_erofs(rootfs: Path, out: Path, progress: Progress = quiet) -> None:
     )
 
 
-def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress = quiet) -> None:
-    """Every step above: an empty folder ``tree`` becomes the image at ``out``.
+BUILDER_WRITES = ("etc", "opt", "opt/cleanroom", "root", "run", "tmp", "var", "var/log", "var/tmp")
+"""Folders the build writes into after an image is unpacked: never through a symlink."""
+GUEST_PYTHON = ("usr", "bin", "python3")
+"""Where the guest agent's Python must be (until the agent is native)."""
+
+
+def unpack_image(ref: str, tree: Path, progress: Progress = quiet) -> Image:
+    """Fill ``tree`` from a container image (``oci``), which must hold the agent's Python."""
+    work = Path(tempfile.mkdtemp(prefix="cleanroom-image-", dir=scratch_parent()))
+    try:
+        image = oci.fetch(ref, work, progress)
+        oci.unpack(image, tree, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for folder in BUILDER_WRITES:
+        if (tree / folder).is_symlink():
+            raise BuildError(f"image {ref}: /{folder} is a symlink; the builder writes there")
+    python = resolve_in_root(tree, GUEST_PYTHON, ref, follow_last=True)
+    if not python.is_file():
+        raise BuildError(
+            f"image {ref}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
+            "there (an image with only busybox or one program needs the native agent)"
+        )
+    return image
+
+
+def build_rootfs(
+    spec: BaselineSpec, tree: Path, out: Path, progress: Progress = quiet
+) -> Image | None:
+    """Every step above: an empty folder ``tree`` becomes the image at ``out``; returns the
+    container image it started from, if any.
 
     Runs under umask 022 (restored after), so no host umask reaches the image's modes.
     """
     previous = os.umask(0o022)
+    image = None
     try:
-        extract_base(spec.base, tree, progress)
+        ref = spec.image_ref()
+        if ref is None:
+            extract_base(spec.base, tree, progress)
+        else:
+            image = unpack_image(ref, tree, progress)
         install_pip(spec.pip.packages, tree, progress)
         copy_files(spec, tree, progress)
         install_agent(tree, spec.warm_config())
@@ -287,3 +328,4 @@ def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress =
         make_erofs(tree, out, progress)
     finally:
         os.umask(previous)
+    return image
