@@ -9,10 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from cleanroom.baseline import oci
 from cleanroom.baseline.layers import apply_layer
 from cleanroom.errors import BuildError
 
+from .conftest import free_port
 from .ociutil import Entry, layer_bytes, layout, tar_folder
 
 BASE = [
@@ -185,45 +183,6 @@ def test_docker_archive_written_by_skopeo(tmp_path: Path) -> None:
     assert json.dumps(image.identity())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[str]:
-    """A real registry (Debian's docker-registry) on 127.0.0.1, storage under tmp_path."""
-    if shutil.which("docker-registry") is None:
-        pytest.skip("docker-registry not installed (scripts/setup.sh installs it)")
-    port = _free_port()
-    config = tmp_path / "registry.yml"
-    config.write_text(
-        "version: 0.1\nlog:\n  level: error\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-    )
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("docker-registry did not start listening")
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 @needs_skopeo
 def test_pull_from_a_registry_on_loopback(tmp_path: Path, registry: str) -> None:
     """``docker://`` pulls with skopeo from a real registry; the layers arrive checked."""
@@ -248,7 +207,7 @@ def test_pull_from_a_registry_on_loopback(tmp_path: Path, registry: str) -> None
 
 @needs_skopeo
 def test_unreachable_registry_is_named(tmp_path: Path) -> None:
-    ref = f"docker://127.0.0.1:{_free_port()}/nothing/here:1"
+    ref = f"docker://127.0.0.1:{free_port()}/nothing/here:1"
     with pytest.raises(BuildError, match=r"registry 127\.0\.0\.1:\d+"):
         oci.fetch(ref, tmp_path)
     assert not (tmp_path / "pulled" / "index.json").exists()

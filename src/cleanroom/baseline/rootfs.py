@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.baseline import oci
+from cleanroom.baseline.dockerfile import build_image
 from cleanroom.baseline.layers import resolve_in_root
 from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
@@ -284,21 +285,27 @@ GUEST_PYTHON = ("usr", "bin", "python3")
 """Where the guest agent's Python must be (until the agent is native)."""
 
 
-def unpack_image(ref: str, tree: Path, progress: Progress = quiet) -> Image:
-    """Fill ``tree`` from a container image (``oci``), which must hold the agent's Python."""
+def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> Image:
+    """Fill ``tree`` from the spec's container image (a reference, or a Dockerfile built
+    here), which must hold the agent's Python."""
     work = Path(tempfile.mkdtemp(prefix="cleanroom-image-", dir=scratch_parent()))
+    docker = spec.dockerfile_paths()
     try:
+        ref = build_image(*docker, work, progress) if docker else spec.image_ref()
+        if ref is None:
+            raise BuildError(f"{spec.name}: no image to unpack")
         image = oci.fetch(ref, work, progress)
         oci.unpack(image, tree, progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    source = spec.base.image or spec.base.dockerfile
     for folder in BUILDER_WRITES:
         if (tree / folder).is_symlink():
-            raise BuildError(f"image {ref}: /{folder} is a symlink; the builder writes there")
-    python = resolve_in_root(tree, GUEST_PYTHON, ref, follow_last=True)
+            raise BuildError(f"image {source}: /{folder} is a symlink; the builder writes there")
+    python = resolve_in_root(tree, GUEST_PYTHON, str(source), follow_last=True)
     if not python.is_file():
         raise BuildError(
-            f"image {ref}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
+            f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
             "there (an image with only busybox or one program needs the native agent)"
         )
     return image
@@ -315,11 +322,10 @@ def build_rootfs(
     previous = os.umask(0o022)
     image = None
     try:
-        ref = spec.image_ref()
-        if ref is None:
-            extract_base(spec.base, tree, progress)
+        if spec.base.from_image:
+            image = unpack_image(spec, tree, progress)
         else:
-            image = unpack_image(ref, tree, progress)
+            extract_base(spec.base, tree, progress)
         install_pip(spec.pip.packages, tree, progress)
         copy_files(spec, tree, progress)
         install_agent(tree, spec.warm_config())

@@ -40,9 +40,12 @@ SOURCE_DATE_EPOCH = 1_700_000_000
 shadow ``lastchg`` of 0 would force a password change."""
 BUILDER_SOURCES = (
     "builder.py",
+    "dockerfile.py",
     "initramfs.py",
     "kernel.py",
+    "layers.py",
     "model.py",
+    "oci.py",
     "pyinstall.py",
     "rootfs.py",
     "spec.py",
@@ -90,6 +93,8 @@ class BaseSection(_Section):
     variant: Literal["minbase", "essential", "apt", "required", "important", "standard"] = "minbase"
     packages: list[str] = Field(default_factory=list)
     image: str | None = Field(default=None, max_length=4096)
+    dockerfile: str | None = Field(default=None, min_length=1, max_length=4096)
+    context: str | None = Field(default=None, min_length=1, max_length=4096)
 
     @field_validator("image")
     @classmethod
@@ -98,9 +103,18 @@ class BaseSection(_Section):
 
     @model_validator(mode="after")
     def _image_or_debian(self) -> BaseSection:
-        if self.image is not None and self.packages:
+        if self.image is not None and self.dockerfile is not None:
+            raise ValueError("give one of image or dockerfile")
+        if self.from_image and self.packages:
             raise ValueError("packages cannot be added to an image (build them into the image)")
+        if self.context is not None and self.dockerfile is None:
+            raise ValueError("context needs a dockerfile")
         return self
+
+    @property
+    def from_image(self) -> bool:
+        """True when the root filesystem comes from a container image (or a Dockerfile)."""
+        return self.image is not None or self.dockerfile is not None
 
     @field_validator("packages")
     @classmethod
@@ -115,10 +129,11 @@ class BaseSection(_Section):
         return tuple(sorted(set(self.packages) | set(ALWAYS_PACKAGES)))
 
     def canonical(self) -> dict[str, Any]:
-        """``image`` only when set (Debian specs keep their digests); an image has no suite."""
-        if self.image is None:
-            return self.model_dump(mode="json", exclude={"image"})
-        return {"image": self.image}
+        """``image``/``dockerfile`` only when set (Debian specs keep their digests); an image
+        has no suite."""
+        if not self.from_image:
+            return self.model_dump(mode="json", exclude={"image", "dockerfile", "context"})
+        return self.model_dump(mode="json", include={"image", "dockerfile", "context"})
 
 
 class PipSection(_Section):
@@ -220,7 +235,7 @@ class BaselineSpec(_Section):
 
     @model_validator(mode="after")
     def _has_entrypoint(self) -> BaselineSpec:
-        if self.entrypoint is None and self.base.image is None:
+        if self.entrypoint is None and not self.base.from_image:
             raise ValueError("entrypoint: required (only an image baseline may use its own)")
         return self
 
@@ -274,6 +289,14 @@ class BaselineSpec(_Section):
         tag = rest.split(":", 1)[1] if scheme == "oci" and ":" in rest else ""
         return f"{scheme}:{path}" + (f":{tag}" if tag else "")
 
+    def dockerfile_paths(self) -> tuple[Path, Path] | None:
+        """``(Dockerfile, build context)`` resolved against the spec's folder, if any."""
+        if self.base.dockerfile is None:
+            return None
+        dockerfile = (self.folder / self.base.dockerfile).resolve()
+        context = self.base.context
+        return dockerfile, (self.folder / context).resolve() if context else dockerfile.parent
+
     def sources(self) -> Iterator[tuple[Path, FileEntry]]:
         """Each files entry with its source resolved against the spec's folder."""
         for entry in self.files:
@@ -313,6 +336,11 @@ def load_spec(path: Path) -> BaselineSpec:
     local = image_path(image, spec.folder) if image is not None else None
     if local is not None and not local.exists():
         missing.append(f"  base.image: {local} does not exist")
+    docker = spec.dockerfile_paths()
+    if docker is not None and not docker[0].is_file():
+        missing.append(f"  base.dockerfile: {docker[0]} does not exist")
+    if docker is not None and not docker[1].is_dir():
+        missing.append(f"  base.context: {docker[1]} is not a folder")
     if missing:
         raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
     return spec
@@ -359,6 +387,11 @@ def spec_digest(spec: BaselineSpec) -> str:
     _hash_file_into(h, "init.sh", INIT_SCRIPT)
     if spec.base.image is not None:
         h.update(f"image\0{image_content_key(spec.base.image, spec.folder)}\0".encode())
+    docker = spec.dockerfile_paths()
+    if docker is not None:
+        _hash_file_into(h, "dockerfile", docker[0])
+        for rel, path in walk_files(docker[1]):
+            _hash_file_into(h, f"context:{rel}", path)
     return "sha256:" + h.hexdigest()
 
 

@@ -8,20 +8,23 @@ sets ``Env``, ``WorkingDir`` and ``Cmd``. The spec has no ``[entrypoint]``: the 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests import vmkit
-from tests.baseline.conftest import needs_root_tools
-from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
-from tests.vmkit import Harness, assert_nothing_left, manifest
 
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.rootfs import debootstrap_tarball
 from cleanroom.baseline.spec import BaseSection
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.errors import BuildError
 from cleanroom.record import Outcome
+from tests import vmkit
+from tests.baseline.conftest import free_port, needs_root_tools
+from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
+from tests.vmkit import Harness, assert_nothing_left, manifest
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]
 
@@ -90,3 +93,66 @@ async def test_image_baseline_runs_with_its_config_and_layers(
     assert record["provenance"]["image"]["layers"] == baseline.image["layers"]
     assert_nothing_left(driver, ledger, "vm-image")
     assert json.loads((baseline.path / "baseline.json").read_text())["image"] == baseline.image
+
+
+DOCKERFILE = """FROM {registry}/tests/debian:1
+RUN rm /etc/issue && mkdir -p /opt/img && echo built-by-buildah > /opt/img/marker
+COPY entry.sh /opt/img/entry.sh
+ENV IMG_GREETING="hello from the dockerfile"
+WORKDIR /opt/img
+CMD ["/bin/sh", "/opt/img/entry.sh"]
+"""
+
+
+async def test_dockerfile_from_a_loopback_registry(
+    tmp_path: Path, harness: Harness, registry: str
+) -> None:
+    """A Dockerfile whose FROM is on a real registry on 127.0.0.1 is built by buildah (RUN,
+    COPY, ENV, WORKDIR, CMD), becomes a baseline, and its episode sees what the build did."""
+    needs_root_tools()
+    if shutil.which("buildah") is None or shutil.which("skopeo") is None:
+        pytest.skip("buildah/skopeo not installed (scripts/setup.sh installs them)")
+    debian = debootstrap_tarball(BaseSection()).read_bytes()
+    base = layout(tmp_path / "base", [debian], {"Env": ["PATH=/usr/bin:/bin"]})
+    subprocess.run(
+        [
+            *("skopeo", "copy", "--quiet", "--dest-tls-verify=false"),
+            *(f"oci:{base}:latest", f"docker://{registry}/tests/debian:1"),
+        ],
+        check=True,
+    )
+    env = tmp_path / "environment"
+    env.mkdir()
+    (env / "Dockerfile").write_text(DOCKERFILE.format(registry=registry))
+    (env / "entry.sh").write_bytes(
+        ENTRY.replace(b'"$IMG_GREETING"', b'"$IMG_GREETING $(cat marker)"')
+    )
+    spec = tmp_path / "baseline.toml"
+    spec.write_text(
+        'name = "dockerfile-test"\n[base]\ndockerfile = "environment/Dockerfile"\n'
+        "[limits]\ntimeout_s = 30\nmemory_mib = 256\n"
+    )
+    baseline = build(spec)
+    assert baseline.entrypoint == ("/bin/sh", "/opt/img/entry.sh")
+    assert build(spec, force=True).digest == baseline.digest  # buildah --timestamp: same bytes
+
+    ctl, ledger, store, driver = harness
+    result = await ctl.run([manifest("df-1", 1)], baseline, run_id="vm-dockerfile")
+    assert result.episodes[0].outcome == Outcome.COMPLETED, result.episodes[0].error
+    record = store.get_record("vm-dockerfile", "df-1")
+    assert record is not None
+    info = record["info"]
+    assert info["greeting"] == "hello from the dockerfile built-by-buildah"
+    assert info["cwd"] == "/opt/img" and info["issue"] == "absent"
+    assert_nothing_left(driver, ledger, "vm-dockerfile")
+
+
+def test_dockerfile_with_an_unresolvable_from_fails_clearly(tmp_path: Path) -> None:
+    needs_root_tools()
+    if shutil.which("buildah") is None:
+        pytest.skip("buildah not installed (scripts/setup.sh installs it)")
+    (tmp_path / "Dockerfile").write_text(f"FROM 127.0.0.1:{free_port()}/nothing/here:1\n")
+    spec = tmp_path / "baseline.toml"
+    spec.write_text('name = "df-bad"\n[base]\ndockerfile = "Dockerfile"\n')
+    with pytest.raises(BuildError, match="could not be resolved"):
+        build(spec)
