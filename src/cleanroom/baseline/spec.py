@@ -133,7 +133,8 @@ class BaseSection(_Section):
         has no suite."""
         if not self.from_image:
             return self.model_dump(mode="json", exclude={"image", "dockerfile", "context"})
-        return self.model_dump(mode="json", include={"image", "dockerfile", "context"})
+        fields = self.model_dump(mode="json", include={"image", "dockerfile", "context"})
+        return {k: v for k, v in fields.items() if v is not None}
 
 
 class PipSection(_Section):
