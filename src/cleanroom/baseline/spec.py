@@ -71,7 +71,9 @@ AGENT_FILES = (
     "worker.py",
 )
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
-SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+SKIP_NAMES = frozenset(
+    {"baseline.lock", "__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+)
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
