@@ -78,6 +78,25 @@ def test_bad_manifest_is_exit_2_and_nothing_runs(home: Path) -> None:
     assert not (home / "ledger.db").exists() or Ledger(home / "ledger.db").list_runs() == []
 
 
+def test_values_json_cannot_carry_are_exit_2_with_line_and_field(home: Path) -> None:
+    """A 5000-digit seed and a 100k-deep task printed a raw traceback (exit 1); NaN in a task
+    passed and failed every export. All are refused up front, nothing runs (issue 15 §9)."""
+    baseline = make_fake_baseline(home)
+    manifests = home / "m.jsonl"
+    head = '{"episode_id": "e%d", "policy": {"id": "p"}, '
+    manifests.write_text(
+        head % 1 + '"seed": ' + "9" * 5000 + "}\n"
+        + head % 2 + '"seed": 1, "task": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+        + head % 3 + '"seed": 1, "task": {"x": NaN}}\n'
+    )  # fmt: skip
+    proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
+    assert proc.returncode == 2, proc.stderr
+    for problem in ("line 1: seed", "line 2: task: nested", "line 3: task.x: nan"):
+        assert problem in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (home / "ledger.db").exists() or Ledger(home / "ledger.db").list_runs() == []
+
+
 def test_unknown_baseline_is_a_clean_error(home: Path) -> None:
     manifests = write(home / "m.jsonl", ep("a"))
     proc = cli(home, "run", str(manifests), "--baseline", "sha256:" + "ab" * 32, "--driver", "fake")
