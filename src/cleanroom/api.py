@@ -1,9 +1,12 @@
-"""The Python API: run a batch of manifests (async, with a thin sync wrapper).
+"""The Python API: run a batch of manifests (async, with a sync wrapper of the same signature).
 
 import cleanroom
 result = cleanroom.run("examples/cartpole/manifests.jsonl",
                        baseline="examples/cartpole/baseline.toml", parallel=2)
-print(result.counts())
+print(result.counts(), result.rewards())
+
+Manifests are a JSON Lines file or a list of ``Manifest`` objects and plain dicts (validated like
+a file's lines: ``item 3: seed: ...``). ``RunResult.episodes`` keeps the input order.
 
 Episodes that share a setup step (one task, N rollouts) form a group: ``group(...)`` stamps
 one onto manifests; the setup then runs once in a warm env that every episode is forked from.
@@ -24,13 +27,31 @@ from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
 from cleanroom.errors import ManifestError
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Group, GroupSetup, Manifest, check_groups, load_manifests
+from cleanroom.manifest import (
+    Group,
+    GroupSetup,
+    Manifest,
+    check_groups,
+    coerce_manifests,
+    describe,
+    load_manifests,
+)
 from cleanroom.secrets import provider_from
 from cleanroom.store import open_store
 
+Manifests = Iterable[Manifest | dict[str, Any]] | str | Path
+"""A JSON Lines file, or manifests as ``Manifest`` objects and/or plain dicts."""
+
+
+def manifests_of(manifests: Manifests) -> list[Manifest]:
+    """``manifests`` validated (a file's lines, or a list's items) into ``Manifest`` objects."""
+    if isinstance(manifests, str | Path):
+        return load_manifests(Path(manifests))
+    return coerce_manifests(manifests)
+
 
 async def arun(
-    manifests: list[Manifest] | str | Path,
+    manifests: Manifests,
     *,
     baseline: Baseline | str | Path,
     parallel: int = 2,
@@ -41,36 +62,42 @@ async def arun(
     on_event: EventHook | None = None,
     secrets_from: str | None = None,
 ) -> RunResult:
-    """Run manifests (a list, or a JSON Lines file) on fresh environments of ``baseline``.
+    """Run manifests (a JSON Lines file, or a list of ``Manifest``s and dicts) on fresh
+    environments of ``baseline``; the result lists its episodes in the input order.
 
+    ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
     """
-    if not isinstance(manifests, list):
-        manifests = load_manifests(Path(manifests))
+    items = manifests_of(manifests)
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)
+    st = open_store(store)
     with Ledger() as ledger:
         controller = Controller(
             get_driver(driver),
             ledger,
-            open_store(store),
+            st,
             options=opts,
             on_event=on_event,
             secret_provider=provider_from(secrets_from),
         )
-        return await controller.run(manifests, resolved, run_id=run_id)
+        result = await controller.run(items, resolved, run_id=run_id)
+    return result.ordered([m.episode_id for m in items], st)
 
 
 def run(
-    manifests: list[Manifest] | str | Path,
+    manifests: Manifests,
     *,
     baseline: Baseline | str | Path,
     parallel: int = 2,
     store: str | Path | None = None,
     run_id: str | None = None,
     driver: str = "qemu",
+    options: RunOptions | None = None,
+    on_event: EventHook | None = None,
+    secrets_from: str | None = None,
 ) -> RunResult:
-    """Blocking ``arun``."""
+    """Blocking ``arun`` (the same arguments)."""
     return asyncio.run(
         arun(
             manifests,
@@ -79,6 +106,9 @@ def run(
             store=store,
             run_id=run_id,
             driver=driver,
+            options=options,
+            on_event=on_event,
+            secrets_from=secrets_from,
         )
     )
 
@@ -100,11 +130,14 @@ def group(
         elif isinstance(setup, dict):
             setup = GroupSetup.model_validate(setup)
         stamp = Group(id=group_id, setup=setup)
-        out = []
-        for episode in episodes:
-            data = episode.model_dump() if isinstance(episode, Manifest) else dict(episode)
-            out.append(Manifest.model_validate({**data, "group": stamp}))
     except ValidationError as exc:
-        raise ManifestError(f"group {group_id!r}: invalid", [str(exc)]) from exc
+        raise ManifestError(f"group {group_id!r}: invalid", describe(exc)) from exc
+    stamped = [
+        {**(e.model_dump() if isinstance(e, Manifest) else e), "group": stamp}
+        if isinstance(e, Manifest | dict)
+        else e
+        for e in episodes
+    ]
+    out = coerce_manifests(stamped, source=f"group {group_id!r}")
     check_groups(out)
     return out

@@ -203,7 +203,8 @@ class Manifest(BaseModel):
         return self.model_dump(mode="json", exclude={"verifier"})
 
 
-def _describe(error: ValidationError) -> list[str]:
+def describe(error: ValidationError) -> list[str]:
+    """One ``field.path: message`` string per problem (never the input: it may be huge)."""
     out = []
     for item in error.errors(include_input=False):
         where = ".".join(str(p) for p in item["loc"])
@@ -233,7 +234,7 @@ class _Checker:
             try:
                 manifest = Manifest.model_validate(data)
             except ValidationError as exc:
-                self.problems.extend(f"{where}: {p}" for p in _describe(exc))
+                self.problems.extend(f"{where}: {p}" for p in describe(exc))
                 return
         if manifest.episode_id in self.seen:
             self.problems.append(
