@@ -61,7 +61,9 @@ def _write_json(path: Path | None, data: dict[str, Any]) -> None:
 
 @check_app.command("isolation")
 def isolation_cmd(
-    baseline: Annotated[str, typer.Option(help="digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str, typer.Option(help="digest, unique prefix, name, or spec (.toml or its folder)")
+    ],
     driver: Annotated[str, typer.Option(help="qemu | gvisor | fake | auto")] = "qemu",
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report here")] = None,
     variant: Annotated[
@@ -129,7 +131,9 @@ def print_isolation(report: dict[str, Any], *, details: bool = False) -> None:
 @check_app.command("repro")
 def repro_cmd(
     manifests: Annotated[Path, typer.Argument(help="JSON Lines manifests")],
-    baseline: Annotated[str, typer.Option(help="digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str, typer.Option(help="digest, unique prefix, name, or spec (.toml or its folder)")
+    ],
     repeat: Annotated[int, typer.Option(min=2, max=1000, help="runs to compare")] = 3,
     episode: Annotated[
         list[str] | None, typer.Option(help="only these episode ids (repeatable)")

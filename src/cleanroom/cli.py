@@ -53,7 +53,10 @@ def _fail(exc: CleanroomError) -> typer.Exit:
 @app.command()
 def run(
     manifests: Annotated[Path, typer.Argument(help="JSON Lines file, one manifest per line")],
-    baseline: Annotated[str, typer.Option(help="baseline digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str,
+        typer.Option(help="baseline digest, unique prefix, name, or spec (.toml or its folder)"),
+    ],
     parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
     spares: Annotated[
         int | None,

@@ -207,6 +207,7 @@ def test_resolve_by_digest_prefix_and_spec(
     assert store.resolve("sha256:" + hexd[:10]) == tiny
     assert store.resolve(str(TINY_SPEC)) == tiny
     assert store.resolve_or_build(str(TINY_SPEC)) == tiny
+    assert store.resolve_or_build(str(TINY_SPEC.parent)) == tiny  # --baseline DIR
     assert tiny in store.list_baselines()
 
     with pytest.raises(BaselineNotFound, match=r"at least 6 hex digits"):
