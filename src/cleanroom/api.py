@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cleanroom import events
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
@@ -73,16 +74,35 @@ async def arun(
     opts = options or RunOptions(parallel=parallel)
     st = open_store(store)
     with Ledger() as ledger:
+        hook = _RunEvents(ledger, run_id, on_event)
         controller = Controller(
             get_driver(driver),
             ledger,
             st,
             options=opts,
-            on_event=on_event,
+            on_event=hook,
             secret_provider=provider_from(secrets_from),
         )
-        result = await controller.run(items, resolved, run_id=run_id)
+        with events.hooked(hook):  # a driver building a template reports through it
+            result = await controller.run(items, resolved, run_id=run_id)
     return result.ordered([m.episode_id for m in items], st)
+
+
+class _RunEvents:
+    """The run's event hook: every event to ``on_event``; those of parts below the controller
+    (``template_*``, see ``cleanroom.events``) also to the ledger, so the report can mark the
+    envs that waited for a template build."""
+
+    def __init__(self, ledger: Ledger, run_id: str | None, on_event: EventHook | None) -> None:
+        self.ledger, self.run_id, self.on_event = ledger, run_id, on_event
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "run_started":
+            self.run_id = data["run_id"]
+        if kind.startswith("template_"):
+            self.ledger.event(kind, run_id=self.run_id, **data)
+        if self.on_event is not None:
+            self.on_event(kind, data)
 
 
 def run(

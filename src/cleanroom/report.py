@@ -91,6 +91,27 @@ def _start(record: dict[str, Any] | None) -> str | None:
     return start_label(provenance["start"], provenance.get("spare_s"))
 
 
+def template_builds(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
+    """The snapshot template builds this run waited for (``template_built`` events, with the
+    unix ``start``/``end`` of each build)."""
+    out = []
+    for event in ledger.events(run_id, "template_built"):
+        seconds = float(event.data.get("seconds") or 0.0)
+        out.append({**event.data, "start": event.ts - seconds, "end": event.ts})
+    return out
+
+
+def _waited_for_template(record: dict[str, Any] | None, builds: list[dict[str, Any]]) -> bool:
+    """Did this episode's provisioning overlap a template build (its provision_s includes it)?"""
+    span = (((record or {}).get("timings") or {}).get("phases") or {}).get("provision")
+    if not isinstance(span, dict) or not builds:
+        return False
+    start, end = span.get("start"), span.get("end")
+    if not isinstance(start, int | float) or not isinstance(end, int | float):
+        return False
+    return any(start < b["end"] and end > b["start"] for b in builds)
+
+
 def _episode(
     ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None, policy: str
 ) -> dict[str, Any]:
@@ -152,6 +173,7 @@ def run_report_json(run_id: str, ledger: Ledger, store: Store | None = None) -> 
     envs = {e.env_id: e for e in ledger.envs(run_id)}
     records = {r.get("episode_id"): r for r in store.list_records(run_id)} if store else {}
     labels = policy_labels(records.values())
+    builds = template_builds(ledger, run_id)
     rows = [
         _episode(
             ep,
@@ -161,10 +183,17 @@ def run_report_json(run_id: str, ledger: Ledger, store: Store | None = None) -> 
         )
         for ep in ledger.episodes(run_id)
     ]
+    for row in rows:
+        row["waited_for_template"] = _waited_for_template(records.get(row["episode_id"]), builds)
+    summary = _summary(ledger.outcome_counts(run_id), rows)
+    summary["template_builds"] = [
+        {k: b.get(k) for k in ("baseline", "digest", "seconds")} for b in builds
+    ]
+    summary["waited_for_template"] = sum(1 for row in rows if row["waited_for_template"])
     return {
         "run_id": run_id,
         "run": None if run is None else asdict(run),
-        "summary": _summary(ledger.outcome_counts(run_id), rows),
+        "summary": summary,
         "episodes": rows,
     }
 
@@ -198,6 +227,12 @@ def summary_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Ta
         starts = "  ".join(f"{kind} {n}" for kind, n in summary["starts"].items())
         table.add_section()
         table.add_row("env starts", str(sum(summary["starts"].values())), starts)
+    for build in summary["template_builds"]:
+        table.add_row(
+            f"waited for the {build['baseline']} template build (first run only)",
+            str(summary["waited_for_template"]),
+            f"built in {build['seconds']:.1f}s",
+        )
     envs = summary["envs"]
     leaked = envs["total"] - envs["confirmed_absent"]
     table.add_section()
