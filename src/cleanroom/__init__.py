@@ -13,12 +13,22 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Manifest", "RunOptions", "RunResult", "__version__", "arun", "group", "run"]
+__all__ = [
+    "Manifest",
+    "RunOptions",
+    "RunResult",
+    "__version__",
+    "arun",
+    "group",
+    "open_env",
+    "run",
+]
 
 _LAZY = {
     "run": "cleanroom.api",
     "arun": "cleanroom.api",
     "group": "cleanroom.api",
+    "open_env": "cleanroom.api",
     "Manifest": "cleanroom.manifest",
     "RunOptions": "cleanroom.controller",
     "RunResult": "cleanroom.run_result",

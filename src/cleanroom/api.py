@@ -15,7 +15,8 @@ one onto manifests; the setup then runs once in a warm env that every episode is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,13 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
+from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import ManifestError
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import (
     Group,
     GroupSetup,
+    Limits,
     Manifest,
     check_groups,
     coerce_manifests,
@@ -131,6 +134,37 @@ def run(
             secrets_from=secrets_from,
         )
     )
+
+
+@asynccontextmanager
+async def open_env(
+    baseline: Baseline | str | Path,
+    *,
+    driver: str = "qemu",
+    limits: Limits | dict[str, Any] | None = None,
+    hard_deadline_s: float = 600.0,
+) -> AsyncIterator[Env]:
+    """One fresh environment of ``baseline`` that you drive yourself (``exec``, ``put``,
+    ``get``), destroyed when the block ends. No run, no ledger rows, no record: for
+    exploring a baseline, not for episodes.
+
+    async with cleanroom.open_env("examples/cartpole") as env:
+        print((await env.exec(["uname", "-r"])).check().stdout.decode())
+    """
+    resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
+    try:
+        wanted = limits if isinstance(limits, Limits) else Limits.model_validate(limits or {})
+    except ValidationError as exc:
+        raise ManifestError("open_env: invalid limits", describe(exc)) from exc
+    request = EnvRequest(
+        new_env_id(),
+        resolved,
+        wanted.merged_over(resolved.limits),
+        Owner("open_env"),
+        hard_deadline_s=hard_deadline_s,
+    )
+    async with await get_driver(driver).create(request) as env:
+        yield env
 
 
 def group(

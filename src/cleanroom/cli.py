@@ -403,6 +403,35 @@ def inspect(
     raise typer.Exit(2)
 
 
+@app.command()
+def doctor(
+    once: Annotated[
+        bool, typer.Option(help="say nothing if this host passed before (make demo uses it)")
+    ] = False,
+) -> None:
+    """What this host has and lacks (QEMU, KVM or TCG, runsc, cgroups, build tools, disk,
+    the home's modes), each gap with the command that fixes it; exit 1 if something is missing."""
+    from cleanroom.doctor import diagnose
+
+    stamp = paths.home() / "doctor-passed"
+    if once and stamp.exists():
+        return
+    findings = diagnose()
+    style = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+    for f in findings:
+        out.print(f"[{style[f.status]}]{f.status:<4}[/] {f.part:<8} ", end="", highlight=False)
+        out.print(f.detail, markup=False, highlight=False)
+        if f.fix and f.status != "ok":
+            out.print(f"              fix: {f.fix}", markup=False, highlight=False)
+    failed = [f.part for f in findings if f.status == "fail"]
+    if failed:
+        err.print(f"[bold red]doctor:[/] missing {', '.join(failed)}: fix the lines above")
+        raise typer.Exit(1)
+    if once:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text("passed\n")
+
+
 def main() -> None:  # pragma: no cover - console entry
     try:
         app()
