@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 FAILED = {"episode_error", "timeout", "cancelled", "env_crashed", "infra_error", "export_failed"}
@@ -125,6 +126,9 @@ class RunProgress:
             )
         elif kind == "template_built":
             self._say(f"snapshot template for {data['baseline']} ready in {data['seconds']:.1f} s")
+        elif kind == "template_failed":
+            why = escape(str(data["error"]))
+            self._say(f"[yellow]{why}[/] (with start=auto, envs of {data['baseline']} boot cold)")
         elif kind == "run_finished" and not self.live:
             self._line(self.describe())
         self._refresh()

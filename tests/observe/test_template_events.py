@@ -43,7 +43,9 @@ def test_progress_says_a_template_is_being_built_even_without_step_lines() -> No
     progress = RunProgress(Console(file=buffer, force_terminal=False, width=200), lines=False)
     progress.on_event("template_building", BUILT)
     progress.on_event("template_built", {**BUILT, "seconds": 9.84})
+    progress.on_event("template_failed", {**BUILT, "error": "template build failed: [boom]"})
     text = buffer.getvalue()
+    assert "template build failed: [boom] (with start=auto, envs of tiny boot cold)" in text
     assert "building snapshot template for tiny (sha256:abababababab) (first run only" in text
     assert "snapshot template for tiny ready in 9.8 s" in text
 
