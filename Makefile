@@ -11,8 +11,12 @@ all: test
 setup:
 	@bash scripts/setup.sh
 
+# On a new machine `cleanroom doctor` runs first (and stops the demo with the fix for anything
+# missing); once it has passed on this host, --once keeps it quiet.
 demo: setup
-	$(VENV)/bin/cleanroom run examples/cartpole/manifests.jsonl --baseline examples/cartpole/baseline.toml --parallel 2
+	$(PY) -m cleanroom doctor --once
+	$(PY) -m cleanroom run examples/cartpole/manifests.jsonl --baseline examples/cartpole/baseline.toml --parallel 2
+	@echo "The cleanroom command lives in $(VENV): run '. $(VENV)/bin/activate' to use it (or $(VENV)/bin/cleanroom)."
 
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)

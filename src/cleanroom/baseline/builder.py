@@ -4,7 +4,11 @@
    the same spec digest (``baselines_dir()/by-spec/<hex>``) by the same builder code
    (``builder_fingerprint``) that passes ``quick_check`` is returned as is.
 2. ``kernel``: fetch (cached) the guest kernel and its modules.
-3. ``rootfs`` / ``pip`` / ``files`` / ``compile`` / ``erofs``: build ``rootfs.erofs``.
+3. ``rootfs`` / ``pip`` / ``files`` / ``compile`` / ``erofs``: build ``rootfs.erofs``; then
+   ``entry``: a function entrypoint is imported in the built tree by the guest's Python, the
+   way the warm worker will (``check_function_entry``), so a typo in ``function`` or a
+   ``preimport`` that is not installed fails the build with the guest's traceback instead of
+   every episode.
 4. ``initramfs``: write ``initrd.cpio``.
 5. ``digest``: hash the components, compute the digest, write ``baseline.json`` and move the
    folder atomically to ``baselines_dir()/<hex>/`` (an intact baseline with the same digest is
@@ -43,7 +47,8 @@ from cleanroom.baseline.model import (
     identity,
 )
 from cleanroom.baseline.oci import Image
-from cleanroom.baseline.proc import Progress, quiet
+from cleanroom.baseline.proc import Progress, quiet, run, tail
+from cleanroom.baseline.pyinstall import AGENT_DEST, CHROOT_ENV
 from cleanroom.baseline.rootfs import RootfsFacts, build_rootfs, scratch_parent
 from cleanroom.baseline.spec import (
     AGENT_DIR,
@@ -101,6 +106,34 @@ def _install(out: Path, digest: str) -> None:
         os.replace(staging, final)
 
 
+ENTRY_CHECK = (
+    "import json, sys; sys.path.insert(0, {agent!r}); import worker; "
+    "sys.modules.pop('worker'); sys.path.remove({agent!r}); "
+    "worker.warm_up(json.load(open({entry!r})))"
+)
+"""What ``worker.main`` does before it serves: path, preimports, the function resolved."""
+
+
+def check_function_entry(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> None:
+    """Import a function entrypoint (and its ``preimport``) in the built ``tree`` with the
+    guest's Python, as the warm worker does; BuildError with the guest's traceback if it fails.
+    This runs the spec's own modules at build time (in a chroot), as every episode would."""
+    config = spec.warm_config()
+    if config is None:
+        return
+    progress("entry", f"importing {config['function']} with the guest's Python")
+    agent = "/" + AGENT_DEST
+    code = ENTRY_CHECK.format(agent=agent, entry=str(Path(agent).parent / "entry.json"))
+    argv: list[str | Path] = ["chroot", tree, "/usr/bin/python3", "-I", "-B", "-c", code]
+    proc = run(argv, "entry", env=CHROOT_ENV, inherit_env=False, ok_codes=tuple(range(256)))
+    if proc.returncode != 0:
+        preimport = f" (preimport {', '.join(config['preimport'])})" if config["preimport"] else ""
+        raise BuildError(
+            f"entrypoint: function {config['function']!r}{preimport} cannot be loaded in the "
+            f"built rootfs; the guest's Python said:\n{tail(proc.stderr) or '(no output)'}"
+        )
+
+
 def image_record(image: Image | None) -> dict[str, Any] | None:
     """What a baseline records of its container image: digests, and the config it honours."""
     if image is None:
@@ -153,6 +186,7 @@ def _assemble(
     tree = Path(tempfile.mkdtemp(prefix="cleanroom-rootfs-", dir=scratch_parent()))
     try:
         facts = build_rootfs(spec, tree, out / ROOTFS_FILE, progress, locked)
+        check_function_entry(spec, tree, progress)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")

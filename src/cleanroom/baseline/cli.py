@@ -137,7 +137,9 @@ def ls_cmd() -> None:
 
 @baseline_app.command("inspect")
 def inspect_cmd(
-    ref: Annotated[str, typer.Argument(help="digest, digest prefix (6+) or spec path")],
+    ref: Annotated[
+        str, typer.Argument(help="digest, digest prefix (6+), name, or spec (.toml or its folder)")
+    ],
 ) -> None:
     """Print a baseline's metadata (baseline.json) as JSON."""
     with _errors():
@@ -149,7 +151,9 @@ def inspect_cmd(
 
 @baseline_app.command("verify")
 def verify_cmd(
-    ref: Annotated[str, typer.Argument(help="digest, digest prefix (6+) or spec path")],
+    ref: Annotated[
+        str, typer.Argument(help="digest, digest prefix (6+), name, or spec (.toml or its folder)")
+    ],
 ) -> None:
     """Re-hash every component; exit 0 if intact, 1 (listing the files) if drifted."""
     with _errors():
@@ -168,7 +172,9 @@ def verify_cmd(
 
 @baseline_app.command("export")
 def export_cmd(
-    ref: Annotated[str, typer.Argument(help="digest, digest prefix (6+) or spec path")],
+    ref: Annotated[
+        str, typer.Argument(help="digest, digest prefix (6+), name, or spec (.toml or its folder)")
+    ],
     file: Annotated[Path, typer.Argument(help="the tar file to write")],
 ) -> None:
     """Write a baseline (re-hashed first) to one tar file: baseline.json + its components."""
