@@ -284,3 +284,86 @@ async def test_drift_during_a_run_stops_the_next_env_creation(h: Harness) -> Non
     second_env = next(e for e in h.ledger.envs(run_id="rd") if e.episode_id == "second")
     assert second_env.created_at is None  # refused before any VM process existed
     assert first_env.confirmed_absent_at is not None
+
+
+class Faulty(FakeDriver):
+    """A fake driver whose envs raise ``faults[episode_id]`` from their RUN (after the real
+    episode when ``after_run``): a bug, or guest input that slipped past every boundary."""
+
+    def __init__(
+        self, run_root: Path, faults: dict[str, Exception], *, after_run: bool = False
+    ) -> None:
+        super().__init__(run_root=run_root)
+        self.faults, self.after_run = faults, after_run
+
+    async def create(self, request: EnvRequest) -> Env:
+        env = await super().create(request)
+        fault = self.faults.get(request.labels.get("episode_id", ""))
+        if fault is not None:
+            real = env.run_episode
+
+            async def broken(*args: Any, **kwargs: Any) -> Any:
+                if self.after_run:
+                    await real(*args, **kwargs)
+                raise fault
+
+            env.run_episode = broken  # type: ignore[method-assign]
+        return env
+
+
+UNEXPECTED: dict[str, Exception] = {
+    "deep": RecursionError("maximum recursion depth exceeded (simulated)"),
+    "surrogate": UnicodeEncodeError("utf-8", "x\ud800y", 1, 2, "surrogates not allowed"),
+    "key": KeyError("missing"),
+}
+
+
+async def test_an_unexpected_exception_ends_only_its_episode(h: Harness) -> None:
+    """Protects: any exception inside one episode (not just CleanroomError/OSError) ends that
+    episode infra_error with its traceback kept, its env destroyed and confirmed absent, its
+    ledger rows final, and the rest of the batch finishes (before: the TaskGroup aborted the
+    whole run and the hostile env lived on); a resume does not crash either."""
+    h.ctl.driver = h.driver = Faulty(h.tmp / "run", UNEXPECTED)
+    batch = [manifest(eid) for eid in UNEXPECTED] + [manifest("fine", seed=2)]
+    result = await h.ctl.run(batch, h.baseline, run_id="rx")
+    got = {e.episode_id: e for e in result.episodes}
+    assert got["fine"].outcome is Outcome.COMPLETED, got["fine"].error
+    for eid, fault in UNEXPECTED.items():
+        assert got[eid].outcome is Outcome.INFRA_ERROR, got[eid]
+        assert type(fault).__name__ in (got[eid].error or "")
+        assert got[eid].destroy is not None and got[eid].destroy.confirmed_absent
+        folder = Path(h.store.episode_uri("rx", eid).removeprefix("file://"))
+        trace = (folder / "attempts/1/logs/traceback.txt").read_text()
+        assert "Traceback" in trace and type(fault).__name__ in trace
+    assert {r.state for r in h.ledger.episodes("rx")} == {"CLOSED"}
+    assert h.ledger.get_run("rx").status == "completed"  # type: ignore[union-attr]
+    h.assert_all_destroyed("rx")
+    again = await h.ctl.run(batch, h.baseline, run_id="rx")  # still faulty: no crash
+    assert again.skipped == ["fine"] and again.counts() == {"infra_error": 3}
+    h.assert_all_destroyed("rx")
+    h.ctl.driver = h.driver = FakeDriver(run_root=h.tmp / "run")
+    healed = await h.ctl.run(batch, h.baseline, run_id="rx")
+    assert healed.counts() == {"completed": 3}
+    assert {e.attempt for e in healed.episodes} == {3}
+    h.assert_all_destroyed("rx")
+
+
+async def test_an_unexpected_exception_while_exporting_is_infra_error(h: Harness) -> None:
+    """Protects: a non-store exception in the export (after the episode ran) still ends the
+    episode infra_error with no record, its traceback kept, and its env confirmed absent."""
+    real = h.store.put_file
+
+    def boom(run_id: str, episode_id: str, rel: str, src: Path) -> Any:
+        if episode_id == "x" and rel.startswith("artifacts/"):
+            raise KeyError("simulated bug in the export")
+        return real(run_id, episode_id, rel, src)
+
+    h.store.put_file = boom  # type: ignore[method-assign]
+    result = await h.ctl.run([manifest("x"), manifest("y")], h.baseline, run_id="rxe")
+    got = {e.episode_id: e.outcome for e in result.episodes}
+    assert got == {"x": Outcome.INFRA_ERROR, "y": Outcome.COMPLETED}
+    assert h.store.get_record("rxe", "x") is None
+    folder = Path(h.store.episode_uri("rxe", "x").removeprefix("file://"))
+    assert "KeyError" in (folder / "attempts/1/logs/traceback.txt").read_text()
+    h.assert_all_destroyed("rxe")
+

@@ -10,9 +10,11 @@ ends with exactly one ``Outcome``. Here: the run and an episode's start; before 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import shutil
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,10 +184,24 @@ class Controller:
         queued = time.monotonic()
         async with gate:
             queue_s = time.monotonic() - queued
-            episode = await self.run_episode(
-                run_id, manifest, attempt, baseline, queue_s=queue_s, create=create
-            )
+            try:
+                episode = await self.run_episode(
+                    run_id, manifest, attempt, baseline, queue_s=queue_s, create=create
+                )
+            except Exception as exc:  # the last net (the ledger failed): never the whole batch
+                episode = self._lost(run_id, manifest.episode_id, attempt, exc)
         result.episodes.append(episode)
+
+    def _lost(self, run_id: str, eid: str, attempt: int, exc: Exception) -> EpisodeResult:
+        """An episode whose own cleanup failed: ``infra_error``, an alert; the reaper or the
+        env's hard deadline ends what it may have left."""
+        error = f"unexpected {type(exc).__name__} ending the episode: {exc}"
+        self._emit("alert", message=f"episode {eid}: {error}", episode_id=eid)
+        with contextlib.suppress(Exception):
+            self.ledger.episode_finished(
+                run_id, eid, attempt, outcome=Outcome.INFRA_ERROR.value, error=error
+            )
+        return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=error)
 
     async def run_episode(
         self,
@@ -213,6 +229,7 @@ class Controller:
         redactor: Redactor | None = None
         egress: Egress | None = None
         episode = EpisodeResult(eid, attempt, outcome)
+        crash: str | None = None  # the traceback of an exception nothing expected
         self._emit("episode_started", episode_id=eid, attempt=attempt, env_id=env_id)
         cancelled = False
         try:
@@ -285,6 +302,9 @@ class Controller:
             outcome, error = Outcome.INFRA_ERROR, f"{type(exc).__name__}: {exc}"
         except OSError as exc:
             outcome, error = Outcome.INFRA_ERROR, f"host error: {exc}"
+        except Exception as exc:  # a bug, or guest input no boundary caught: this episode only
+            outcome, error = Outcome.INFRA_ERROR, f"unexpected {type(exc).__name__}: {exc}"
+            crash = traceback.format_exc()
         finish = asyncio.ensure_future(
             finish_episode(
                 self,
@@ -302,6 +322,7 @@ class Controller:
                 episode,
                 redactor,
                 egress,
+                crash,
             )
         )
         cancelled = await until_done(finish) or cancelled

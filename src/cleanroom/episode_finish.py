@@ -8,7 +8,9 @@ destroyed and confirmed absent, and the episode ends with exactly one ``Outcome`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,14 +48,22 @@ async def finish_episode(
     episode: EpisodeResult,
     redactor: Redactor | None,
     egress: Egress | None = None,
+    crash: str | None = None,
 ) -> None:
-    """Export the evidence, destroy the env, write the ledger. Runs shielded."""
+    """Export the evidence, destroy the env, write the ledger. Runs shielded.
+
+    ``crash``: the traceback of an unexpected exception, kept as ``logs/traceback.txt`` of the
+    attempt. An unexpected exception here ends the episode ``infra_error`` the same way; the env
+    is destroyed whatever happened."""
     eid = manifest.episode_id
     if redactor and error:
         error = redactor.redact_text(error)  # errors reach the ledger and the terminal
+    diagnostics: dict[str, bytes] = {}
+    if crash is not None:
+        diagnostics["traceback.txt"] = crash.encode("utf-8", "backslashreplace")
     try:
         ctl.ledger.episode_state(run_id, eid, attempt, "COLLECTING", env_id=env_id)
-        diagnostics = env.diagnostics() if env is not None else {}
+        diagnostics.update(env.diagnostics() if env is not None else {})
         facts = {
             **ctl.driver.describe(),
             **(_env_facts(env) if env else {}),
@@ -117,8 +127,31 @@ async def finish_episode(
         except StoreError as exc:
             outcome, error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
             ctl.ledger.event("export_failed", run_id=run_id, episode_id=eid, error=str(exc))
+    except Exception as exc:  # a bug, or guest input no boundary caught: this episode only
+        if episode.record is not None:  # durable already: the record's outcome stands
+            ctl._emit("alert", message=f"after the record of {eid}: {type(exc).__name__}: {exc}")
+            return
+        outcome, error = Outcome.INFRA_ERROR, f"unexpected {type(exc).__name__}: {exc}"
+        if redactor:
+            error = redactor.redact_text(error)
+        diagnostics["traceback.txt"] = traceback.format_exc().encode("utf-8", "backslashreplace")
+        with contextlib.suppress(Exception):  # best effort: the traceback for the attempt
+            await asyncio.to_thread(
+                export_attempt,
+                ctl.store,
+                run_id,
+                manifest,
+                attempt,
+                env_id,
+                outcome,
+                error,
+                None,
+                diagnostics,
+                redactor,
+            )
     finally:
-        ctl.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
+        with contextlib.suppress(Exception):  # the ledger's state must not stop the destroy
+            ctl.ledger.episode_state(run_id, eid, attempt, "DESTROYING", env_id=env_id)
         episode.destroy = await destroy_env(ctl, env, env_id, run_id, eid, attempt)
         if egress is not None:
             await egress.aclose()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cleanroom.drivers.base import Env, EnvRequest
-from cleanroom.errors import CleanroomError, SetupError
+from cleanroom.errors import SetupError
 from cleanroom.manifest import Group, Manifest
 from cleanroom.record import Outcome
 from cleanroom.warm_parent import WarmParent, run_setup
@@ -144,7 +144,7 @@ async def run_group(
                 report.classification = "cancelled"
                 warm.end_members(result, Outcome.CANCELLED, "cancelled during the group's setup")
             raise
-        except (CleanroomError, OSError) as exc:
+        except Exception as exc:  # any failure of the shared setup ends its episodes, not the run
             report.classification = "setup_failed" if isinstance(exc, SetupError) else "fork_failed"
             report.error = f"{type(exc).__name__}: {exc}"
             error = f"{report.classification}: {exc}"
