@@ -51,7 +51,7 @@ class Harness:
         )
 
     def assert_all_destroyed(self, run_id: str) -> None:
-        assert_nothing_left(self.driver, self.ledger, run_id)
+        assert_nothing_left(self.driver, self.ledger, run_id, self.store)
 
 
 @pytest.fixture
@@ -367,3 +367,46 @@ async def test_an_unexpected_exception_while_exporting_is_infra_error(h: Harness
     assert "KeyError" in (folder / "attempts/1/logs/traceback.txt").read_text()
     h.assert_all_destroyed("rxe")
 
+
+async def test_a_guest_that_breaks_its_quota_ends_final_and_durable(h: Harness) -> None:
+    """Protects: a guest's protocol or quota breach is the guest's outcome: episode_error with a
+    durable record (logs kept, the reason in ``error``) that a resume does not run again
+    (before: only attempts/1/ was written and every resume ran it again)."""
+    quota = manifest("quota", mode="big", bytes=3 * 1024 * 1024, limits={"output_quota_mib": 1})
+    first = await h.ctl.run([quota], h.baseline, run_id="rq")
+    [episode] = first.episodes
+    assert episode.outcome is Outcome.EPISODE_ERROR
+    record = h.store.get_record("rq", "quota")
+    assert record is not None and record["outcome"] == "episode_error"
+    assert "QuotaExceeded" in record["error"]["message"]
+    assert {log["name"] for log in record["logs"]} >= {"stdout.log", "stderr.log"}
+    assert record["exit"]["code"] is None  # the guest never got to say
+    h.assert_all_destroyed("rq")
+    again = await h.ctl.run([quota], h.baseline, run_id="rq")
+    assert again.skipped == ["quota"] and again.episodes == []
+
+
+async def test_a_result_the_record_cannot_hold_is_episode_error(h: Harness) -> None:
+    """Protects: a result.json with 1e999 (infinity after parsing) in ``info`` is the guest's
+    fault: episode_error, durable and final (before: export_failed, retried on every resume)."""
+
+    class Infinite(FakeDriver):
+        async def create(self, request: EnvRequest) -> Env:
+            env = await super().create(request)
+            real = env.run_episode
+
+            async def run(*args: Any, **kwargs: Any) -> Any:
+                output = await real(*args, **kwargs)
+                output.result_raw = b'{"reward": 1, "info": {"x": 1e999}}'
+                return output
+
+            env.run_episode = run  # type: ignore[method-assign]
+            return env
+
+    h.ctl.driver = h.driver = Infinite(run_root=h.tmp / "run")
+    result = await h.ctl.run([manifest("inf")], h.baseline, run_id="ri")
+    assert result.episodes[0].outcome is Outcome.EPISODE_ERROR, result.episodes[0].error
+    record = h.store.get_record("ri", "inf")
+    assert record is not None and "strict JSON" in record["error"]["message"]
+    assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]  # the fine evidence kept
+    h.assert_all_destroyed("ri")

@@ -71,7 +71,7 @@ class Harness:
         return len(self.counter.read_text()) if self.counter.exists() else 0
 
     def assert_nothing_left(self, run_id: str) -> None:
-        assert_nothing_left(self.driver, self.ledger, run_id)
+        assert_nothing_left(self.driver, self.ledger, run_id, self.store)
         for snap in self.ledger.snapshots(run_id=run_id):
             assert snap.confirmed_absent_at is not None, snap
         assert self.driver.list_snapshots() == []

@@ -1,13 +1,22 @@
-"""An episode's RUN in its env: the request the agent gets, and the ``Outcome`` of its answer."""
+"""An episode's RUN in its env: the request the agent gets, and the ``Outcome`` of its answer.
+
+What the guest causes is the guest's outcome, final and durable: a guest that breaks the
+protocol or its quota, or writes a result that cannot be recorded, ends ``episode_error`` with
+the evidence already staged (its logs, the artifacts that arrived) kept for the record.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent.session import EpisodeOutput
+from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
+from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import Env
 from cleanroom.errors import EnvCrashed, ProtocolError
 from cleanroom.manifest import Manifest, ResolvedLimits
@@ -49,7 +58,8 @@ async def run_in_env(
     except EnvCrashed as exc:
         return Outcome.ENV_CRASHED, str(exc), None
     except ProtocolError as exc:
-        return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", None
+        kept = await asyncio.to_thread(staged_output, staging)
+        return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", kept
     if output.exit.timed_out:
         return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
     if output.exit.exit_code != 0:
@@ -59,10 +69,49 @@ async def run_in_env(
             else f"signal {output.exit.signal}"
         )
         return Outcome.EPISODE_ERROR, f"entrypoint failed ({how})", output
-    problem = parse_guest_result(output.result_raw).problem
+    problem = result_problem(output)
     if problem is not None:
         return Outcome.EPISODE_ERROR, problem, output
     return Outcome.COMPLETED, None, output
+
+
+def result_problem(output: EpisodeOutput) -> str | None:
+    """Why the guest's result.json cannot be used, or None. One the record cannot hold (a
+    number JSON has no form for, such as ``1e999``) is dropped: the record says why."""
+    guest = parse_guest_result(output.result_raw)
+    if guest.problem is not None:
+        return guest.problem
+    try:
+        json.dumps([guest.info, guest.metrics], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        output.result_raw = None
+        return f"result.json: 'info' or 'metrics' cannot be recorded as strict JSON: {exc}"
+    return None
+
+
+def staged_output(staging: Path) -> EpisodeOutput:
+    """What a RUN cut short left in ``staging``: its logs and the artifact files there (regular
+    files only; links are neither followed nor kept). The exit status is unknown."""
+    output = EpisodeOutput(exit=ExecResult(None, None, b"", b"", 0.0, False))
+    logs = staging / "logs"
+    output.stdout_path = _regular(logs / "stdout.log")
+    output.stderr_path = _regular(logs / "stderr.log")
+    root = staging / "artifacts"
+    for folder, dirs, files in os.walk(root):  # never follows links
+        dirs.sort()
+        for name in sorted(files):
+            path = _regular(Path(folder) / name)
+            if path is not None:
+                rel = path.relative_to(root).as_posix()
+                output.artifacts.append(Artifact(rel, path.stat().st_size, sha256_file(path), path))
+    return output
+
+
+def _regular(path: Path) -> Path | None:
+    try:
+        return path if stat.S_ISREG(path.lstat().st_mode) else None
+    except OSError:
+        return None
 
 
 def _entry(baseline: Baseline) -> dict[str, Any]:
