@@ -19,7 +19,7 @@ from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.errors import DriftError, ExportError, LaunchError
+from cleanroom.errors import BaselineChanged, DriftError, ExportError, LaunchError, RunLocked
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
@@ -410,3 +410,22 @@ async def test_a_result_the_record_cannot_hold_is_episode_error(h: Harness) -> N
     assert record is not None and "strict JSON" in record["error"]["message"]
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]  # the fine evidence kept
     h.assert_all_destroyed("ri")
+
+
+async def test_a_second_controller_is_refused_a_live_run(h: Harness) -> None:
+    """Protects: two controllers resuming one run id at once would both run every episode;
+    the second is refused, naming the holder, and the first's run is unharmed."""
+    first = asyncio.create_task(
+        h.ctl.run([manifest("slow", mode="sleep", seconds=2)], h.baseline, run_id="rl")
+    )
+    while not [e for e in h.ledger.envs(run_id="rl") if e.ready_at]:
+        await asyncio.sleep(0.05)
+    second = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
+    with pytest.raises(RunLocked, match=h.ctl.controller_id):
+        await second.run([manifest("slow", mode="sleep", seconds=2)], h.baseline, run_id="rl")
+    done = await first
+    assert done.counts() == {"completed": 1}
+    assert [r.attempt for r in h.ledger.episodes("rl", all_attempts=True)] == [1]
+    h.assert_all_destroyed("rl")
+    with pytest.raises(BaselineChanged):  # its lock is free now; its baseline is still its own
+        await second.run([manifest("slow")], make_fake_baseline(h.tmp / "other"), run_id="rl")

@@ -67,6 +67,7 @@ class RunOptions:
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
     spares: int | None = None  # envs kept started ahead per shape (None: ``parallel``; 0: none)
+    allow_baseline_change: bool = False  # resume a run with a baseline other than its own
 
 
 def new_run_id() -> str:
@@ -124,6 +125,7 @@ class Controller:
             driver=self.driver.name,
             parallel=self.options.parallel,
             meta={"episodes": len(manifests)},
+            allow_baseline_change=self.options.allow_baseline_change,
         )
         todo = queue_pending(self, run_id, manifests, result)
         self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
