@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import cleanroom.api as cr
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.base import Owner, new_snapshot_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ManifestError

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest, Owner, RunFolderDriver, new_env_id
 from cleanroom.drivers.qemu import QemuDriver

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleanroom.batch.groups import GroupReport
 from cleanroom.drivers.base import DestroyReport
-from cleanroom.groups import GroupReport
 from cleanroom.record import Outcome
 
 

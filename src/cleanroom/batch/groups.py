@@ -27,15 +27,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cleanroom.batch.warm_parent import WarmParent, run_setup
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.errors import SetupError
 from cleanroom.manifest import Group, Manifest
 from cleanroom.record import Outcome
-from cleanroom.warm_parent import WarmParent, run_setup
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
-    from cleanroom.controller import Controller, RunResult
+    from cleanroom.batch.runner import Controller, RunResult
 
 Member = tuple[Manifest, int]  # a manifest and the attempt it runs as
 Create = Callable[[EnvRequest], Awaitable[Env]]

@@ -15,7 +15,7 @@ from cleanroom.drivers.base import DestroyReport, Env
 from cleanroom.errors import CleanroomError, StoreError
 
 if TYPE_CHECKING:
-    from cleanroom.controller import Controller
+    from cleanroom.batch.runner import Controller
 
 
 async def destroy_env(

@@ -19,9 +19,9 @@ from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.secrets import resolve as resolve_secrets
 
 if TYPE_CHECKING:
-    from cleanroom.controller import Controller
-    from cleanroom.groups import Member
-    from cleanroom.run_result import RunResult
+    from cleanroom.batch.groups import Member
+    from cleanroom.batch.result import RunResult
+    from cleanroom.batch.runner import Controller
 
 
 async def preflight(ctl: Controller, manifests: list[Manifest], baseline: Baseline) -> None:

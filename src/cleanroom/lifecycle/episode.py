@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline.model import Baseline
+from cleanroom.batch.result import EpisodeResult
 from cleanroom.drivers.base import Env
-from cleanroom.env_destroy import destroy_env
-from cleanroom.episode_clock import EpisodeClock
 from cleanroom.errors import StoreError
 from cleanroom.export import export_attempt, export_episode
+from cleanroom.lifecycle.clock import EpisodeClock
+from cleanroom.lifecycle.lease import destroy_env
 from cleanroom.manifest import Manifest
 from cleanroom.network.egress import Egress
 from cleanroom.record import Outcome
-from cleanroom.run_result import EpisodeResult
 from cleanroom.secrets import Redactor
 from cleanroom.verify import verdict_label
 
 if TYPE_CHECKING:
-    from cleanroom.controller import Controller
+    from cleanroom.batch.runner import Controller
 
 
 async def finish_episode(

@@ -24,13 +24,13 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
 from cleanroom.errors import CleanroomError, LaunchError, SetupError, StoreError
 from cleanroom.export import export_attempt
+from cleanroom.lifecycle.shield import until_done
 from cleanroom.manifest import Group
 from cleanroom.record import Outcome
-from cleanroom.shielded import until_done
 
 if TYPE_CHECKING:
-    from cleanroom.controller import Controller, RunResult
-    from cleanroom.groups import GroupReport, Member
+    from cleanroom.batch.groups import GroupReport, Member
+    from cleanroom.batch.runner import Controller, RunResult
 
 DELETE_TRIES = 5
 OUTPUT_TAIL = 64 * 1024  # of the setup's stdout/stderr, kept as a failed episode's diagnostics
@@ -210,7 +210,7 @@ class WarmParent:
         self, result: RunResult, outcome: Outcome, error: str, exc: BaseException | None = None
     ) -> None:
         """Give every episode of the group its outcome when the group ended before any clone."""
-        from cleanroom.controller import EpisodeResult
+        from cleanroom.batch.runner import EpisodeResult
 
         ctl = self.ctl
         logs = {}
