@@ -65,7 +65,7 @@ class Rig:
             assert not self.driver.exists(env.env_id)
         records = list((self.tmp / "store" / "runs" / run_id / "episodes").glob("*/result.json"))
         assert len(records) == len({p.parent.name for p in records})
-        assert_records_match(self.ledger, self.store, run_id)
+        assert_records_match(self.ledger, self.ctl.store, run_id)
 
 
 @pytest.fixture

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from cleanroom.batch.groups import GroupReport
-from cleanroom.drivers.base import DestroyReport
+from cleanroom.batch.group_report import GroupReport
+from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.record import Outcome
 
-
-@dataclass
-class EpisodeResult:
-    episode_id: str
-    attempt: int
-    outcome: Outcome
-    reward: float | None = None
-    error: str | None = None
-    record: dict[str, Any] | None = None
-    destroy: DestroyReport | None = None
+__all__ = ["EpisodeResult", "RunResult"]
 
 
 @dataclass

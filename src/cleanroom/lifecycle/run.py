@@ -16,6 +16,7 @@ from typing import Any
 
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import classify
 from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import Env
 from cleanroom.errors import EnvCrashed, ProtocolError
@@ -55,11 +56,10 @@ async def run_in_env(
         )
     except TimeoutError:
         return Outcome.TIMEOUT, f"no answer from the guest within {limits.timeout_s}s", None
-    except EnvCrashed as exc:
-        return Outcome.ENV_CRASHED, str(exc), None
-    except ProtocolError as exc:
-        kept = await asyncio.to_thread(staged_output, staging)
-        return Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}", kept
+    except (EnvCrashed, ProtocolError) as exc:
+        failure = classify(exc, in_guest=True)
+        kept = await asyncio.to_thread(staged_output, staging) if failure.outcome.final else None
+        return failure.outcome, failure.error, kept
     if output.exit.timed_out:
         return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
     if output.exit.exit_code != 0:
