@@ -7,6 +7,7 @@ and a durable record only for final outcomes. The same paths run on real VMs in 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 from collections.abc import Iterator
@@ -429,3 +430,16 @@ async def test_a_second_controller_is_refused_a_live_run(h: Harness) -> None:
     h.assert_all_destroyed("rl")
     with pytest.raises(BaselineChanged):  # its lock is free now; its baseline is still its own
         await second.run([manifest("slow")], make_fake_baseline(h.tmp / "other"), run_id="rl")
+
+
+async def test_a_guest_name_too_long_for_the_host_is_the_guests_outcome(h: Harness) -> None:
+    """Protects: an artifact name with a 300-character component makes the host's open fail
+    with ENAMETOOLONG; that is the guest's doing: episode_error, durable, final (before:
+    infra_error, run again on every resume)."""
+    too_long = OSError(errno.ENAMETOOLONG, "File name too long", "x" * 300)
+    h.ctl.driver = h.driver = Faulty(h.tmp / "run", {"long": too_long}, after_run=True)
+    result = await h.ctl.run([manifest("long")], h.baseline, run_id="rn")
+    assert result.episodes[0].outcome is Outcome.EPISODE_ERROR, result.episodes[0].error
+    record = h.store.get_record("rn", "long")
+    assert record is not None and "too long" in record["error"]["message"]
+    h.assert_all_destroyed("rn")

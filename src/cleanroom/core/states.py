@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import traceback
 from dataclasses import dataclass
 
@@ -45,8 +46,8 @@ class Failure:
 def classify(exc: BaseException, *, in_guest: bool = False) -> Failure:
     """The outcome of an episode that ``exc`` ended. ``in_guest``: raised while the guest was
     answering its RUN, where a dead env is ``env_crashed`` and a guest that breaks the protocol
-    or its quota is the guest's ``episode_error``. Anything else is ``infra_error``; one
-    nothing expected keeps its traceback."""
+    or its quota, or names a file too long for the host, is the guest's ``episode_error``.
+    Anything else is ``infra_error``; one nothing expected keeps its traceback."""
     if isinstance(exc, asyncio.CancelledError):
         return Failure(Outcome.CANCELLED, CANCELLED)
     if in_guest:
@@ -54,6 +55,8 @@ def classify(exc: BaseException, *, in_guest: bool = False) -> Failure:
             return Failure(Outcome.ENV_CRASHED, str(exc))
         if isinstance(exc, ProtocolError):
             return Failure(Outcome.EPISODE_ERROR, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # a guest-chosen name
+            return Failure(Outcome.EPISODE_ERROR, f"a name from the guest is too long: {exc}")
     if isinstance(exc, LaunchError):
         return Failure(Outcome.INFRA_ERROR, f"launch failed: {exc}")
     if isinstance(exc, CleanroomError):

@@ -343,11 +343,13 @@ class Episode:
         self._move(EpisodeState.DURABLE)
 
     async def _keep_crash(self, exc: Exception, diagnostics: dict[str, bytes]) -> None:
-        """``infra_error`` for an unexpected exception while finishing; its traceback kept."""
-        self.outcome, self.error = Outcome.INFRA_ERROR, f"unexpected {type(exc).__name__}: {exc}"
+        """The outcome of an exception while finishing (``classify``: ``infra_error``), its
+        traceback kept with the attempt."""
+        self.outcome, self.error = Outcome.INFRA_ERROR, classify(exc).error
         if self.redactor:
             self.error = self.redactor.redact_text(self.error)
-        diagnostics["traceback.txt"] = traceback.format_exc().encode("utf-8", "backslashreplace")
+        trace = "".join(traceback.format_exception(exc))
+        diagnostics["traceback.txt"] = trace.encode("utf-8", "backslashreplace")
         store, k = self.ctx.store, self.key
         if store is None:
             return

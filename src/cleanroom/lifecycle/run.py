@@ -56,8 +56,10 @@ async def run_in_env(
         )
     except TimeoutError:
         return Outcome.TIMEOUT, f"no answer from the guest within {limits.timeout_s}s", None
-    except (EnvCrashed, ProtocolError) as exc:
+    except (EnvCrashed, ProtocolError, OSError) as exc:
         failure = classify(exc, in_guest=True)
+        if failure.outcome is Outcome.INFRA_ERROR:
+            raise  # the host's failure, not the guest's
         kept = await asyncio.to_thread(staged_output, staging) if failure.outcome.final else None
         return failure.outcome, failure.error, kept
     if output.exit.timed_out:
