@@ -20,7 +20,14 @@ from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.errors import BaselineChanged, DriftError, ExportError, LaunchError, RunLocked
+from cleanroom.errors import (
+    BaselineChanged,
+    DriftError,
+    ExportError,
+    LaunchError,
+    LedgerError,
+    RunLocked,
+)
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
@@ -443,3 +450,20 @@ async def test_a_guest_name_too_long_for_the_host_is_the_guests_outcome(h: Harne
     record = h.store.get_record("rn", "long")
     assert record is not None and "too long" in record["error"]["message"]
     h.assert_all_destroyed("rn")
+
+
+async def test_a_run_that_fails_to_queue_releases_its_lock(h: Harness) -> None:
+    """Protects: a run whose queueing fails (the ledger refuses a write) still releases its
+    lock, so the next controller can take the run (before: it stayed 'running' forever)."""
+    real = h.ledger.episode_queued
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise LedgerError("disk I/O error (simulated)")
+
+    h.ledger.episode_queued = refuse  # type: ignore[method-assign]
+    with pytest.raises(LedgerError):
+        await h.ctl.run([manifest("q")], h.baseline, run_id="rlq")
+    assert h.ledger.get_run("rlq").status == "failed"  # type: ignore[union-attr]
+    h.ledger.episode_queued = real  # type: ignore[method-assign]
+    other = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
+    assert (await other.run([manifest("q")], h.baseline, run_id="rlq")).counts() == {"completed": 1}

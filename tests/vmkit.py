@@ -107,5 +107,5 @@ async def writer_then_prober(
     assert records[0] is not None and records[1] is not None
     assert sorted(records[0]["info"]["seen"]) == sorted(CANARIES)  # the probe can see a canary
     assert records[1]["info"]["seen"] == {}  # ...but not one from the previous episode
-    assert_nothing_left(driver, ledger, run_id)
+    assert_nothing_left(driver, ledger, run_id, store)
     return records[0], records[1]

@@ -106,14 +106,14 @@ class Controller:
             meta={"episodes": len(manifests)},
             allow_baseline_change=self.options.allow_baseline_change,
         )
-        todo, result.skipped = queue_pending(ctx, run_id, manifests)
-        self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
         batch = Batch(ctx, verifiers, run_id, baseline, result)
-        spares = self.options.spares
-        self.driver.keep_spares(self.options.parallel if spares is None else spares)
         status = "failed"
-        singles, grouped = plan(todo)
-        try:
+        try:  # from here on the run's lock is released on every path (finish_run)
+            todo, result.skipped = queue_pending(ctx, run_id, manifests)
+            self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
+            spares = self.options.spares
+            self.driver.keep_spares(self.options.parallel if spares is None else spares)
+            singles, grouped = plan(todo)
             async with asyncio.TaskGroup() as group:
                 for manifest, attempt in singles:
                     group.create_task(batch.episode(manifest, attempt))
@@ -131,7 +131,7 @@ class Controller:
                         )
                     )
             status = "completed"
-        except BaseException:
+        except asyncio.CancelledError:
             status = "cancelled"
             raise
         finally:
