@@ -389,6 +389,9 @@ async def test_a_guest_that_breaks_its_quota_ends_final_and_durable(h: Harness) 
     assert "QuotaExceeded" in record["error"]["message"]
     assert {log["name"] for log in record["logs"]} >= {"stdout.log", "stderr.log"}
     assert record["exit"]["code"] is None  # the guest never got to say
+    [cut] = record["artifacts"]  # what arrived of big.bin before the quota ran out, kept
+    assert cut["name"] == "big.bin" and 0 < cut["size"] <= 1024 * 1024
+    assert "as far as they arrived" in record["error"]["message"]
     h.assert_all_destroyed("rq")
     again = await h.ctl.run([quota], h.baseline, run_id="rq")
     assert again.skipped == ["quota"] and again.episodes == []

@@ -60,8 +60,13 @@ async def run_in_env(
         failure = classify(exc, in_guest=True)
         if failure.outcome is Outcome.INFRA_ERROR:
             raise  # the host's failure, not the guest's
-        kept = await asyncio.to_thread(staged_output, staging) if failure.outcome.final else None
-        return failure.outcome, failure.error, kept
+        if not failure.outcome.final:
+            return failure.outcome, failure.error, None
+        kept = await asyncio.to_thread(staged_output, staging)
+        error = failure.error
+        if kept.artifacts:  # the guest stopped mid-stream: one of them may be cut short
+            error += f" (kept the {len(kept.artifacts)} artifact file(s) as far as they arrived)"
+        return failure.outcome, error, kept
     if output.exit.timed_out:
         return Outcome.TIMEOUT, f"entrypoint exceeded its {limits.timeout_s}s deadline", output
     if output.exit.exit_code != 0:
