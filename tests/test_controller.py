@@ -339,7 +339,8 @@ async def test_an_unexpected_exception_ends_only_its_episode(h: Harness) -> None
     for eid, fault in UNEXPECTED.items():
         assert got[eid].outcome is Outcome.INFRA_ERROR, got[eid]
         assert type(fault).__name__ in (got[eid].error or "")
-        assert got[eid].destroy is not None and got[eid].destroy.confirmed_absent
+        destroyed = got[eid].destroy
+        assert destroyed is not None and destroyed.confirmed_absent
         folder = Path(h.store.episode_uri("rx", eid).removeprefix("file://"))
         trace = (folder / "attempts/1/logs/traceback.txt").read_text()
         assert "Traceback" in trace and type(fault).__name__ in trace
