@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import cleanroom.api as cr
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.base import Owner, new_snapshot_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ManifestError
@@ -71,7 +71,7 @@ class Harness:
         return len(self.counter.read_text()) if self.counter.exists() else 0
 
     def assert_nothing_left(self, run_id: str) -> None:
-        assert_nothing_left(self.driver, self.ledger, run_id)
+        assert_nothing_left(self.driver, self.ledger, run_id, self.store)
         for snap in self.ledger.snapshots(run_id=run_id):
             assert snap.confirmed_absent_at is not None, snap
         assert self.driver.list_snapshots() == []

@@ -27,6 +27,9 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── ExportError             a durable write failed (disk full, permission, backend)
     │   └── RecordConflict          a second, different record for the same episode
     ├── LedgerError                 the ledger could not be read or written
+    ├── RunConflict                 a run that cannot start as asked
+    │   ├── RunLocked               another live controller holds the run
+    │   └── BaselineChanged         a resume with another baseline, not asked for
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
     ├── SetupError                  a group's setup step failed (its episodes end infra_error)
     └── CheckError                  a check (isolation, repro) could not run to its end
@@ -136,6 +139,19 @@ class RecordConflict(StoreError):
 
 class LedgerError(CleanroomError):
     """The ledger could not be read or written."""
+
+
+class RunConflict(CleanroomError):
+    """A run cannot be started (or resumed) as asked."""
+
+
+class RunLocked(RunConflict):
+    """Another controller that is still alive holds the run; the message names it."""
+
+
+class BaselineChanged(RunConflict):
+    """A run is resumed with a baseline other than the one it started with (refused unless
+    asked for explicitly: ``RunOptions(allow_baseline_change=True)``)."""
 
 
 class VerifierError(CleanroomError):

@@ -11,18 +11,17 @@ its owner is gone, and its deletion confirmed and recorded.
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Driver
 from cleanroom.ledger import EnvRow, Ledger, SnapshotRow
+from cleanroom.ledger.liveness import owner_alive
 from cleanroom.record import Outcome
 from cleanroom.store import Store
 
 CONTROLLER_LOST = "controller lost: its environment was reaped"
+__all__ = ["CONTROLLER_LOST", "ReapReport", "owner_alive", "reap", "reconcile_durable"]
 
 
 @dataclass
@@ -31,28 +30,6 @@ class ReapReport:
     failed: list[str] = field(default_factory=list)  # still present: an alert
     episodes_marked: list[tuple[str, str, int]] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)  # deleted (failed ones are in failed)
-
-
-def _start_time(pid: int) -> float | None:
-    """Unix time at which ``pid`` started, or None if it is not running."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
-    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
-def owner_alive(host: str | None, pid: int | None, since: float | None) -> bool:
-    """Is the owning controller still running? (Other hosts' owners are assumed alive.)"""
-    if host is not None and host != socket.gethostname():
-        return True
-    if pid is None or not hostproc.pid_alive(pid):
-        return False
-    started = _start_time(pid)
-    return started is None or since is None or started <= since + 1.0
 
 
 def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:

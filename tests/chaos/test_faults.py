@@ -22,14 +22,16 @@ import pytest
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import ExportError
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
+from ..vmkit import assert_records_match
 from .conftest import record_fault
 
 pytestmark = pytest.mark.vm
@@ -63,6 +65,7 @@ class Rig:
             assert not self.driver.exists(env.env_id)
         records = list((self.tmp / "store" / "runs" / run_id / "episodes").glob("*/result.json"))
         assert len(records) == len({p.parent.name for p in records})
+        assert_records_match(self.ledger, self.ctl.store, run_id)
 
 
 @pytest.fixture
@@ -100,7 +103,53 @@ async def test_guest_side_faults(rig: Rig, tiny_baseline: Baseline) -> None:
     assert not (rig.tmp / "escape").exists() and not (rig.tmp / "staging" / "escape").exists()
     panic_logs = rig.tmp / "store/runs/chaos-guest/episodes/panic/attempts/1/logs/console.log"
     assert b"Kernel panic" in panic_logs.read_bytes()
+    for eid in ("garbage", "evil"):  # the guest's fault: final, durable, not run again
+        record = rig.store.get_record("chaos-guest", eid)
+        assert record is not None and record["outcome"] == "episode_error"
     rig.invariants("chaos-guest")
+    again = await rig.ctl.run(batch[2:4], tiny_baseline, run_id="chaos-guest")
+    assert sorted(again.skipped) == ["evil", "garbage"] and again.episodes == []
+
+
+class FaultyQemu(QemuDriver):
+    """Real VMs whose RUN raises ``fault`` after the real episode answered: a parser bug or a
+    guest input no boundary caught (RecursionError from a deep result, say)."""
+
+    def __init__(self, fault: Exception) -> None:
+        super().__init__()
+        self.fault = fault
+
+    async def create(self, request: EnvRequest) -> Env:
+        env = await super().create(request)
+        if request.labels.get("episode_id") == "victim":
+            real = env.run_episode
+
+            async def broken(*args: Any, **kwargs: Any) -> Any:
+                await real(*args, **kwargs)
+                raise self.fault
+
+            env.run_episode = broken  # type: ignore[method-assign]
+        return env
+
+
+async def test_an_unexpected_exception_ends_only_its_episode(
+    rig: Rig, tiny_baseline: Baseline
+) -> None:
+    """Protects (real VMs): a RecursionError out of one episode ends it infra_error with its
+    traceback kept and its VM destroyed and confirmed absent; the other episode completes
+    (before: the exception aborted the batch and the VM lived until its hard deadline)."""
+    rig.ctl.driver = rig.driver = FaultyQemu(RecursionError("too deep (simulated)"))
+    batch = [manifest("victim", mode="ok"), manifest("bystander", mode="ok")]
+    result = await rig.ctl.run(batch, tiny_baseline, run_id="chaos-bug")
+    got = {e.episode_id: e for e in result.episodes}
+    record_fault("unexpected exception in RUN", "infra_error", got["victim"].outcome.value)
+    assert got["victim"].outcome.value == "infra_error" and got["bystander"].outcome.value == (
+        "completed"
+    )
+    trace = rig.tmp / "store/runs/chaos-bug/episodes/victim/attempts/1/logs/traceback.txt"
+    assert "RecursionError" in trace.read_text()
+    rig.invariants("chaos-bug")
+    assert rig.driver.list_owned() == []
 
 
 async def test_qemu_sigkilled_mid_episode(rig: Rig, tiny_baseline: Baseline) -> None:

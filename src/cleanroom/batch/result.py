@@ -7,22 +7,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from cleanroom.drivers.base import DestroyReport
+from cleanroom.batch.group_report import GroupReport
 from cleanroom.errors import StoreError
-from cleanroom.groups import GroupReport
+from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.record import Outcome
 from cleanroom.store import Store
 
-
-@dataclass
-class EpisodeResult:
-    episode_id: str
-    attempt: int
-    outcome: Outcome
-    reward: float | None = None
-    error: str | None = None
-    record: dict[str, Any] | None = None
-    destroy: DestroyReport | None = None
+__all__ = ["EpisodeResult", "RunResult"]
 
 
 @dataclass
