@@ -471,3 +471,11 @@ async def test_a_run_that_fails_to_queue_releases_its_lock(h: Harness) -> None:
     h.ledger.episode_queued = real  # type: ignore[method-assign]
     other = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
     assert (await other.run([manifest("q")], h.baseline, run_id="rlq")).counts() == {"completed": 1}
+
+
+async def test_the_controller_returns_episodes_in_input_order(h: Harness) -> None:
+    """A slow first episode finishes last, yet comes back first (a training loop indexes by it)."""
+    batch = [manifest("slow", mode="sleep", seconds=1.5), manifest("quick-1"), manifest("quick-2")]
+    result = await h.ctl.run(batch, h.baseline, run_id="order")
+    assert [e.episode_id for e in result.episodes] == ["slow", "quick-1", "quick-2"]
+    assert result.record("quick-2")["episode_id"] == "quick-2"
