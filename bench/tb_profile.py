@@ -81,7 +81,7 @@ class Places:
 
 
 async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]], Places]:
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
     from cleanroom.drivers.qmp import QmpClient

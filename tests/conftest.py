@@ -87,7 +87,7 @@ def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline
 @pytest.fixture(scope="session")
 def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     """The tiny test baseline, built once (minutes on a fresh machine) and cached."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")

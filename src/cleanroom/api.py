@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from cleanroom import events
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id

@@ -91,7 +91,7 @@ def run(
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.failures import parse_fail_on
     from cleanroom.manifest import load_manifests
 

@@ -173,7 +173,7 @@ CRASHING_CONTROLLER = """
 import asyncio, json, sys
 from pathlib import Path
 import cleanroom.api as cr
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
