@@ -41,7 +41,6 @@ from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.drivers.qmp import QmpClient
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
@@ -117,10 +116,10 @@ async def alternative_run(driver: QemuDriver, baseline: Baseline, work: Path) ->
         t0 = time.perf_counter()
         await env.session.snapshot_prepare()
         live = driver._live[env.env_id]
-        live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
+        qmp = await live.open_qmp()
         fd = os.open(folder / snapshot.STATE_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            await snapshot.save(live.qmp, fd)
+            await snapshot.save(qmp, fd)
         finally:
             os.close(fd)
         saved = time.perf_counter() - t0
