@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cleanroom import private
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.store import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
@@ -45,6 +46,7 @@ async def arun(
 
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
     """
+    private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
     if not isinstance(manifests, list):
         manifests = load_manifests(Path(manifests))
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
