@@ -53,6 +53,7 @@ SETUP = [  # "copy in a repository and prepare it": a package tree, byte-compile
     "&& cd /root && python3 -c 'import repo'",
 ]
 CLONES = 8
+SNAPSHOT_TARGET_S = 5.0  # a group's setup-snapshot (save + destroy + freeze), end to end
 
 
 async def close_all(envs: list[Env]) -> None:
@@ -239,6 +240,8 @@ async def main() -> None:
         f"  forked: {forked['wall']:.1f} s wall (parent {g.timings['parent_s']:.2f} s, setup "
         f"{g.timings['setup_s']:.2f} s once, snapshot {g.timings['snapshot_s']:.2f} s); median "
         f"provision {forked['provision'] * 1000:.0f} ms",
+        f"  target: snapshot < {SNAPSHOT_TARGET_S:.0f} s: "
+        f"{'met' if g.timings['snapshot_s'] < SNAPSHOT_TARGET_S else 'MISSED'}",
         f"  setup in each episode's env: {per_episode['wall']:.1f} s wall; median provision "
         f"(create + setup) {per_episode['provision'] * 1000:.0f} ms",
     ]
