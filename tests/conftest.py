@@ -33,6 +33,16 @@ for _name in [n for n in os.environ if n.startswith("CLEANROOM_")]:
 os.environ["CLEANROOM_HOME"] = str(TEST_HOME)
 
 
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """The CLI and the API narrow the process's umask (``private.check_home``); a test that
+    runs them in-process does not pass that on to the tests after it."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield
+    os.umask(previous)
+
+
 def allowed_skips(path: Path) -> dict[str, str]:
     """``pattern -> reason`` from the allowlist (``PATTERN  -- REASON`` per line, ``#`` comments);
     a line without a reason is refused."""

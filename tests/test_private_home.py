@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,15 +55,6 @@ asyncio.run(cr.arun(manifests, baseline=baseline, driver="fake", run_id="leaky",
 
 
 @pytest.fixture
-def umask() -> Iterator[None]:
-    """The test process's umask is put back (check_home narrows it for the whole process)."""
-    previous = os.umask(0o022)
-    os.umask(previous)
-    yield
-    os.umask(previous)
-
-
-@pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "home"
     monkeypatch.setenv("CLEANROOM_HOME", str(folder))
@@ -75,9 +65,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def test_a_missing_home_is_made_private_and_a_readable_one_is_narrowed(
-    home: Path, umask: None
-) -> None:
+def test_a_missing_home_is_made_private_and_a_readable_one_is_narrowed(home: Path) -> None:
     assert private.check_home() == home and mode(home) == 0o700
     home.chmod(0o755)  # an older version's home
     private.check_home()
@@ -88,7 +76,7 @@ def test_a_missing_home_is_made_private_and_a_readable_one_is_narrowed(
 
 
 @pytest.mark.parametrize("bits", [0o770, 0o707, 0o777])
-def test_a_home_others_can_write_is_refused_naming_it(home: Path, umask: None, bits: int) -> None:
+def test_a_home_others_can_write_is_refused_naming_it(home: Path, bits: int) -> None:
     home.mkdir()
     home.chmod(bits)
     with pytest.raises(PrivacyError, match="writable by group or others") as info:
@@ -97,7 +85,7 @@ def test_a_home_others_can_write_is_refused_naming_it(home: Path, umask: None, b
     assert mode(home) == bits  # refused, not silently "fixed"
 
 
-def test_a_home_of_another_user_or_a_link_is_refused(tmp_path: Path, umask: None) -> None:
+def test_a_home_of_another_user_or_a_link_is_refused(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     if os.geteuid() == 0:
@@ -110,7 +98,7 @@ def test_a_home_of_another_user_or_a_link_is_refused(tmp_path: Path, umask: None
         private.private_dir(link)
 
 
-def test_the_cli_refuses_an_unsafe_home_with_exit_2(home: Path, umask: None) -> None:
+def test_the_cli_refuses_an_unsafe_home_with_exit_2(home: Path) -> None:
     home.mkdir()
     home.chmod(0o777)
     result = CliRunner().invoke(app, ["ps"])
@@ -119,7 +107,7 @@ def test_the_cli_refuses_an_unsafe_home_with_exit_2(home: Path, umask: None) -> 
 
 
 def test_the_runtime_folder_is_short_per_home_and_refused_if_someone_else_made_it(
-    home: Path, umask: None, monkeypatch: pytest.MonkeyPatch
+    home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = paths.runtime_dir()
     assert len(str(first / "env-0123456789abcdef" / "ctl.sock")) < 80
