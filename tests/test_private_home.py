@@ -138,6 +138,7 @@ async def test_the_fake_driver_works_under_a_200_character_home(
     finally:
         report = await env.aclose()
     assert report.confirmed_absent and not sockets.env_dir(env.env_id).exists()
+    assert not paths.runtime_dir().exists()  # its last env gone: nothing piles up in /tmp
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
