@@ -89,7 +89,8 @@ async def test_three_clones_share_the_setup_and_nothing_else(
     assert snap.state == "absent" and snap.group_digest == report.digest
     assert report.snapshot_id == snap.snapshot_id
     assert not qemu_fork.folder(snap.snapshot_id).exists()
-    assert report.timings["snapshot_s"] < 5 and report.timings["setup_s"] > 0
+    # timed, not speed-checked: the target (snapshot < 5 s) is bench/fork.py's
+    assert report.timings["snapshot_s"] > 0 and report.timings["setup_s"] > 0
 
 
 async def test_a_failing_setup_fails_every_episode_and_leaves_nothing(
