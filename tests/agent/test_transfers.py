@@ -19,6 +19,8 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.errors import ProtocolError
 from cleanroom.record import parse_guest_result
 
+pytestmark = pytest.mark.timeout(60)  # on the old code a multi-chunk PUT hung the agent
+
 WRITE_RESULT = """
 import os, sys
 size = int(sys.argv[1])
