@@ -25,8 +25,9 @@ TINY_ENTRY = ROOT / "tests" / "baselines" / "tiny" / "files" / "entry.py"
 os.environ.setdefault("CLEANROOM_HOME", str(TEST_HOME))
 
 
-def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
-    """A baseline for the fake driver: the tiny entry script run by the host's Python.
+def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # noqa: UP037
+    """A baseline for the fake driver: the tiny entry script (or ``script``) run by the host's
+    Python.
 
     The script is a component (hard-linked into the baseline folder), so drift tests work.
     """
@@ -36,7 +37,7 @@ def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
 
     entry = tmp / "entry" / "entry.py"
     entry.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TINY_ENTRY, entry)
+    shutil.copy(script, entry)
     component = Component("entry.py", entry.stat().st_size, sha256_file(entry))
     ident = identity(
         (component,),
