@@ -227,3 +227,14 @@ async def test_hostile_artifact_names_end_as_unsafe_path_inside_staging(
     with pytest.raises(ProtocolError):  # UnsafePath, or the header's own lone surrogate
         await session.run_episode({"manifest": {}}, staging, quota_bytes=1000)
     assert [p for p in tmp_path.rglob("*") if staging not in p.parents and p != staging] == []
+
+
+@pytest.mark.parametrize("raw", [nested(100_000), b'{"pass": true, "details": {"x": NaN}}'])
+def test_a_verifiers_verdict_crosses_the_same_boundary(raw: bytes) -> None:
+    """A verifier runs in a guest too: a deep or NaN verdict.json raised RecursionError (or
+    reached export) before; now it is the VerifierError the verifier path handles."""
+    from cleanroom.errors import VerifierError
+    from cleanroom.verify import parse_verdict
+
+    with pytest.raises(VerifierError):
+        parse_verdict(raw)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import secrets
 import sys
 import time
@@ -14,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent import wire
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
-from cleanroom.errors import CheckError, CleanroomError
+from cleanroom.errors import CheckError, CleanroomError, ProtocolError
 from cleanroom.isolation import canary as guest
 from cleanroom.isolation.audit import audit
 from cleanroom.isolation.cells import (
@@ -62,9 +62,9 @@ async def run_canary(driver: Driver, env: Env, command: str, token: str) -> dict
         raise CheckError(
             f"canary {command} failed in {env.env_id} (exit {result.exit_code}): {tail}"
         )
-    try:
-        data = json.loads(result.stdout)
-    except ValueError as exc:
+    try:  # the canary runs in the guest: its output crosses the host's boundary for guest bytes
+        data = wire.decode_json(result.stdout, wire.JsonLimits(len(result.stdout)), "canary")
+    except ProtocolError as exc:
         raise CheckError(f"canary {command} in {env.env_id} printed no JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise CheckError(f"canary {command} in {env.env_id} printed no JSON object")
