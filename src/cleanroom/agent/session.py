@@ -188,6 +188,7 @@ class AgentSession:
             )
             out, err = bytearray(), bytearray()
             quota = _Quota(max_output)
+            result: ExecResult | None = None
             while True:
                 frame = await self._read()
                 if frame.kind in (Kind.STDOUT, Kind.STDERR):
@@ -196,6 +197,8 @@ class AgentSession:
                 elif frame.kind == Kind.EXIT:
                     result = _exit_result(frame.header, bytes(out), bytes(err))
                 elif frame.kind == Kind.DONE:
+                    if result is None:  # found by make fuzz (tests/fuzz/crashes/stream-exec-*)
+                        raise ProtocolError("exec ended without an EXIT frame")
                     return result
                 else:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during exec")
