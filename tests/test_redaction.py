@@ -122,3 +122,18 @@ def test_escaped_forms_split_across_file_chunks_are_found(
     redactor.file(path)
     assert path.read_bytes() == b"aaaaa[REDACTED:HF]bbbbbbbbbbb[REDACTED:HF]c"
     assert redactor.counts == {"HF": 2, "SHORT": 0}  # the longer secret is replaced whole
+
+
+def test_each_form_is_found_alone_in_plain_text() -> None:
+    """The redactor searches only for the forms that can occur in a text (no ``%``/``\\``:
+    no escaped form); each form alone, in otherwise plain text, is still found."""
+    forms = [
+        SECRET,
+        base64.b64encode(b"ab" + SECRET.encode()).decode(),
+        escaped(SECRET),
+        urllib.parse.quote(SECRET, safe=""),
+    ]
+    for form in forms:
+        redactor = Redactor({"HF": SECRET})
+        assert redactor.redact(f"plain {form} text\n".encode()).count(b"[REDACTED:HF]") == 1
+        assert redactor.counts == {"HF": 1}

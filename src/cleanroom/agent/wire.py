@@ -85,7 +85,7 @@ def guest_name(name: object, what: str = "artifact name") -> PurePosixPath:
     """
     if not isinstance(name, str) or not name:
         raise UnsafePath(f"{what} is not a non-empty string")
-    shown = guest_text(name, 80)
+    shown = guest_text(name, protocol.MAX_NAME)  # whole (so redactable) unless oversized
     if _BAD_NAME_CHAR.search(name):
         raise UnsafePath(f"{what} {shown} has a control character, backslash or lone surrogate")
     size = len(name.encode("utf-8"))
