@@ -91,7 +91,9 @@ def _redact_result(raw: bytes, redactor: Redactor) -> bytes:
         value = wire.decode_json(raw, wire.RESULT, "result.json")
     except ProtocolError:
         return redactor.redact(raw)
-    return json.dumps(redactor.redact_json(value), ensure_ascii=False).encode()
+    return json.dumps(
+        redactor.redact_json(value), ensure_ascii=False, separators=(",", ":")
+    ).encode()
 
 
 def secrets_summary(manifest: Manifest, redactor: Redactor | None) -> dict[str, Any]:
