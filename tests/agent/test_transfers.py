@@ -98,7 +98,7 @@ async def test_a_guest_that_lies_about_a_put_is_refused(tmp_path: Path) -> None:
             return
 
     threading.Thread(target=old_agent, daemon=True).start()
-    with pytest.raises(ProtocolError, match="bytes wrong"):
+    with pytest.raises(ProtocolError, match="does not say"):
         await session.put(str(tmp_path / "x"), b"y" * (protocol.CHUNK + 1))
     await session.aclose()
     guest_sock.close()

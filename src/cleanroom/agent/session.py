@@ -217,7 +217,7 @@ class AgentSession:
                 if frame.kind != Kind.OK:
                     raise ProtocolError(f"expected OK, got {protocol.kind_name(frame.kind)}")
                 if frame.header.get("size") != end:
-                    raise ProtocolError(f"PUT {path}: the guest has {end} bytes wrong")
+                    raise ProtocolError(f"PUT {path}: the guest's OK does not say {end} bytes")
                 if end == len(data):
                     return
                 offset = end
