@@ -29,9 +29,13 @@ def _inputs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("path", _inputs(CORPUS), ids=lambda p: f"{p.parent.name}/{p.name}"[:60])
-def test_corpus_replays_with_typed_errors_only(path: Path) -> None:
-    targets.check(path.parent.name, path.read_bytes())
+@pytest.mark.parametrize("target", sorted(targets.TARGETS))
+def test_corpus_replays_with_typed_errors_only(target: str) -> None:
+    """The seeds and what 1,000,000-input runs of ``make fuzz`` kept (tests/fuzz/corpus/)."""
+    inputs = _inputs(CORPUS / target)
+    assert inputs
+    for path in inputs:
+        targets.check(target, path.read_bytes())
 
 
 @pytest.mark.parametrize("path", _inputs(CRASHES), ids=lambda p: p.name)
