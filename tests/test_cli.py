@@ -17,6 +17,7 @@ from cleanroom.drivers import hostproc
 from cleanroom.ledger import Ledger
 
 from .conftest import make_fake_baseline
+from .test_repro import baseline_running
 
 
 def cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -75,6 +76,25 @@ def test_bad_manifest_is_exit_2_and_nothing_runs(home: Path) -> None:
     proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
     assert proc.returncode == 2
     assert "line 1: seed" in proc.stderr
+    assert not (home / "ledger.db").exists() or Ledger(home / "ledger.db").list_runs() == []
+
+
+def test_values_json_cannot_carry_are_exit_2_with_line_and_field(home: Path) -> None:
+    """A 5000-digit seed and a 100k-deep task printed a raw traceback (exit 1); NaN in a task
+    passed and failed every export. All are refused up front, nothing runs (issue 15 §9)."""
+    baseline = make_fake_baseline(home)
+    manifests = home / "m.jsonl"
+    head = '{"episode_id": "e%d", "policy": {"id": "p"}, '
+    manifests.write_text(
+        head % 1 + '"seed": ' + "9" * 5000 + "}\n"
+        + head % 2 + '"seed": 1, "task": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+        + head % 3 + '"seed": 1, "task": {"x": NaN}}\n'
+    )  # fmt: skip
+    proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
+    assert proc.returncode == 2, proc.stderr
+    for problem in ("line 1: seed", "line 2: task: nested", "line 3: task.x: nan"):
+        assert problem in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (home / "ledger.db").exists() or Ledger(home / "ledger.db").list_runs() == []
 
 
@@ -156,6 +176,50 @@ def test_secrets_from_a_file_are_delivered_and_redacted(home: Path) -> None:
     record = json.loads(cli(home, "inspect", "a", "--run-id", "rs").stdout)
     assert record["info"]["file_matches"] is True
     assert record["secrets"]["redactions"]["API_KEY"] >= 4
+
+
+LEAK_AND_FAIL = """
+import os, sys
+print("starting", file=sys.stderr)
+print("\\x1b[31mfatal: key " + os.environ["API_KEY"] + " refused\\x1b[0m", file=sys.stderr)
+sys.exit(4)
+"""
+
+
+def test_the_summary_says_why_each_episode_failed_and_fail_on_sets_the_exit(home: Path) -> None:
+    """Protects the newcomer's first failed batch: each failed episode shows its last stderr
+    line (redacted, control characters dropped); every episode failing adds a hint;
+    ``--fail-on`` turns chosen outcomes into exit 1 (the default stays 0 for them)."""
+    baseline = baseline_running(home, LEAK_AND_FAIL)
+    value = "file-secret-0123456789"
+    (home / "vault.env").write_text(f"API_KEY={value}\n")
+    manifests = write(home / "m.jsonl", *[{**ep(e), "secrets": ["API_KEY"]} for e in "ab"])
+    args = ["run", str(manifests), "--baseline", baseline.digest, "--driver", "fake"]
+    args += ["--secrets-from", f"file:{home / 'vault.env'}"]
+    proc = cli(home, *args, "--run-id", "rf")
+    assert proc.returncode == 0, proc.stderr  # episode_error is final: not a failed run
+    assert "failed episodes (2 of 2):" in proc.stdout
+    assert "a  episode_error  entrypoint failed (exit code 4)" in proc.stdout, proc.stdout
+    assert "stderr: [31mfatal: key [REDACTED:API_KEY] refused [0m" in proc.stdout
+    assert value not in proc.stdout + proc.stderr and "\x1b" not in proc.stdout
+    assert "hint: every episode failed; look at one with `cleanroom inspect a --run-id rf`" in (
+        proc.stdout
+    )
+    assert "/episodes/a/logs/stderr.log" in proc.stdout
+    failing = cli(home, *args, "--run-id", "rf2", "--fail-on", "timeout,episode_error")
+    assert failing.returncode == 1, failing.stderr
+    bad = cli(home, *args, "--fail-on", "episode-error")
+    assert bad.returncode == 2 and "--fail-on: unknown outcome(s) episode-error" in bad.stderr
+
+
+def test_a_partly_failed_batch_lists_the_failure_without_the_hint(home: Path) -> None:
+    baseline = make_fake_baseline(home)
+    manifests = write(home / "m.jsonl", ep("ok", 2), ep("bad", 4, mode="fail"))
+    proc = cli(home, "run", str(manifests), "--baseline", baseline.digest, "--driver", "fake")
+    assert proc.returncode == 0, proc.stderr
+    assert "failed episodes (1 of 2):" in proc.stdout
+    assert "stderr: tiny: failing on purpose (bad)" in proc.stdout
+    assert "hint:" not in proc.stdout
 
 
 def test_ps_lists_a_live_group_snapshot_and_whether_its_files_exist(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ and a durable record only for final outcomes. The same paths run on real VMs in 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 from collections.abc import Iterator
@@ -15,11 +16,18 @@ from typing import Any
 
 import pytest
 
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.errors import DriftError, ExportError, LaunchError
+from cleanroom.errors import (
+    BaselineChanged,
+    DriftError,
+    ExportError,
+    LaunchError,
+    LedgerError,
+    RunLocked,
+)
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
@@ -27,6 +35,7 @@ from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
 from .vmkit import assert_nothing_left
+from .waiting import until
 
 
 def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:
@@ -51,7 +60,7 @@ class Harness:
         )
 
     def assert_all_destroyed(self, run_id: str) -> None:
-        assert_nothing_left(self.driver, self.ledger, run_id)
+        assert_nothing_left(self.driver, self.ledger, run_id, self.store)
 
 
 @pytest.fixture
@@ -124,13 +133,13 @@ async def test_launch_failure_is_infra_error(h: Harness) -> None:
 
 
 async def test_env_killed_mid_episode_is_env_crashed(h: Harness) -> None:
-    async def killer() -> None:
-        while True:  # kill the env's processes once it is running the episode
-            await asyncio.sleep(0.05)
-            for env in h.ledger.envs(run_id="r5"):
-                if env.ready_at is not None:
-                    for pid in hostproc.pids_with_marker(env.env_id):
-                        os.kill(pid, signal.SIGKILL)
+    def ready() -> list[Any]:
+        return [e for e in h.ledger.envs(run_id="r5") if e.ready_at is not None]
+
+    async def killer() -> None:  # kill the env's processes once it is running the episode
+        for env in await until(ready, "the env is ready"):
+            for pid in hostproc.pids_with_marker(env.env_id):
+                os.kill(pid, signal.SIGKILL)
 
     task = asyncio.create_task(killer())
     try:
@@ -145,8 +154,9 @@ async def test_env_killed_mid_episode_is_env_crashed(h: Harness) -> None:
 async def test_cancel_destroys_every_running_env(h: Harness) -> None:
     batch = [manifest(f"s{i}", mode="sleep", seconds=60) for i in range(3)]
     run = asyncio.create_task(h.ctl.run(batch, h.baseline, run_id="r6"))
-    while len([e for e in h.ledger.envs(run_id="r6") if e.ready_at]) < 2:
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: len([e for e in h.ledger.envs(run_id="r6") if e.ready_at]) >= 2, "2 envs ready"
+    )
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -247,18 +257,25 @@ async def test_a_missing_secret_refuses_the_run(
     assert h.ledger.envs(run_id="rs2") == []
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
+
+
 async def test_fake_destroy_takes_the_entrypoints_whole_process_tree(h: Harness) -> None:
     run = asyncio.create_task(
         h.ctl.run([manifest("bg", mode="sleep", seconds=120)], h.baseline, run_id="rt")
     )
-    while not [e for e in h.ledger.envs(run_id="rt") if e.ready_at]:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)  # the entrypoint (its own session) is running now
-    [env] = h.ledger.envs(run_id="rt")
+    [env] = await until(lambda: [e for e in h.ledger.envs(run_id="rt") if e.ready_at], "ready")
     assert env.pid is not None
-    tree = hostproc.descendants(env.pid)
-    cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in tree]
-    assert any(b"entry.py" in c for c in cmdlines)  # the entrypoint, in its own session
+
+    def entrypoint_running() -> list[int]:  # the entrypoint, in its own session
+        tree = hostproc.descendants(env.pid)  # type: ignore[arg-type]
+        return tree if any(b"entry.py" in _cmdline(p) for p in tree) else []
+
+    tree = await until(entrypoint_running, "the entrypoint runs below the agent")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -284,3 +301,190 @@ async def test_drift_during_a_run_stops_the_next_env_creation(h: Harness) -> Non
     second_env = next(e for e in h.ledger.envs(run_id="rd") if e.episode_id == "second")
     assert second_env.created_at is None  # refused before any VM process existed
     assert first_env.confirmed_absent_at is not None
+
+
+class Faulty(FakeDriver):
+    """A fake driver whose envs raise ``faults[episode_id]`` from their RUN (after the real
+    episode when ``after_run``): a bug, or guest input that slipped past every boundary."""
+
+    def __init__(
+        self, run_root: Path, faults: dict[str, Exception], *, after_run: bool = False
+    ) -> None:
+        super().__init__(run_root=run_root)
+        self.faults, self.after_run = faults, after_run
+
+    async def create(self, request: EnvRequest) -> Env:
+        env = await super().create(request)
+        fault = self.faults.get(request.labels.get("episode_id", ""))
+        if fault is not None:
+            real = env.run_episode
+
+            async def broken(*args: Any, **kwargs: Any) -> Any:
+                if self.after_run:
+                    await real(*args, **kwargs)
+                raise fault
+
+            env.run_episode = broken  # type: ignore[method-assign]
+        return env
+
+
+UNEXPECTED: dict[str, Exception] = {
+    "deep": RecursionError("maximum recursion depth exceeded (simulated)"),
+    "surrogate": UnicodeEncodeError("utf-8", "x\ud800y", 1, 2, "surrogates not allowed"),
+    "key": KeyError("missing"),
+}
+
+
+async def test_an_unexpected_exception_ends_only_its_episode(h: Harness) -> None:
+    """Protects: any exception inside one episode (not just CleanroomError/OSError) ends that
+    episode infra_error with its traceback kept, its env destroyed and confirmed absent, its
+    ledger rows final, and the rest of the batch finishes (before: the TaskGroup aborted the
+    whole run and the hostile env lived on); a resume does not crash either."""
+    h.ctl.driver = h.driver = Faulty(h.tmp / "run", UNEXPECTED)
+    batch = [manifest(eid) for eid in UNEXPECTED] + [manifest("fine", seed=2)]
+    result = await h.ctl.run(batch, h.baseline, run_id="rx")
+    got = {e.episode_id: e for e in result.episodes}
+    assert got["fine"].outcome is Outcome.COMPLETED, got["fine"].error
+    for eid, fault in UNEXPECTED.items():
+        assert got[eid].outcome is Outcome.INFRA_ERROR, got[eid]
+        assert type(fault).__name__ in (got[eid].error or "")
+        destroyed = got[eid].destroy
+        assert destroyed is not None and destroyed.confirmed_absent
+        folder = Path(h.store.episode_uri("rx", eid).removeprefix("file://"))
+        trace = (folder / "attempts/1/logs/traceback.txt").read_text()
+        assert "Traceback" in trace and type(fault).__name__ in trace
+    assert {r.state for r in h.ledger.episodes("rx")} == {"CLOSED"}
+    assert h.ledger.get_run("rx").status == "completed"  # type: ignore[union-attr]
+    h.assert_all_destroyed("rx")
+    again = await h.ctl.run(batch, h.baseline, run_id="rx")  # still faulty: no crash
+    assert again.skipped == ["fine"] and again.counts() == {"infra_error": 3}
+    h.assert_all_destroyed("rx")
+    h.ctl.driver = h.driver = FakeDriver(run_root=h.tmp / "run")
+    healed = await h.ctl.run(batch, h.baseline, run_id="rx")
+    assert healed.counts() == {"completed": 3}
+    assert {e.attempt for e in healed.episodes} == {3}
+    h.assert_all_destroyed("rx")
+
+
+async def test_an_unexpected_exception_while_exporting_is_infra_error(h: Harness) -> None:
+    """Protects: a non-store exception in the export (after the episode ran) still ends the
+    episode infra_error with no record, its traceback kept, and its env confirmed absent."""
+    real = h.store.put_file
+
+    def boom(run_id: str, episode_id: str, rel: str, src: Path) -> Any:
+        if episode_id == "x" and rel.startswith("artifacts/"):
+            raise KeyError("simulated bug in the export")
+        return real(run_id, episode_id, rel, src)
+
+    h.store.put_file = boom  # type: ignore[method-assign]
+    result = await h.ctl.run([manifest("x"), manifest("y")], h.baseline, run_id="rxe")
+    got = {e.episode_id: e.outcome for e in result.episodes}
+    assert got == {"x": Outcome.INFRA_ERROR, "y": Outcome.COMPLETED}
+    assert h.store.get_record("rxe", "x") is None
+    folder = Path(h.store.episode_uri("rxe", "x").removeprefix("file://"))
+    assert "KeyError" in (folder / "attempts/1/logs/traceback.txt").read_text()
+    h.assert_all_destroyed("rxe")
+
+
+async def test_a_guest_that_breaks_its_quota_ends_final_and_durable(h: Harness) -> None:
+    """Protects: a guest's protocol or quota breach is the guest's outcome: episode_error with a
+    durable record (logs kept, the reason in ``error``) that a resume does not run again
+    (before: only attempts/1/ was written and every resume ran it again)."""
+    quota = manifest("quota", mode="big", bytes=3 * 1024 * 1024, limits={"output_quota_mib": 1})
+    first = await h.ctl.run([quota], h.baseline, run_id="rq")
+    [episode] = first.episodes
+    assert episode.outcome is Outcome.EPISODE_ERROR
+    record = h.store.get_record("rq", "quota")
+    assert record is not None and record["outcome"] == "episode_error"
+    assert "QuotaExceeded" in record["error"]["message"]
+    assert {log["name"] for log in record["logs"]} >= {"stdout.log", "stderr.log"}
+    assert record["exit"]["code"] is None  # the guest never got to say
+    [cut] = record["artifacts"]  # what arrived of big.bin before the quota ran out, kept
+    assert cut["name"] == "big.bin" and 0 < cut["size"] <= 1024 * 1024
+    assert "as far as they arrived" in record["error"]["message"]
+    h.assert_all_destroyed("rq")
+    again = await h.ctl.run([quota], h.baseline, run_id="rq")
+    assert again.skipped == ["quota"] and again.episodes == []
+
+
+async def test_a_result_the_record_cannot_hold_is_episode_error(h: Harness) -> None:
+    """Protects: a result.json with 1e999 (infinity after parsing) in ``info`` is the guest's
+    fault: episode_error, durable and final (before: export_failed, retried on every resume)."""
+
+    class Infinite(FakeDriver):
+        async def create(self, request: EnvRequest) -> Env:
+            env = await super().create(request)
+            real = env.run_episode
+
+            async def run(*args: Any, **kwargs: Any) -> Any:
+                output = await real(*args, **kwargs)
+                output.result_raw = b'{"reward": 1, "info": {"x": 1e999}}'
+                return output
+
+            env.run_episode = run  # type: ignore[method-assign]
+            return env
+
+    h.ctl.driver = h.driver = Infinite(run_root=h.tmp / "run")
+    result = await h.ctl.run([manifest("inf")], h.baseline, run_id="ri")
+    assert result.episodes[0].outcome is Outcome.EPISODE_ERROR, result.episodes[0].error
+    record = h.store.get_record("ri", "inf")
+    assert record is not None and "strict JSON" in record["error"]["message"]
+    assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]  # the fine evidence kept
+    h.assert_all_destroyed("ri")
+
+
+async def test_a_second_controller_is_refused_a_live_run(h: Harness) -> None:
+    """Protects: two controllers resuming one run id at once would both run every episode;
+    the second is refused, naming the holder, and the first's run is unharmed."""
+    first = asyncio.create_task(
+        h.ctl.run([manifest("slow", mode="sleep", seconds=2)], h.baseline, run_id="rl")
+    )
+    while not [e for e in h.ledger.envs(run_id="rl") if e.ready_at]:
+        await asyncio.sleep(0.05)
+    second = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
+    with pytest.raises(RunLocked, match=h.ctl.controller_id):
+        await second.run([manifest("slow", mode="sleep", seconds=2)], h.baseline, run_id="rl")
+    done = await first
+    assert done.counts() == {"completed": 1}
+    assert [r.attempt for r in h.ledger.episodes("rl", all_attempts=True)] == [1]
+    h.assert_all_destroyed("rl")
+    with pytest.raises(BaselineChanged):  # its lock is free now; its baseline is still its own
+        await second.run([manifest("slow")], make_fake_baseline(h.tmp / "other"), run_id="rl")
+
+
+async def test_a_guest_name_too_long_for_the_host_is_the_guests_outcome(h: Harness) -> None:
+    """Protects: an artifact name with a 300-character component makes the host's open fail
+    with ENAMETOOLONG; that is the guest's doing: episode_error, durable, final (before:
+    infra_error, run again on every resume)."""
+    too_long = OSError(errno.ENAMETOOLONG, "File name too long", "x" * 300)
+    h.ctl.driver = h.driver = Faulty(h.tmp / "run", {"long": too_long}, after_run=True)
+    result = await h.ctl.run([manifest("long")], h.baseline, run_id="rn")
+    assert result.episodes[0].outcome is Outcome.EPISODE_ERROR, result.episodes[0].error
+    record = h.store.get_record("rn", "long")
+    assert record is not None and "too long" in record["error"]["message"]
+    h.assert_all_destroyed("rn")
+
+
+async def test_a_run_that_fails_to_queue_releases_its_lock(h: Harness) -> None:
+    """Protects: a run whose queueing fails (the ledger refuses a write) still releases its
+    lock, so the next controller can take the run (before: it stayed 'running' forever)."""
+    real = h.ledger.episode_queued
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise LedgerError("disk I/O error (simulated)")
+
+    h.ledger.episode_queued = refuse  # type: ignore[method-assign]
+    with pytest.raises(LedgerError):
+        await h.ctl.run([manifest("q")], h.baseline, run_id="rlq")
+    assert h.ledger.get_run("rlq").status == "failed"  # type: ignore[union-attr]
+    h.ledger.episode_queued = real  # type: ignore[method-assign]
+    other = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
+    assert (await other.run([manifest("q")], h.baseline, run_id="rlq")).counts() == {"completed": 1}
+
+
+async def test_the_controller_returns_episodes_in_input_order(h: Harness) -> None:
+    """A slow first episode finishes last, yet comes back first (a training loop indexes by it)."""
+    batch = [manifest("slow", mode="sleep", seconds=1.5), manifest("quick-1"), manifest("quick-2")]
+    result = await h.ctl.run(batch, h.baseline, run_id="order")
+    assert [e.episode_id for e in result.episodes] == ["slow", "quick-1", "quick-2"]
+    assert result.record("quick-2")["episode_id"] == "quick-2"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import cleanroom.api as cr
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.base import Owner, new_snapshot_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ManifestError
@@ -32,6 +32,7 @@ from .conftest import make_fake_baseline
 from .forking_fake import ForkingFake
 from .test_reaper import dead_pid
 from .vmkit import assert_nothing_left
+from .waiting import until
 
 
 def py(code: str) -> list[str]:
@@ -71,7 +72,7 @@ class Harness:
         return len(self.counter.read_text()) if self.counter.exists() else 0
 
     def assert_nothing_left(self, run_id: str) -> None:
-        assert_nothing_left(self.driver, self.ledger, run_id)
+        assert_nothing_left(self.driver, self.ledger, run_id, self.store)
         for snap in self.ledger.snapshots(run_id=run_id):
             assert snap.confirmed_absent_at is not None, snap
         assert self.driver.list_snapshots() == []
@@ -218,8 +219,10 @@ async def test_cancelling_during_the_setup_cleans_up_the_whole_group(forking: Ha
     run = asyncio.create_task(
         h.ctl.run(members("g4", py("import time; time.sleep(60)")), h.baseline, run_id="r4")
     )
-    while not any(e.ready_at and e.episode_id is None for e in h.ledger.envs(run_id="r4")):
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: any(e.ready_at and e.episode_id is None for e in h.ledger.envs(run_id="r4")),
+        "the group's parent env is ready",
+    )
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

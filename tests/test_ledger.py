@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from cleanroom import paths
-from cleanroom.errors import LedgerError
+from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
 from cleanroom.ledger import SCHEMA_VERSION, Ledger
 
+from .test_reaper import dead_pid
+
 RUN = "run-1"
+BASE = "sha256:" + "0" * 64
 
 
 @pytest.fixture
@@ -22,7 +25,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
         led.start_run(
             RUN,
             controller_id="ctl-a",
-            baseline="sha256:" + "0" * 64,
+            baseline=BASE,
             driver="fake",
             parallel=2,
             meta={"episodes": 3},
@@ -162,7 +165,7 @@ def test_resumed_run_takes_new_owner_and_keeps_created(ledger: Ledger) -> None:
     before = ledger.get_run(RUN)
     assert before is not None and before.status == "running" and before.meta == {"episodes": 3}
     ledger.finish_run(RUN, "cancelled")
-    ledger.start_run(RUN, controller_id="ctl-b", baseline="x", driver="fake", parallel=4, meta={})
+    ledger.start_run(RUN, controller_id="ctl-b", baseline=BASE, driver="fake", parallel=4, meta={})
     after = ledger.get_run(RUN)
     assert after is not None
     assert (after.controller_id, after.parallel, after.status) == ("ctl-b", 4, "running")
@@ -224,3 +227,69 @@ def test_concurrent_writers_from_threads(ledger: Ledger) -> None:
     for t in threads:
         t.join()
     assert len(ledger.events(RUN, kind="tick")) == 400
+
+
+def test_a_live_holder_keeps_the_run_lock(ledger: Ledger) -> None:
+    """Protects: a second controller cannot take a run a live one holds (before: both ran
+    every episode); the refusal names the holder; the holder's own row is untouched."""
+    with pytest.raises(RunLocked, match=r"held by controller ctl-a \(pid \d+"):
+        ledger.start_run(
+            RUN, controller_id="ctl-b", baseline=BASE, driver="fake", parallel=1, meta={}
+        )
+    row = ledger.get_run(RUN)
+    assert row is not None and (row.controller_id, row.status) == ("ctl-a", "running")
+    assert ledger.events(RUN, kind="run_resumed") == []
+
+
+def test_a_dead_holders_run_is_taken_over(ledger: Ledger) -> None:
+    """Protects: a run whose controller died while running can be resumed by another."""
+    with ledger._op("test") as conn:  # the holder's process is gone
+        conn.execute("UPDATE runs SET pid = ? WHERE run_id = ?", (dead_pid(), RUN))
+    ledger.start_run(RUN, controller_id="ctl-b", baseline=BASE, driver="fake", parallel=1, meta={})
+    row = ledger.get_run(RUN)
+    assert row is not None and row.controller_id == "ctl-b" and row.locked_at is not None
+    (taken,) = ledger.events(RUN, kind="run_taken_over")
+    assert taken.data["previous_controller"] == "ctl-a"
+
+
+def test_a_resume_with_another_baseline_is_refused_unless_asked(ledger: Ledger) -> None:
+    """Protects: resuming a run on another baseline would mix two baselines in one run."""
+    ledger.finish_run(RUN, "completed")
+    other = "sha256:" + "1" * 64
+    with pytest.raises(BaselineChanged, match="1111"):
+        ledger.start_run(
+            RUN, controller_id="c2", baseline=other, driver="fake", parallel=1, meta={}
+        )
+    assert ledger.get_run(RUN).status == "completed"  # type: ignore[union-attr]
+    ledger.start_run(
+        RUN,
+        controller_id="c2",
+        baseline=other,
+        driver="fake",
+        parallel=1,
+        meta={},
+        allow_baseline_change=True,
+    )
+    assert ledger.get_run(RUN).baseline == other  # type: ignore[union-attr]
+    (changed,) = ledger.events(RUN, kind="run_baseline_changed")
+    assert changed.data["previous"] == BASE
+
+
+def test_a_version_1_ledger_gains_the_lock_column(tmp_path: Path) -> None:
+    """Protects: a ledger written by the previous version opens and keeps its runs."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, created REAL NOT NULL, finished REAL, "
+        "status TEXT NOT NULL, controller_id TEXT, host TEXT, pid INTEGER, baseline TEXT, "
+        "driver TEXT, parallel INTEGER, meta TEXT NOT NULL DEFAULT '{}')"
+    )
+    conn.execute("INSERT INTO runs (run_id, created, status) VALUES ('old', 1.0, 'completed')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Ledger(path) as led:
+        old = led.get_run("old")
+        assert old is not None and old.locked_at is None
+        led.start_run("old", controller_id="c", baseline=BASE, driver="fake", parallel=1, meta={})
+        assert led.get_run("old").locked_at is not None  # type: ignore[union-attr]

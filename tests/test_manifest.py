@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from cleanroom.errors import ManifestError
 from cleanroom.manifest import (
     Limits,
     Manifest,
     NetworkRequest,
+    coerce_manifests,
     load_manifests,
     parse_manifests,
 )
@@ -108,3 +111,72 @@ def test_a_manifest_without_network_keeps_its_digest() -> None:
     networked = manifest.model_copy(update={"network": NetworkRequest(allow=["a.test:1"])})
     assert networked.digest() != manifest.digest()
     assert networked.guest_view()["network"] == {"allow": ["a.test:1"]}
+
+
+def test_a_seed_given_as_text_is_refused() -> None:
+    """``"seed": "3"`` used to be read as 3: the seed is a JSON integer, nothing else."""
+    for seed in ("3", 3.0, True):
+        with pytest.raises(ManifestError, match="line 1: seed"):
+            parse_manifests(_lines({**GOOD, "seed": seed}))
+
+
+def test_values_json_cannot_carry_are_refused_with_line_and_field() -> None:
+    """NaN/Infinity (accepted by ``json.loads``, then failing every export), a 5000-digit seed
+    (``ValueError``) and a 100k-deep task (``RecursionError``) are refused up front (15 §9)."""
+    head = '{"episode_id": "e%d", "seed": 1, "policy": {"id": "p"}, "task": '
+    text = "\n".join(
+        [
+            head % 1 + '{"a": [1, NaN]}}',
+            head % 2 + '{"b": {"c": -Infinity}}}',
+            '{"episode_id": "e3", "seed": ' + "7" * 5000 + ', "policy": {"id": "p"}}',
+            head % 4 + "[" * 100_000 + "]" * 100_000 + "}",
+            head % 5 + '{"k": ' * 150 + "1" + "}" * 150 + "}",
+            head % 6 + '{"x": 1e999}}',
+        ]
+    )
+    with pytest.raises(ManifestError) as info:
+        parse_manifests(text)
+    problems = info.value.problems
+    assert problems[0].startswith("line 1: task.a.1: nan is not a JSON number"), problems
+    assert problems[1].startswith("line 2: task.b.c: -inf is not a JSON number"), problems
+    assert problems[2] == "line 3: seed: an integer of 5000 digits (at most 4300)"
+    assert problems[3] == "line 4: task: nested deeper than 100 levels"
+    assert problems[4].startswith("line 5: task.k.k.k...: nested deeper than 100 levels")
+    assert problems[5].startswith("line 6: task.x: inf is not a JSON number")
+
+
+def test_python_values_json_cannot_carry_are_refused_by_index() -> None:
+    """The Python API gets the same checks (without recursing into a 100k-deep dict)."""
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(100_000):
+        node["d"] = {}
+        node = node["d"]
+    items = [
+        GOOD,
+        {**GOOD, "episode_id": "n", "task": {"r": float("nan")}},
+        {**GOOD, "episode_id": "d", "task": deep},
+        {**GOOD, "episode_id": "p", "policy": {"id": "p", "params": {"lr": float("inf")}}},
+    ]
+    with pytest.raises(ManifestError) as info:
+        coerce_manifests(items)
+    assert info.value.problems == [
+        "item 1: task.r: nan is not a JSON number (NaN and Infinity are refused)",
+        "item 2: task.d.d.d...: nested deeper than 100 levels",
+        "item 3: policy.params.lr: inf is not a JSON number (NaN and Infinity are refused)",
+    ]
+    with pytest.raises(ValidationError, match=r"task\.r"):  # any way a Manifest is made
+        Manifest.model_validate({**GOOD, "task": {"r": float("nan")}})
+
+
+def test_dicts_and_manifests_mix_and_are_checked_like_lines() -> None:
+    """``coerce_manifests`` takes both kinds; problems are named by index and field."""
+    parsed = coerce_manifests([GOOD, Manifest.model_validate({**GOOD, "episode_id": "m"})])
+    assert [m.episode_id for m in parsed] == ["ep-1", "m"]
+    with pytest.raises(ManifestError) as info:
+        coerce_manifests([GOOD, {**GOOD, "seed": "1"}, GOOD, "x"])  # type: ignore[list-item]
+    assert info.value.problems == [
+        "item 1: seed: Input should be a valid integer",
+        "item 2: episode_id: 'ep-1' already used on item 0",
+        "item 3: must be a JSON object",
+    ]

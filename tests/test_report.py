@@ -46,6 +46,7 @@ def _episode(
     run_s: float = 1.0,
     error: str | None = None,
     provenance: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
 ) -> None:
     env_id = f"env-{eid}-{attempt}"
     led.episode_queued(RUN, eid, attempt)
@@ -71,7 +72,7 @@ def _episode(
                 "outcome": outcome,
                 "reward": reward,
                 "verdict": None,
-                "policy": {"id": policy, "version": "1"},
+                "policy": {"id": policy, "version": "1", **({"params": params} if params else {})},
                 "provenance": provenance or {"start": "snapshot"},
                 "timings": {
                     "queue_s": 0.01,
@@ -179,3 +180,25 @@ def test_unknown_run_is_an_empty_report(tmp_path: Path) -> None:
         assert report["run"] is None and report["episodes"] == []
         assert sum(report["summary"]["outcomes"].values()) == 0
         assert "not in the ledger" in _render(summary_table("nope", led))
+
+
+def test_a_parameter_sweep_is_not_merged_into_one_policy(tmp_path: Path) -> None:
+    """Rewards used to be grouped by ``id@version`` only, so two settings of a sweep merged:
+    where ``params`` differ within one ``id@version`` each setting gets its own row."""
+    from cleanroom.digests import digest_of
+
+    store = LocalStore(tmp_path / "store")
+    with Ledger(tmp_path / "ledger.db") as led:
+        led.start_run(RUN, controller_id="c", baseline="b", driver="fake", parallel=2, meta={})
+        _episode(led, store, "a", 1, "completed", reward=1.0, params={"k": 0.5})
+        _episode(led, store, "b", 1, "completed", reward=3.0, params={"k": 0.5})
+        _episode(led, store, "c", 1, "completed", reward=9.0, params={"k": 0.9})
+        _episode(led, store, "d", 1, "completed", reward=4.0, policy="q", params={"k": 1})
+        _episode(led, store, "e", 1, "completed", reward=6.0, policy="q", params={"k": 1})
+        rewards = run_report_json(RUN, led, store)["summary"]["rewards"]
+    low, high = (digest_of({"k": k})[7:15] for k in (0.5, 0.9))
+    assert rewards == {
+        f"p@1#{low}": {"n": 2, "mean": 2.0},
+        f"p@1#{high}": {"n": 1, "mean": 9.0},
+        "q@1": {"n": 2, "mean": 5.0},  # one setting: the plain label
+    }

@@ -15,9 +15,10 @@ from cleanroom.check_cli import check_app
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.errors import CheckError
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Limits, Manifest
-from cleanroom.repro import comparable, differences, flatten, run_repro
+from cleanroom.repro import Fields, comparable, differences, fields, flatten, run_repro
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
@@ -76,6 +77,49 @@ def test_flatten_and_ignore() -> None:
     assert differences([record, {**record, "extra": 1}]) == {"extra": ["<absent>", 1]}
 
 
+def test_how_an_env_started_and_how_long_it_took_are_not_results() -> None:
+    """Protects ``check repro`` on a batch with spares: ``provenance.spare_s`` (how long a
+    spare waited), the worker's warmth and every other duration or start fact used to fail it."""
+    cold = {
+        "reward": 1.0,
+        "provenance": {"start": "cold", "worker": "started", "guest_boot_s": 2.7, "kernel": "k"},
+        "exit": {"code": 0, "duration_s": 0.3},
+    }
+    spare = {
+        "reward": 1.0,
+        "provenance": {
+            "start": "snapshot",
+            "spare_s": 0.8,
+            "worker": "warm",
+            "template": "t-1",
+            "start_note": "from a spare",
+            "guest_boot_s": 0.1,
+            "reseed_ms": 3.0,
+            "kernel": "k",
+            "group": {"id": "g", "setup_s": 1.2, "parent_s": 3.0, "snapshot": "/x"},
+        },
+        "exit": {"code": 0, "duration_s": 0.2},
+    }
+    assert differences([cold, spare]) == {"provenance.group.id": ["<absent>", "g"]}
+    assert differences([cold, {**cold, "provenance": {**cold["provenance"], "kernel": "j"}}]) == {
+        "provenance.kernel": ["k", "j"]
+    }
+
+
+def test_ignore_and_only_narrow_the_comparison() -> None:
+    """``--ignore`` (glob, covers what is below it) and ``--only`` (narrowing) work together."""
+    a = {"reward": 1.0, "info": {"wall": 3, "steps": 9, "seen": {"x": 1}}, "metrics": {"fps": 50}}
+    b = {"reward": 1.0, "info": {"wall": 4, "steps": 9, "seen": {"x": 2}}, "metrics": {"fps": 51}}
+    assert set(differences([a, b])) == {"info.wall", "info.seen.x", "metrics.fps"}
+    assert set(differences([a, b], fields(["info.w*", "metrics"]))) == {"info.seen.x"}
+    assert differences([a, b], fields(only=["reward"])) == {}
+    assert set(differences([a, b], fields(only=["info"]))) == {"info.wall", "info.seen.x"}
+    assert set(comparable(a, fields(["info.seen"], ["info.*"]))) == {"info.wall", "info.steps"}
+    assert comparable({"run_id": "r", "reward": 1}, Fields(only=("run_id",))) == {}
+    with pytest.raises(CheckError, match="must not be empty"):
+        fields([" "])
+
+
 @pytest.fixture
 def ctl(tmp_path: Path) -> Controller:
     ledger = Ledger(tmp_path / "ledger.db")
@@ -125,3 +169,10 @@ def test_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert json.loads(out.read_text())["ok"] is False
     result = runner.invoke(check_app, [*args[:-1], "nope", "--baseline", good.digest])
     assert result.exit_code == 2
+    result = runner.invoke(check_app, [*args, "--baseline", bad.digest, "--ignore", "rew*"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(check_app, [*args, "--baseline", bad.digest, "--only", "info.*"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(check_app, [*args, "--baseline", good.digest, "--only", "rewrd"])
+    assert result.exit_code == 1, result.output  # an --only that matches nothing proves nothing
+    assert "no field compared" in result.output

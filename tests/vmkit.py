@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest, Owner, RunFolderDriver, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.store import LocalStore
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore, Store
 
 CANARIES = ["/canary-root", "/tmp/canary-tmp", "/root/canary-home", "/var/tmp/canary-vartmp"]
 Harness = tuple[Controller, Ledger, LocalStore, QemuDriver]
@@ -61,9 +62,12 @@ def assert_gone(driver: RunFolderDriver, env_id: str) -> None:
     assert not driver.run_dir(env_id).exists()
 
 
-def assert_nothing_left(driver: RunFolderDriver, ledger: Ledger, run_id: str) -> None:
+def assert_nothing_left(
+    driver: RunFolderDriver, ledger: Ledger, run_id: str, store: Store | None = None
+) -> None:
     """Every env of the run: confirmed absent in the ledger, and gone from the host; and no env
-    of the driver is left on the host at all (a spare nobody took has no ledger row)."""
+    of the driver is left on the host at all (a spare nobody took has no ledger row). With the
+    run's ``store``: ``assert_records_match`` too."""
     envs = ledger.envs(run_id=run_id)
     assert envs, "the ledger has no env rows"
     for env in envs:
@@ -71,6 +75,22 @@ def assert_nothing_left(driver: RunFolderDriver, ledger: Ledger, run_id: str) ->
         assert env.intent_at is not None and env.intent_at <= (env.created_at or env.intent_at)
         assert_gone(driver, env.env_id)
     assert driver.list_owned() == []
+    if store is not None:
+        assert_records_match(ledger, store, run_id)
+
+
+def assert_records_match(ledger: Ledger, store: Store, run_id: str) -> None:
+    """Every final outcome has a durable record with that outcome; every non-final one, and
+    every episode that never started, has none (the README's promise for resumes)."""
+    for row in ledger.episodes(run_id):
+        record = store.get_record(run_id, row.episode_id)
+        if row.outcome is None:  # never started (a cancelled run): nothing durable
+            assert row.state == "PENDING" and record is None, (row, record)
+        elif Outcome(row.outcome).final:
+            assert record is not None, f"final {row.outcome} of {row.episode_id}: no record"
+            assert record["outcome"] == row.outcome, (record["outcome"], row)
+        else:
+            assert record is None, f"non-final {row.outcome} of {row.episode_id} has a record"
 
 
 async def writer_then_prober(
@@ -87,5 +107,5 @@ async def writer_then_prober(
     assert records[0] is not None and records[1] is not None
     assert sorted(records[0]["info"]["seen"]) == sorted(CANARIES)  # the probe can see a canary
     assert records[1]["info"]["seen"] == {}  # ...but not one from the previous episode
-    assert_nothing_left(driver, ledger, run_id)
+    assert_nothing_left(driver, ledger, run_id, store)
     return records[0], records[1]

@@ -1,9 +1,12 @@
-"""The Python API: run a batch of manifests (async, with a thin sync wrapper).
+"""The Python API: run a batch of manifests (async, with a sync wrapper of the same signature).
 
 import cleanroom
 result = cleanroom.run("examples/cartpole/manifests.jsonl",
                        baseline="examples/cartpole/baseline.toml", parallel=2)
-print(result.counts())
+print(result.counts(), result.rewards())
+
+Manifests are a JSON Lines file or a list of ``Manifest`` objects and plain dicts (validated like
+a file's lines: ``item 3: seed: ...``). ``RunResult.episodes`` keeps the input order.
 
 Episodes that share a setup step (one task, N rollouts) form a group: ``group(...)`` stamps
 one onto manifests; the setup then runs once in a warm env that every episode is forked from.
@@ -12,25 +15,47 @@ one onto manifests; the setup then runs once in a warm env that every episode is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from cleanroom import events, private
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
+from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import ManifestError
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Group, GroupSetup, Manifest, check_groups, load_manifests
+from cleanroom.manifest import (
+    Group,
+    GroupSetup,
+    Limits,
+    Manifest,
+    check_groups,
+    coerce_manifests,
+    describe,
+    load_manifests,
+)
 from cleanroom.secrets import provider_from
 from cleanroom.store import open_store
 
+Manifests = Iterable[Manifest | dict[str, Any]] | str | Path
+"""A JSON Lines file, or manifests as ``Manifest`` objects and/or plain dicts."""
+
+
+def manifests_of(manifests: Manifests) -> list[Manifest]:
+    """``manifests`` validated (a file's lines, or a list's items) into ``Manifest`` objects."""
+    if isinstance(manifests, str | Path):
+        return load_manifests(Path(manifests))
+    return coerce_manifests(manifests)
+
 
 async def arun(
-    manifests: list[Manifest] | str | Path,
+    manifests: Manifests,
     *,
     baseline: Baseline | str | Path,
     parallel: int = 2,
@@ -41,36 +66,62 @@ async def arun(
     on_event: EventHook | None = None,
     secrets_from: str | None = None,
 ) -> RunResult:
-    """Run manifests (a list, or a JSON Lines file) on fresh environments of ``baseline``.
+    """Run manifests (a JSON Lines file, or a list of ``Manifest``s and dicts) on fresh
+    environments of ``baseline``; the result lists its episodes in the input order.
 
+    ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
     """
-    if not isinstance(manifests, list):
-        manifests = load_manifests(Path(manifests))
+    private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
+    items = manifests_of(manifests)
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)
+    st = open_store(store)
     with Ledger() as ledger:
+        hook = _RunEvents(ledger, run_id, on_event)
         controller = Controller(
             get_driver(driver),
             ledger,
-            open_store(store),
+            st,
             options=opts,
-            on_event=on_event,
+            on_event=hook,
             secret_provider=provider_from(secrets_from),
         )
-        return await controller.run(manifests, resolved, run_id=run_id)
+        with events.hooked(hook):  # a driver building a template reports through it
+            result = await controller.run(items, resolved, run_id=run_id)
+    return result.ordered([m.episode_id for m in items], st)
+
+
+class _RunEvents:
+    """The run's event hook: every event to ``on_event``; those of parts below the controller
+    (``template_*``, see ``cleanroom.events``) also to the ledger, so the report can mark the
+    envs that waited for a template build."""
+
+    def __init__(self, ledger: Ledger, run_id: str | None, on_event: EventHook | None) -> None:
+        self.ledger, self.run_id, self.on_event = ledger, run_id, on_event
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "run_started":
+            self.run_id = data["run_id"]
+        if kind.startswith("template_"):
+            self.ledger.event(kind, run_id=self.run_id, **data)
+        if self.on_event is not None:
+            self.on_event(kind, data)
 
 
 def run(
-    manifests: list[Manifest] | str | Path,
+    manifests: Manifests,
     *,
     baseline: Baseline | str | Path,
     parallel: int = 2,
     store: str | Path | None = None,
     run_id: str | None = None,
     driver: str = "qemu",
+    options: RunOptions | None = None,
+    on_event: EventHook | None = None,
+    secrets_from: str | None = None,
 ) -> RunResult:
-    """Blocking ``arun``."""
+    """Blocking ``arun`` (the same arguments)."""
     return asyncio.run(
         arun(
             manifests,
@@ -79,8 +130,42 @@ def run(
             store=store,
             run_id=run_id,
             driver=driver,
+            options=options,
+            on_event=on_event,
+            secrets_from=secrets_from,
         )
     )
+
+
+@asynccontextmanager
+async def open_env(
+    baseline: Baseline | str | Path,
+    *,
+    driver: str = "qemu",
+    limits: Limits | dict[str, Any] | None = None,
+    hard_deadline_s: float = 600.0,
+) -> AsyncIterator[Env]:
+    """One fresh environment of ``baseline`` that you drive yourself (``exec``, ``put``,
+    ``get``), destroyed when the block ends. No run, no ledger rows, no record: for
+    exploring a baseline, not for episodes.
+
+    async with cleanroom.open_env("examples/cartpole") as env:
+        print((await env.exec(["uname", "-r"])).check().stdout.decode())
+    """
+    resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
+    try:
+        wanted = limits if isinstance(limits, Limits) else Limits.model_validate(limits or {})
+    except ValidationError as exc:
+        raise ManifestError("open_env: invalid limits", describe(exc)) from exc
+    request = EnvRequest(
+        new_env_id(),
+        resolved,
+        wanted.merged_over(resolved.limits),
+        Owner("open_env"),
+        hard_deadline_s=hard_deadline_s,
+    )
+    async with await get_driver(driver).create(request) as env:
+        yield env
 
 
 def group(
@@ -100,11 +185,14 @@ def group(
         elif isinstance(setup, dict):
             setup = GroupSetup.model_validate(setup)
         stamp = Group(id=group_id, setup=setup)
-        out = []
-        for episode in episodes:
-            data = episode.model_dump() if isinstance(episode, Manifest) else dict(episode)
-            out.append(Manifest.model_validate({**data, "group": stamp}))
     except ValidationError as exc:
-        raise ManifestError(f"group {group_id!r}: invalid", [str(exc)]) from exc
+        raise ManifestError(f"group {group_id!r}: invalid", describe(exc)) from exc
+    stamped = [
+        {**(e.model_dump() if isinstance(e, Manifest) else e), "group": stamp}
+        if isinstance(e, Manifest | dict)
+        else e
+        for e in episodes
+    ]
+    out = coerce_manifests(stamped, source=f"group {group_id!r}")
     check_groups(out)
     return out

@@ -61,7 +61,9 @@ def _write_json(path: Path | None, data: dict[str, Any]) -> None:
 
 @check_app.command("isolation")
 def isolation_cmd(
-    baseline: Annotated[str, typer.Option(help="digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str, typer.Option(help="digest, unique prefix, name, or spec (.toml or its folder)")
+    ],
     driver: Annotated[str, typer.Option(help="qemu | gvisor | fake | auto")] = "qemu",
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report here")] = None,
     variant: Annotated[
@@ -70,7 +72,7 @@ def isolation_cmd(
     details: Annotated[bool, typer.Option(help="show every cell's evidence")] = False,
 ) -> None:
     """Plant canaries in one env, look for them from the next; exit 1 on any leak."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import get_driver
     from cleanroom.isolation import VARIANTS, IsolationCheck
     from cleanroom.ledger import Ledger
@@ -129,7 +131,9 @@ def print_isolation(report: dict[str, Any], *, details: bool = False) -> None:
 @check_app.command("repro")
 def repro_cmd(
     manifests: Annotated[Path, typer.Argument(help="JSON Lines manifests")],
-    baseline: Annotated[str, typer.Option(help="digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str, typer.Option(help="digest, unique prefix, name, or spec (.toml or its folder)")
+    ],
     repeat: Annotated[int, typer.Option(min=2, max=1000, help="runs to compare")] = 3,
     episode: Annotated[
         list[str] | None, typer.Option(help="only these episode ids (repeatable)")
@@ -138,18 +142,30 @@ def repro_cmd(
     parallel: Annotated[int, typer.Option(min=1, max=64, help="runs at once")] = 1,
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report here")] = None,
+    ignore: Annotated[
+        list[str] | None,
+        typer.Option(help="also leave out this field (dotted path, glob; repeatable)"),
+    ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="compare only this field, e.g. reward or info.* (glob; repeatable)"),
+    ] = None,
 ) -> None:
-    """Run manifests N times, each in fresh envs; print the record fields that differ."""
-    from cleanroom.baseline.store import resolve_or_build
+    """Run manifests N times, each in fresh envs; print the record fields that differ.
+
+    Left out always: identities, durations (timings, logs, provenance.*_s) and how each env
+    was started (spare, snapshot, fork, cold; the host)."""
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.controller import Controller
     from cleanroom.drivers import get_driver
     from cleanroom.errors import ManifestError
     from cleanroom.ledger import Ledger
     from cleanroom.manifest import load_manifests
-    from cleanroom.repro import run_repro
+    from cleanroom.repro import fields, run_repro
     from cleanroom.store import open_store
 
     with _errors():
+        which = fields(ignore, only)
         items = load_manifests(manifests)
         if episode:
             items = [m for m in items if m.episode_id in set(episode)]
@@ -158,7 +174,11 @@ def repro_cmd(
         resolved = resolve_or_build(baseline)
         with Ledger() as ledger:
             controller = Controller(get_driver(driver), ledger, open_store(store))
-            report = _run(run_repro(controller, items, resolved, repeat=repeat, parallel=parallel))
+            report = _run(
+                run_repro(
+                    controller, items, resolved, repeat=repeat, parallel=parallel, which=which
+                )
+            )
     data = report.to_json()
     print_repro(data)
     _write_json(json_out, data)
@@ -177,6 +197,8 @@ def print_repro(report: dict[str, Any]) -> None:
             )
             continue
         out.print(f"[bold red]differs[/] {ep['episode_id']}", markup=True)
+        if ep["fields_compared"] == 0 and not ep["missing"]:
+            out.print(f"  no field compared: --only {report['only']} matched none", markup=False)
         for run_id in ep["missing"]:
             why = ep["errors"][runs.index(run_id)] or ep["outcomes"][runs.index(run_id)]
             out.print(f"  no durable record in {run_id}: {why}", markup=False)

@@ -1,9 +1,10 @@
 """The ``cleanroom`` command line (typer + rich).
 
 Exit codes of ``run``: 0 every episode reached a final outcome and every env was confirmed
-absent; 1 some episode ended in infra_error / env_crashed / export_failed; 2 bad input
-(manifest, baseline, drift, config); 3 an env was still present after the cleanup window;
-130 cancelled (Ctrl-C or SIGTERM).
+absent; 1 some episode ended in infra_error / env_crashed / export_failed, or in an outcome
+named by ``--fail-on`` (e.g. ``episode_error,timeout``); 2 bad input (manifest, baseline,
+drift, config); 3 an env was still present after the cleanup window; 130 cancelled (Ctrl-C or
+SIGTERM).
 
 Observing a run: ``--metrics-port`` serves Prometheus metrics on 127.0.0.1 while it lasts,
 ``--metrics-textfile`` writes them for node_exporter's textfile collector; structured logs go to
@@ -23,7 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from cleanroom import logs, paths
+from cleanroom import logs, paths, private
 from cleanroom.baseline.cli import baseline_app
 from cleanroom.check_cli import check_app
 from cleanroom.controller import EventHook, RunOptions, RunResult
@@ -37,6 +38,7 @@ app = typer.Typer(
     "proven destruction.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    callback=private.check_home_or_exit,  # the home is private (0700, ours), umask 077
 )
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
@@ -52,7 +54,10 @@ def _fail(exc: CleanroomError) -> typer.Exit:
 @app.command()
 def run(
     manifests: Annotated[Path, typer.Argument(help="JSON Lines file, one manifest per line")],
-    baseline: Annotated[str, typer.Option(help="baseline digest, unique prefix, or a spec .toml")],
+    baseline: Annotated[
+        str,
+        typer.Option(help="baseline digest, unique prefix, name, or spec (.toml or its folder)"),
+    ],
     parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
     spares: Annotated[
         int | None,
@@ -77,13 +82,22 @@ def run(
     ] = "auto",
     log_file: Annotated[Path | None, typer.Option(help="also write JSON Lines logs here")] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
+    fail_on: Annotated[
+        str | None,
+        typer.Option(
+            help="also exit 1 if any episode ends so, e.g. episode_error,timeout "
+            "(default: only infra_error, env_crashed, export_failed, cancelled)"
+        ),
+    ] = None,
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
+    from cleanroom.failures import parse_fail_on
     from cleanroom.manifest import load_manifests
 
     try:
+        failing = parse_fail_on(fail_on)
         logs.setup(log_format, file=log_file, level=log_level)
         items = load_manifests(manifests)
         progress = RunProgress(err, lines=False)  # the logs carry one line per step
@@ -124,14 +138,14 @@ def run(
     finally:
         observer.close()
         logs.close()
-    _print_run(result.run_id, store)
+    counts = _print_run(result.run_id, store, failures=True)
     _print_groups(result)
     if result.leaked_envs:
         err.print(
             f"[bold red]ALERT[/]: envs still present for {result.leaked_envs}; run `cleanroom reap`"
         )
         raise typer.Exit(3)
-    if any(not e.outcome.final for e in result.episodes):
+    if any(not e.outcome.final for e in result.episodes) or failing & set(counts):
         raise typer.Exit(1)
 
 
@@ -190,14 +204,23 @@ class _Observer:
             self.server.close()
 
 
-def _print_run(run_id: str, store: str | None) -> None:
+def _print_run(run_id: str, store: str | None, *, failures: bool = False) -> dict[str, int]:
+    """The episodes and summary tables (and, with ``failures``, why each failed episode did);
+    returns the run's outcome counts."""
+    from cleanroom import failures as why
     from cleanroom.report import episodes_table, summary_table
 
     with Ledger() as ledger:
         st = open_store(store)
         out.print(episodes_table(run_id, ledger, st))
         out.print(summary_table(run_id, ledger, st))
+        counts = ledger.outcome_counts(run_id)
+        failed = why.failures(run_id, ledger, st) if failures else []
+    lines = why.report_lines(run_id, failed, sum(counts.values()), st.run_uri(run_id))
+    for line in lines:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     out.print(f"run id: [bold]{run_id}[/]   store: {st.run_uri(run_id)}")
+    return counts
 
 
 def _require_run(ledger: Ledger, run_id: str) -> None:
@@ -212,10 +235,10 @@ def status(
     run_id: Annotated[str, typer.Argument(help="the run to show")],
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
-    """Counts per outcome and one row per episode of a run."""
+    """Counts per outcome, one row per episode of a run, and why each failed one failed."""
     with Ledger() as ledger:
         _require_run(ledger, run_id)
-    _print_run(run_id, store)
+    _print_run(run_id, store, failures=True)
 
 
 @app.command()
@@ -379,6 +402,35 @@ def inspect(
             return
     err.print(f"[red]error:[/] no durable record for {episode_id!r}")
     raise typer.Exit(2)
+
+
+@app.command()
+def doctor(
+    once: Annotated[
+        bool, typer.Option(help="say nothing if this host passed before (make demo uses it)")
+    ] = False,
+) -> None:
+    """What this host has and lacks (QEMU, KVM or TCG, runsc, cgroups, build tools, disk,
+    the home's modes), each gap with the command that fixes it; exit 1 if something is missing."""
+    from cleanroom.doctor import diagnose
+
+    stamp = paths.home() / "doctor-passed"
+    if once and stamp.exists():
+        return
+    findings = diagnose()
+    style = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+    for f in findings:
+        out.print(f"[{style[f.status]}]{f.status:<4}[/] {f.part:<8} ", end="", highlight=False)
+        out.print(f.detail, markup=False, highlight=False)
+        if f.fix and f.status != "ok":
+            out.print(f"              fix: {f.fix}", markup=False, highlight=False)
+    failed = [f.part for f in findings if f.status == "fail"]
+    if failed:
+        err.print(f"[bold red]doctor:[/] missing {', '.join(failed)}: fix the lines above")
+        raise typer.Exit(1)
+    if once:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text("passed\n")
 
 
 def main() -> None:  # pragma: no cover - console entry

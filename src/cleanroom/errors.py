@@ -6,6 +6,7 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
 
     CleanroomError
     ├── ConfigError                 bad settings or environment (missing tool, bad CLEANROOM_HOME)
+    │   └── PrivacyError            a home or runtime folder another user owns or can write
     ├── ManifestError               a manifest file or line that does not validate
     │   └── NetworkPolicyError      an egress allowlist that is malformed, widens its baseline's,
     │                               or cannot be enforced by the driver
@@ -27,6 +28,9 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── ExportError             a durable write failed (disk full, permission, backend)
     │   └── RecordConflict          a second, different record for the same episode
     ├── LedgerError                 the ledger could not be read or written
+    ├── RunConflict                 a run that cannot start as asked
+    │   ├── RunLocked               another live controller holds the run
+    │   └── BaselineChanged         a resume with another baseline, not asked for
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
     ├── SetupError                  a group's setup step failed (its episodes end infra_error)
     └── CheckError                  a check (isolation, repro) could not run to its end
@@ -41,6 +45,15 @@ class CleanroomError(Exception):
 
 class ConfigError(CleanroomError):
     """Settings or the host environment are not usable."""
+
+
+class PrivacyError(ConfigError):
+    """A folder cleanroom keeps private (the home, the runtime folder) is owned by another
+    user, writable by others, or not a real folder; ``path`` names it."""
+
+    def __init__(self, path: object, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {why}; cleanroom keeps it private to its owner and refuses it")
 
 
 class ManifestError(CleanroomError):
@@ -136,6 +149,19 @@ class RecordConflict(StoreError):
 
 class LedgerError(CleanroomError):
     """The ledger could not be read or written."""
+
+
+class RunConflict(CleanroomError):
+    """A run cannot be started (or resumed) as asked."""
+
+
+class RunLocked(RunConflict):
+    """Another controller that is still alive holds the run; the message names it."""
+
+
+class BaselineChanged(RunConflict):
+    """A run is resumed with a baseline other than the one it started with (refused unless
+    asked for explicitly: ``RunOptions(allow_baseline_change=True)``)."""
 
 
 class VerifierError(CleanroomError):

@@ -198,6 +198,8 @@ class EventLogger:
             self._log.warning("orphans reaped", run_id=self._run_id, **data)
         elif kind == "drift_refused":
             self._episode(data).error("baseline drift refused", **data)
+        elif kind in ("template_building", "template_built", "template_failed"):
+            self._log.info(kind.replace("_", " "), run_id=self._run_id, **data)
         elif kind == "run_finished":
             self._log.info("run finished", run_id=data.get("run_id"), status=data.get("status"))
         else:

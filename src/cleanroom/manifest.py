@@ -1,18 +1,23 @@
 """Episode manifests: the only input an episode gets.
 
 A manifest file is JSON Lines, one manifest per line. The whole file is validated before
-anything runs; every bad line is reported with its line number and the field at fault.
+anything runs; every bad line is reported with its line number and the field at fault. A list
+from the Python API (``Manifest`` objects or plain dicts) is validated the same way, each
+problem named by its index (``coerce_manifests``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from cleanroom import manifest_json
 from cleanroom.digests import digest_of
 from cleanroom.errors import ManifestError
 
@@ -141,7 +146,7 @@ class Manifest(BaseModel):
 
     episode_id: str
     baseline: str | None = Field(default=None, description="baseline digest (sha256:...)")
-    seed: int = Field(ge=0, lt=2**63)
+    seed: int = Field(strict=True, ge=0, lt=2**63)  # "3" is refused, not read as 3
     policy: Policy
     task: dict[str, Any] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
@@ -150,6 +155,15 @@ class Manifest(BaseModel):
     output: str | None = Field(default=None, description="store URL or folder override")
     verifier: VerifierRef | None = None
     group: Group | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_json(cls, data: Any) -> Any:
+        """NaN, Infinity, over-deep nesting, unreadable integers: refused before anything else."""
+        found = manifest_json.problem(data)
+        if found is not None:
+            raise PydanticCustomError("json_value", "{problem}", {"problem": str(found)})
+        return data
 
     @field_validator("episode_id")
     @classmethod
@@ -189,61 +203,98 @@ class Manifest(BaseModel):
         return self.model_dump(mode="json", exclude={"verifier"})
 
 
-def _describe(error: ValidationError) -> list[str]:
+def describe(error: ValidationError) -> list[str]:
+    """One ``field.path: message`` string per problem (never the input: it may be huge)."""
     out = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(manifest)"
-        out.append(f"{where}: {item['msg']}")
+    for item in error.errors(include_input=False):
+        where = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "json_value" and not where:
+            out.append(item["msg"])  # it starts with its own path
+        else:
+            out.append(f"{where or '(manifest)'}: {item['msg']}")
     return out
+
+
+class _Checker:
+    """Validates manifests one by one, collecting every problem with where it is and refusing
+    a second use of an episode id."""
+
+    def __init__(self) -> None:
+        self.manifests: list[Manifest] = []
+        self.problems: list[str] = []
+        self.seen: dict[str, str] = {}
+
+    def add(self, data: Any, where: str) -> None:
+        if isinstance(data, Manifest):
+            manifest = data
+        elif not isinstance(data, dict):
+            self.problems.append(f"{where}: must be a JSON object")
+            return
+        else:
+            try:
+                manifest = Manifest.model_validate(data)
+            except ValidationError as exc:
+                self.problems.extend(f"{where}: {p}" for p in describe(exc))
+                return
+        if manifest.episode_id in self.seen:
+            self.problems.append(
+                f"{where}: episode_id: {manifest.episode_id!r} already used "
+                f"on {self.seen[manifest.episode_id]}"
+            )
+            return
+        self.seen[manifest.episode_id] = where
+        self.manifests.append(manifest)
+
+    def result(self, source: str) -> list[Manifest]:
+        problems = self.problems or group_problems(self.manifests, self.seen)
+        if problems:
+            raise ManifestError(f"{source}: {len(problems)} problem(s); nothing was run", problems)
+        if not self.manifests:
+            raise ManifestError(f"{source}: no manifests found")
+        return self.manifests
 
 
 def parse_manifests(text: str, source: str = "<manifests>") -> list[Manifest]:
     """Validate every line of a JSON Lines text; raise one ManifestError listing all problems."""
-    manifests: list[Manifest] = []
-    problems: list[str] = []
-    seen: dict[str, int] = {}
+    checker = _Checker()
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            data = json.loads(line)
+            data = manifest_json.loads_line(line)
+        except manifest_json.JsonProblem as exc:
+            checker.problems.append(f"line {number}: {exc}")
+            continue
         except json.JSONDecodeError as exc:
-            problems.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
-            continue
-        if not isinstance(data, dict):
-            problems.append(f"line {number}: must be a JSON object")
-            continue
-        try:
-            manifest = Manifest.model_validate(data)
-        except ValidationError as exc:
-            problems.extend(f"line {number}: {p}" for p in _describe(exc))
-            continue
-        if manifest.episode_id in seen:
-            problems.append(
-                f"line {number}: episode_id: {manifest.episode_id!r} already used "
-                f"on line {seen[manifest.episode_id]}"
+            checker.problems.append(
+                f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})"
             )
             continue
-        seen[manifest.episode_id] = number
-        manifests.append(manifest)
-    if not problems:
-        problems = group_problems(manifests, seen)
-    if problems:
-        raise ManifestError(f"{source}: {len(problems)} problem(s); nothing was run", problems)
-    if not manifests:
-        raise ManifestError(f"{source}: no manifests found")
-    return manifests
+        checker.add(data, f"line {number}")
+    return checker.result(source)
+
+
+def coerce_manifests(
+    items: Iterable[Manifest | dict[str, Any]], source: str = "manifests"
+) -> list[Manifest]:
+    """``Manifest`` objects and plain dicts, validated like a file's lines (``item 3: seed: ...``,
+    counted from 0); one ManifestError lists every problem."""
+    checker = _Checker()
+    for index, item in enumerate(items):
+        checker.add(item, f"item {index}")
+    return checker.result(source)
 
 
 GROUP_MUST_AGREE = ("group", "baseline", "limits.vcpus", "limits.memory_mib")
 """What every manifest of one group must share: clones restore one warm env's devices."""
 
 
-def group_problems(manifests: list[Manifest], lines: dict[str, int] | None = None) -> list[str]:
-    """Manifests of one group that disagree with its first one on ``GROUP_MUST_AGREE``."""
+def group_problems(manifests: list[Manifest], places: dict[str, str] | None = None) -> list[str]:
+    """Manifests of one group that disagree with its first one on ``GROUP_MUST_AGREE``
+    (``places``: where each episode id came from, e.g. ``line 3``)."""
 
     def where(m: Manifest) -> str:
-        return f"line {lines[m.episode_id]}" if lines else f"episode {m.episode_id!r}"
+        return places[m.episode_id] if places else f"episode {m.episode_id!r}"
 
     def facts(m: Manifest) -> tuple[Any, ...]:
         return (m.group, m.baseline, m.limits.vcpus, m.limits.memory_mib)

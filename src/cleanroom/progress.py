@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 FAILED = {"episode_error", "timeout", "cancelled", "env_crashed", "infra_error", "export_failed"}
@@ -69,6 +70,11 @@ class RunProgress:
             f"{self.failed} failed · {self.alive} envs alive"
         )
 
+    def _say(self, text: str) -> None:
+        """A line shown even with ``lines=False``: something the logs do not make plain."""
+        console = self._progress.console if self._progress is not None else self.console
+        console.print(text, highlight=False)
+
     def _line(self, text: str) -> None:
         if not self.lines:
             return
@@ -113,6 +119,16 @@ class RunProgress:
                 self._line(line)
         elif kind == "alert":
             self._line(f"[bold red]ALERT[/] {data['message']}")
+        elif kind == "template_building":
+            self._say(
+                f"building snapshot template for {data['baseline']} ({data['digest'][:19]}) "
+                "(first run only; the first episodes wait for it)"
+            )
+        elif kind == "template_built":
+            self._say(f"snapshot template for {data['baseline']} ready in {data['seconds']:.1f} s")
+        elif kind == "template_failed":
+            why = escape(str(data["error"]))
+            self._say(f"[yellow]{why}[/] (with start=auto, envs of {data['baseline']} boot cold)")
         elif kind == "run_finished" and not self.live:
             self._line(self.describe())
         self._refresh()

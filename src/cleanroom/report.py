@@ -2,6 +2,8 @@
 
 Reads only the ledger and the store it is given. The ledger gives outcomes, attempts, errors and
 each environment's cleanup; the store's result records add policy, verdict and phase timings.
+Rewards are grouped per policy ``id@version``, split by a short hash of ``params`` where one
+``id@version`` ran with several (``angle@1#3f2a9c1d``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from cleanroom.digests import digest_of
 from cleanroom.drivers.base import start_label
 from cleanroom.ledger import EnvRow, EpisodeRow, Ledger
 from cleanroom.record import Outcome
@@ -44,11 +47,27 @@ def percentile(values: Iterable[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def _policy(record: dict[str, Any] | None) -> str:
+def _policy(record: dict[str, Any] | None) -> tuple[str, str | None]:
+    """``id@version`` and a short hash of ``params`` (None without params)."""
     policy = (record or {}).get("policy")
-    if isinstance(policy, dict) and policy.get("id"):
-        return f"{policy['id']}@{policy.get('version', '0')}"
-    return "(unknown)"
+    if not isinstance(policy, dict) or not policy.get("id"):
+        return "(unknown)", None
+    params = policy.get("params") or None
+    short = digest_of(params).removeprefix("sha256:")[:8] if params else None
+    return f"{policy['id']}@{policy.get('version', '0')}", short
+
+
+def policy_labels(records: Iterable[dict[str, Any] | None]) -> dict[str, str]:
+    """Episode id -> its policy's label: ``id@version``, plus ``#<params hash>`` where episodes
+    of one ``id@version`` ran with different ``params`` (a sweep must not merge its settings)."""
+    seen = {r.get("episode_id"): _policy(r) for r in records if r}
+    hashes: dict[str, set[str | None]] = {}
+    for name, short in seen.values():
+        hashes.setdefault(name, set()).add(short)
+    return {
+        str(eid): f"{name}#{short or 'noparams'}" if len(hashes[name]) > 1 else name
+        for eid, (name, short) in seen.items()
+    }
 
 
 def _timings(record: dict[str, Any] | None, env: EnvRow | None) -> dict[str, float]:
@@ -72,7 +91,30 @@ def _start(record: dict[str, Any] | None) -> str | None:
     return start_label(provenance["start"], provenance.get("spare_s"))
 
 
-def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) -> dict[str, Any]:
+def template_builds(ledger: Ledger, run_id: str) -> list[dict[str, Any]]:
+    """The snapshot template builds this run waited for (``template_built`` events, with the
+    unix ``start``/``end`` of each build)."""
+    out = []
+    for event in ledger.events(run_id, "template_built"):
+        seconds = float(event.data.get("seconds") or 0.0)
+        out.append({**event.data, "start": event.ts - seconds, "end": event.ts})
+    return out
+
+
+def _waited_for_template(record: dict[str, Any] | None, builds: list[dict[str, Any]]) -> bool:
+    """Did this episode's provisioning overlap a template build (its provision_s includes it)?"""
+    span = (((record or {}).get("timings") or {}).get("phases") or {}).get("provision")
+    if not isinstance(span, dict) or not builds:
+        return False
+    start, end = span.get("start"), span.get("end")
+    if not isinstance(start, int | float) or not isinstance(end, int | float):
+        return False
+    return any(start < b["end"] and end > b["start"] for b in builds)
+
+
+def _episode(
+    ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None, policy: str
+) -> dict[str, Any]:
     reward = ep.reward if ep.reward is not None else (record or {}).get("reward")
     verdict = ep.verdict if ep.verdict is not None else (record or {}).get("verdict")
     wall = ep.ended_at - ep.started_at if ep.ended_at and ep.started_at else None
@@ -84,7 +126,7 @@ def _episode(ep: EpisodeRow, env: EnvRow | None, record: dict[str, Any] | None) 
         "reward": reward,
         "verdict": verdict,
         "error": ep.error,
-        "policy": _policy(record),
+        "policy": policy,
         "env_id": ep.env_id,
         "cleanup_ms": env.cleanup_ms if env else None,
         "confirmed_absent": (env.confirmed_absent_at is not None) if env else None,
@@ -130,14 +172,28 @@ def run_report_json(run_id: str, ledger: Ledger, store: Store | None = None) -> 
     run = ledger.get_run(run_id)
     envs = {e.env_id: e for e in ledger.envs(run_id)}
     records = {r.get("episode_id"): r for r in store.list_records(run_id)} if store else {}
+    labels = policy_labels(records.values())
+    builds = template_builds(ledger, run_id)
     rows = [
-        _episode(ep, envs.get(ep.env_id or ""), records.get(ep.episode_id))
+        _episode(
+            ep,
+            envs.get(ep.env_id or ""),
+            records.get(ep.episode_id),
+            labels.get(ep.episode_id, "(unknown)"),
+        )
         for ep in ledger.episodes(run_id)
     ]
+    for row in rows:
+        row["waited_for_template"] = _waited_for_template(records.get(row["episode_id"]), builds)
+    summary = _summary(ledger.outcome_counts(run_id), rows)
+    summary["template_builds"] = [
+        {k: b.get(k) for k in ("baseline", "digest", "seconds")} for b in builds
+    ]
+    summary["waited_for_template"] = sum(1 for row in rows if row["waited_for_template"])
     return {
         "run_id": run_id,
         "run": None if run is None else asdict(run),
-        "summary": _summary(ledger.outcome_counts(run_id), rows),
+        "summary": summary,
         "episodes": rows,
     }
 
@@ -171,6 +227,12 @@ def summary_table(run_id: str, ledger: Ledger, store: Store | None = None) -> Ta
         starts = "  ".join(f"{kind} {n}" for kind, n in summary["starts"].items())
         table.add_section()
         table.add_row("env starts", str(sum(summary["starts"].values())), starts)
+    for build in summary["template_builds"]:
+        table.add_row(
+            f"waited for the {build['baseline']} template build (first run only)",
+            str(summary["waited_for_template"]),
+            f"built in {build['seconds']:.1f}s",
+        )
     envs = summary["envs"]
     leaked = envs["total"] - envs["confirmed_absent"]
     table.add_section()

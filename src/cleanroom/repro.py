@@ -2,9 +2,11 @@
 
 Runs the manifests ``repeat`` times, each time as a run of its own (so every episode gets a fresh
 env and a record of its own), then compares each episode's records field by field, leaving out
-what is expected to change between runs: identities (run_id, attempt, env ids), timings, logs
-(they carry timings and boot messages), the host, and how the env was started. Anything else
-that differs is reported with its value in each run.
+what is expected to change between runs (``IGNORED``): identities (run_id, attempt, env ids),
+everything that says how long something took (timings, logs, every ``provenance.*_s``), and
+everything that says how and where the env was started (spare, snapshot, fork or cold; the
+host). Anything else that differs is reported with its value in each run. Users add their own
+volatile fields with ``--ignore`` and narrow the comparison with ``--only``.
 """
 
 from __future__ import annotations
@@ -18,32 +20,36 @@ from typing import Any
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.controller import Controller, RunResult
+from cleanroom.errors import CheckError
 from cleanroom.manifest import Manifest
 from cleanroom.store import Store
 
-IGNORED = (
-    "run_id",
-    "attempt",
+IDENTITY = ("run_id", "attempt", "provenance.env_id", "verdict.verifier.env_id")
+"""Names this run gave: a new run, attempt and env every time."""
+DURATIONS = (
     "timings",
-    "timings.*",
-    "logs",
-    "logs.*",
+    "logs",  # they carry timings and boot messages
     "exit.duration_s",
-    "provenance.env_id",
+    "provenance.*_s",  # guest_boot_s, spare_s, group.setup_s, ...
+    "provenance.*_ms",
+)
+"""How long something took."""
+STARTS = (
     "provenance.host",
-    "provenance.host.*",
-    "provenance.guest_boot_s",
     "provenance.start",
     "provenance.start_note",
     "provenance.template",
+    "provenance.worker",  # a spare's or template's worker is warm, a cold boot's is started
     "provenance.group.snapshot",  # a group's warm state is made anew each run (its RAM differs)
     "provenance.group.snapshot_id",
     "provenance.group.digest",
     "provenance.group.parent_env",
-    "provenance.group.*_s",
-    "verdict.verifier.env_id",
 )
-"""Dotted paths (fnmatch patterns) left out of the comparison."""
+"""How (and where) an env was started: spare, snapshot, fork or cold, on which host."""
+IGNORED = IDENTITY + DURATIONS + STARTS
+"""Left out of every comparison; ``--ignore`` adds to it, ``--only`` narrows what is left.
+A pattern is an fnmatch glob over dotted paths (``*`` crosses dots) and also covers everything
+below the path it names (``logs`` covers ``logs.stdout.sha256``)."""
 ABSENT = "<absent>"
 
 
@@ -62,20 +68,39 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def comparable(record: dict[str, Any], ignored: tuple[str, ...] = IGNORED) -> dict[str, Any]:
-    """The record's leaves without the ignored paths."""
-    return {
-        path: value
-        for path, value in flatten(record).items()
-        if not any(fnmatch.fnmatchcase(path, pattern) for pattern in ignored)
-    }
+@dataclass(frozen=True)
+class Fields:
+    """Which leaves of a record are compared: not ``ignored``, and (when given) in ``only``."""
+
+    ignored: tuple[str, ...] = IGNORED
+    only: tuple[str, ...] = ()
+
+    def compared(self, path: str) -> bool:
+        if any(_covers(pattern, path) for pattern in self.ignored):
+            return False
+        return not self.only or any(_covers(pattern, path) for pattern in self.only)
 
 
-def differences(
-    records: list[dict[str, Any]], ignored: tuple[str, ...] = IGNORED
-) -> dict[str, list[Any]]:
+def _covers(pattern: str, path: str) -> bool:
+    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern + ".*")
+
+
+def fields(ignore: list[str] | None = None, only: list[str] | None = None) -> Fields:
+    """The default ignored set plus ``ignore``, narrowed to ``only``; blank patterns are refused."""
+    for pattern in [*(ignore or ()), *(only or ())]:
+        if not pattern.strip():
+            raise CheckError("--ignore/--only: a field pattern must not be empty")
+    return Fields(IGNORED + tuple(ignore or ()), tuple(only or ()))
+
+
+def comparable(record: dict[str, Any], which: Fields = Fields()) -> dict[str, Any]:
+    """The record's leaves that ``which`` compares."""
+    return {path: value for path, value in flatten(record).items() if which.compared(path)}
+
+
+def differences(records: list[dict[str, Any]], which: Fields = Fields()) -> dict[str, list[Any]]:
     """Paths whose values are not the same in every record, with each record's value."""
-    flat = [comparable(r, ignored) for r in records]
+    flat = [comparable(r, which) for r in records]
     out: dict[str, list[Any]] = {}
     for path in sorted(set().union(*flat)) if flat else []:
         values = [f.get(path, ABSENT) for f in flat]
@@ -95,7 +120,9 @@ class EpisodeRepro:
 
     @property
     def identical(self) -> bool:
-        return not self.differing and not self.missing
+        """Every run has a record, at least one field was compared (an ``--only`` that matches
+        nothing proves nothing), and no compared field differs."""
+        return not self.differing and not self.missing and self.compared > 0
 
 
 @dataclass
@@ -105,6 +132,7 @@ class ReproReport:
     run_ids: list[str]
     episodes: list[EpisodeRepro]
     seconds: float
+    which: Fields = Fields()
 
     @property
     def ok(self) -> bool:
@@ -117,7 +145,8 @@ class ReproReport:
             "baseline": self.baseline,
             "repeat": self.repeat,
             "run_ids": self.run_ids,
-            "ignored": list(IGNORED),
+            "ignored": list(self.which.ignored),
+            "only": list(self.which.only),
             "seconds": round(self.seconds, 3),
             "episodes": [
                 {
@@ -141,8 +170,10 @@ async def run_repro(
     *,
     repeat: int,
     parallel: int = 1,
+    which: Fields = Fields(),
 ) -> ReproReport:
-    """Run ``manifests`` ``repeat`` times (``parallel`` runs at once) and compare."""
+    """Run ``manifests`` ``repeat`` times (``parallel`` runs at once) and compare ``which``
+    fields of their records."""
     started = time.monotonic()
     base = time.strftime("repro-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     run_ids = [f"{base}-{i + 1}" for i in range(repeat)]
@@ -153,11 +184,16 @@ async def run_repro(
             return await controller.run(manifests, baseline, run_id=run_id)
 
     results = await asyncio.gather(*(one(r) for r in run_ids))
-    episodes = [_compare(controller.store, m.episode_id, run_ids, results) for m in manifests]
-    return ReproReport(baseline.digest, repeat, run_ids, episodes, time.monotonic() - started)
+    episodes = [
+        _compare(controller.store, m.episode_id, run_ids, results, which) for m in manifests
+    ]
+    seconds = time.monotonic() - started
+    return ReproReport(baseline.digest, repeat, run_ids, episodes, seconds, which)
 
 
-def _compare(store: Store, eid: str, run_ids: list[str], results: list[RunResult]) -> EpisodeRepro:
+def _compare(
+    store: Store, eid: str, run_ids: list[str], results: list[RunResult], which: Fields
+) -> EpisodeRepro:
     records, outcomes, missing, errors = [], [], [], []
     for run_id, result in zip(run_ids, results, strict=True):
         record = store.get_record(run_id, eid)
@@ -168,5 +204,5 @@ def _compare(store: Store, eid: str, run_ids: list[str], results: list[RunResult
             missing.append(run_id)
         else:
             records.append(record)
-    compared = len(comparable(records[0])) if records else 0
-    return EpisodeRepro(eid, outcomes, compared, differences(records), missing, errors)
+    compared = len(comparable(records[0], which)) if records else 0
+    return EpisodeRepro(eid, outcomes, compared, differences(records, which), missing, errors)

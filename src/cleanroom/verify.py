@@ -23,17 +23,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 from cleanroom.agent import wire
 from cleanroom.agent.session import EpisodeOutput, ExecResult
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers.base import DestroyReport, Driver, Env, EnvRequest, Owner, new_env_id
+from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.drivers.base import Driver, Env, EnvRequest, new_env_id
 from cleanroom.errors import CleanroomError, ProtocolError, VerifierError
 from cleanroom.export import redact_output
-from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.manifest import Manifest, VerifierRef
 from cleanroom.record import Outcome
 from cleanroom.secrets import Redactor
@@ -42,7 +43,6 @@ from cleanroom.store import Store
 VERIFIER_ERROR = "verifier_error"
 VERDICT_MAX = 1024 * 1024
 PUT_CHUNK = 512 * 1024  # below the agent's frame limit; larger files go in parts
-Emit = Callable[..., None]
 
 
 def guest_prefix(driver: Driver, env_id: str) -> str:
@@ -146,24 +146,10 @@ async def run_command(
 
 
 class Verifiers:
-    """Runs manifests' verifiers for a controller (one instance per controller)."""
+    """Runs manifests' verifiers for one run (its env leases: ``RunContext``)."""
 
-    def __init__(
-        self,
-        driver: Driver,
-        ledger: Ledger,
-        owner: Owner,
-        *,
-        boot_timeout_s: float = 120.0,
-        cleanup_window_s: float = 30.0,
-        emit: Emit | None = None,
-    ) -> None:
-        self.driver = driver
-        self.ledger = ledger
-        self.owner = owner
-        self.boot_timeout_s = boot_timeout_s
-        self.cleanup_window_s = cleanup_window_s
-        self._emit = emit or (lambda kind, **data: None)
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
         self._baselines: dict[str, Baseline] = {}
 
     def prepare(self, manifests: list[Manifest]) -> None:
@@ -172,7 +158,7 @@ class Verifiers:
             {m.verifier.baseline for m in manifests if m.verifier and m.verifier.baseline}
         ):
             if ref not in self._baselines:
-                baseline = baseline_store.resolve_or_build(ref)
+                baseline = resolve_or_build(ref)
                 baseline_store.require_intact(baseline, reuse=True)
                 self._baselines[ref] = baseline
 
@@ -213,7 +199,7 @@ class Verifiers:
                 if env is None or not env.alive():
                     raise VerifierError("the episode's env is gone; cannot verify in it")
                 about["env_id"] = env.env_id
-                prefix = guest_prefix(self.driver, env.env_id)
+                prefix = guest_prefix(self.ctx.driver, env.env_id)
                 verdict, result = await run_command(env, prefix, ref, files)
             else:
                 verdict, result = await self._in_fresh_env(
@@ -227,7 +213,7 @@ class Verifiers:
             store.put_bytes(run_id, manifest.episode_id, "verifier/stderr.log", result.stderr)
             about["logs"] = ["verifier/stdout.log", "verifier/stderr.log"]
         verdict["verifier"] = about
-        self.ledger.event(
+        self.ctx.ledger.event(
             "verified",
             run_id=run_id,
             episode_id=manifest.episode_id,
@@ -247,59 +233,37 @@ class Verifiers:
         files: dict[str, bytes],
         about: dict[str, Any],
     ) -> tuple[dict[str, Any], ExecResult]:
+        ctx = self.ctx
         env_id = new_env_id()
         about["env_id"] = env_id
         eid = manifest.episode_id
-        self.ledger.env_intent(
+        lease = EnvLease(
+            ctx,
             env_id,
             run_id=run_id,
             episode_id=eid,
             attempt=attempt,
-            driver=self.driver.name,
-            **self.owner.ledger_fields(),
+            proof=f"attempts/{attempt}/verifier-destroy.json",
         )
-        baseline_store.quick_check(baseline)
-        limits = manifest.limits.merged_over(baseline.limits)
-        deadline = self.boot_timeout_s + ref.timeout_s + self.cleanup_window_s + 30
-        request = EnvRequest(
-            env_id,
-            baseline,
-            limits,
-            self.owner,
-            deadline,
-            labels={"run_id": run_id, "episode_id": eid, "role": "verifier"},
-        )
-        env: Env | None = None
-        try:
-            env = await self.driver.create(request)
-            self.ledger.env_created(env_id, **env.info.ledger_fields())
-            self.ledger.env_ready(env_id)
-            prefix = guest_prefix(self.driver, env_id)
-            return await asyncio.wait_for(run_command(env, prefix, ref, files), ref.timeout_s + 60)
-        except TimeoutError as exc:
-            raise VerifierError(f"the verifier did not finish within {ref.timeout_s:g}s") from exc
-        finally:
-            await asyncio.shield(self._destroy(env, env_id, run_id, eid))
-
-    async def _destroy(self, env: Env | None, env_id: str, run_id: str, eid: str) -> None:
-        self.ledger.env_destroy_started(env_id)
-        report = DestroyReport(env_id, False, 0, 0.0, "not attempted")
-        for attempt in range(2):  # a second try, then it is the reaper's
+        async with lease:  # destroyed and confirmed absent on every path
+            baseline_store.quick_check(baseline)
+            limits = manifest.limits.merged_over(baseline.limits)
+            o = ctx.options
+            deadline = o.boot_timeout_s + ref.timeout_s + o.cleanup_window_s + 30
+            request = EnvRequest(
+                env_id,
+                baseline,
+                limits,
+                ctx.owner,
+                deadline,
+                labels={"run_id": run_id, "episode_id": eid, "role": "verifier"},
+            )
+            env = await lease.start(request)
+            prefix = guest_prefix(ctx.driver, env_id)
             try:
-                coro = env.aclose() if env is not None and attempt == 0 else None
-                report = await asyncio.wait_for(
-                    coro or self.driver.destroy(env_id), self.cleanup_window_s
+                return await asyncio.wait_for(
+                    run_command(env, prefix, ref, files), ref.timeout_s + 60
                 )
-            except (TimeoutError, CleanroomError, OSError) as exc:
-                report = DestroyReport(env_id, False, 1, 0.0, f"{type(exc).__name__}: {exc}")
-            if report.confirmed_absent:
-                break
-        self.ledger.env_destroyed(
-            env_id,
-            confirmed_absent=report.confirmed_absent,
-            cleanup_ms=report.elapsed_ms,
-            attempts=report.attempts,
-        )
-        if not report.confirmed_absent:
-            self.ledger.event("env_leaked", run_id=run_id, episode_id=eid, env_id=env_id)
-            self._emit("alert", message=f"verifier env {env_id} still present", env_id=env_id)
+            except TimeoutError as exc:
+                msg = f"the verifier did not finish within {ref.timeout_s:g}s"
+                raise VerifierError(msg) from exc

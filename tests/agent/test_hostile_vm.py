@@ -31,7 +31,7 @@ HOSTILE = ["deep-result", "nan-metrics", "surrogate-name", "long-name", "deep-he
 
 @pytest.fixture(scope="module")
 def hostile_baseline() -> Baseline:
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -17,11 +18,12 @@ import pytest
 from cleanroom.baseline import store
 from cleanroom.baseline.builder import agent_version, build
 from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.baseline.rootfs import scratch_parent
 from cleanroom.baseline.spec import load_spec, spec_digest
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
 
-from .conftest import TINY_SPEC, clone_baseline
+from .conftest import TINY_SPEC, clone_baseline, needs_root_tools
 
 pytestmark = pytest.mark.build
 
@@ -71,7 +73,9 @@ def test_a_failed_build_leaves_no_scratch(tiny: Baseline, monkeypatch: pytest.Mo
 
     seen: list[Path] = []
 
-    def broken(spec: object, tree: Path, out: Path, progress: object) -> None:
+    def broken(
+        spec: object, tree: Path, out: Path, progress: object, locked: object = None
+    ) -> None:
         (tree / "half-done").write_text("x")
         (out.parent / "partial").write_text("x")
         seen.extend([tree, out.parent])
@@ -205,7 +209,8 @@ def test_resolve_by_digest_prefix_and_spec(
     assert store.resolve(hexd[:6]) == tiny
     assert store.resolve("sha256:" + hexd[:10]) == tiny
     assert store.resolve(str(TINY_SPEC)) == tiny
-    assert store.resolve_or_build(str(TINY_SPEC)) == tiny
+    assert resolve_or_build(str(TINY_SPEC)) == tiny
+    assert resolve_or_build(str(TINY_SPEC.parent)) == tiny  # --baseline DIR
     assert tiny in store.list_baselines()
 
     with pytest.raises(BaselineNotFound, match=r"at least 6 hex digits"):
@@ -250,3 +255,33 @@ def test_a_function_baseline_carries_its_workers_config(tmp_path: Path) -> None:
         entry = Path(tmp) / "opt" / "cleanroom" / "entry.json"
         assert json.loads(entry.read_text()) == warm.function.to_json()
         assert list(Path(tmp).glob("opt/warm/__pycache__/entry.cpython-3*.pyc"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ('function = "entry:runn"', "AttributeError: module 'entry' has no attribute 'runn'"),
+        (
+            'preimport = ["json", "not_installed_here"]',
+            "ModuleNotFoundError: No module named 'not_installed_here'",
+        ),
+    ],
+)
+def test_a_function_entry_that_cannot_import_fails_the_build(
+    tmp_path: Path, edit: str, said: str
+) -> None:
+    """A typo in ``function`` or a missing ``preimport`` used to build fine and then end every
+    episode ``episode_error: entrypoint failed (exit code 1)``; now the build fails, showing
+    the guest's traceback, and nothing is stored."""
+    needs_root_tools()
+    folder = tmp_path / "warm"
+    shutil.copytree(TINY_SPEC.parents[1] / "warm", folder)
+    spec = folder / "baseline.toml"
+    key = edit.split(" =")[0]
+    lines = [edit if line.startswith(key + " =") else line for line in spec.read_text().split("\n")]
+    spec.write_text("\n".join(lines))
+    before = sorted(store.baselines_dir().iterdir())
+    with pytest.raises(BuildError, match="entrypoint: function 'entry:") as info:
+        build(spec)
+    assert said in str(info.value) and "Traceback" in str(info.value)
+    assert sorted(store.baselines_dir().iterdir()) == before

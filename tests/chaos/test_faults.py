@@ -22,14 +22,16 @@ import pytest
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import ExportError
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
+from ..vmkit import assert_records_match
 from .conftest import record_fault
 
 pytestmark = pytest.mark.vm
@@ -63,6 +65,7 @@ class Rig:
             assert not self.driver.exists(env.env_id)
         records = list((self.tmp / "store" / "runs" / run_id / "episodes").glob("*/result.json"))
         assert len(records) == len({p.parent.name for p in records})
+        assert_records_match(self.ledger, self.ctl.store, run_id)
 
 
 @pytest.fixture
@@ -100,7 +103,53 @@ async def test_guest_side_faults(rig: Rig, tiny_baseline: Baseline) -> None:
     assert not (rig.tmp / "escape").exists() and not (rig.tmp / "staging" / "escape").exists()
     panic_logs = rig.tmp / "store/runs/chaos-guest/episodes/panic/attempts/1/logs/console.log"
     assert b"Kernel panic" in panic_logs.read_bytes()
+    for eid in ("garbage", "evil"):  # the guest's fault: final, durable, not run again
+        record = rig.store.get_record("chaos-guest", eid)
+        assert record is not None and record["outcome"] == "episode_error"
     rig.invariants("chaos-guest")
+    again = await rig.ctl.run(batch[2:4], tiny_baseline, run_id="chaos-guest")
+    assert sorted(again.skipped) == ["evil", "garbage"] and again.episodes == []
+
+
+class FaultyQemu(QemuDriver):
+    """Real VMs whose RUN raises ``fault`` after the real episode answered: a parser bug or a
+    guest input no boundary caught (RecursionError from a deep result, say)."""
+
+    def __init__(self, fault: Exception) -> None:
+        super().__init__()
+        self.fault = fault
+
+    async def create(self, request: EnvRequest) -> Env:
+        env = await super().create(request)
+        if request.labels.get("episode_id") == "victim":
+            real = env.run_episode
+
+            async def broken(*args: Any, **kwargs: Any) -> Any:
+                await real(*args, **kwargs)
+                raise self.fault
+
+            env.run_episode = broken  # type: ignore[method-assign]
+        return env
+
+
+async def test_an_unexpected_exception_ends_only_its_episode(
+    rig: Rig, tiny_baseline: Baseline
+) -> None:
+    """Protects (real VMs): a RecursionError out of one episode ends it infra_error with its
+    traceback kept and its VM destroyed and confirmed absent; the other episode completes
+    (before: the exception aborted the batch and the VM lived until its hard deadline)."""
+    rig.ctl.driver = rig.driver = FaultyQemu(RecursionError("too deep (simulated)"))
+    batch = [manifest("victim", mode="ok"), manifest("bystander", mode="ok")]
+    result = await rig.ctl.run(batch, tiny_baseline, run_id="chaos-bug")
+    got = {e.episode_id: e for e in result.episodes}
+    record_fault("unexpected exception in RUN", "infra_error", got["victim"].outcome.value)
+    assert got["victim"].outcome.value == "infra_error" and got["bystander"].outcome.value == (
+        "completed"
+    )
+    trace = rig.tmp / "store/runs/chaos-bug/episodes/victim/attempts/1/logs/traceback.txt"
+    assert "RecursionError" in trace.read_text()
+    rig.invariants("chaos-bug")
+    assert rig.driver.list_owned() == []
 
 
 async def test_qemu_sigkilled_mid_episode(rig: Rig, tiny_baseline: Baseline) -> None:
@@ -201,6 +250,11 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
         ["run", str(path), "--baseline", tiny_baseline.digest, "--run-id", run_id], tmp_path
     )
     _wait_running(run_id, 2)
+    end = time.monotonic() + 120
+    while not _spares_of(proc.pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    spares = [o["env_id"] for o in _spares_of(proc.pid)]
+    assert spares, "the controller keeps spare VMs: SIGTERM must take them down too"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     with Ledger() as ledger:
@@ -213,6 +267,9 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
     assert proc.returncode == 130, out.decode()
     assert sorted(o for o in outcomes.values() if o) == ["cancelled", "cancelled"]
     assert _no_qemu_of(run_id) == []
+    # spares have no ledger row: gone by their owner records and their processes
+    assert _owned_by(proc.pid) == []
+    assert [s for s in spares if hostproc.pids_with_marker(s)] == []
 
 
 def _owned_by(pid: int) -> list[dict[str, Any]]:
@@ -235,8 +292,9 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
     path = tmp_path / "m.jsonl"
     items = [
         manifest("quick", mode="ok"),
-        manifest("slow1", mode="sleep", seconds=8),
-        manifest("slow2", mode="sleep", seconds=8),
+        # still running at the kill (asserted below), finished within their limit on resume
+        manifest("slow1", mode="sleep", seconds=20, limits={"timeout_s": 90}),
+        manifest("slow2", mode="sleep", seconds=20, limits={"timeout_s": 90}),
     ]
     _write_manifests(path, items)
     proc = _cli(
@@ -259,6 +317,10 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
     while not _spares_of(proc.pid) and time.monotonic() < end:
         time.sleep(0.1)
     assert _spares_of(proc.pid), "the controller keeps spare VMs: one must be there to kill"
+    with Ledger() as ledger:  # the precondition: both slow episodes are mid-run
+        running = {r.episode_id for r in ledger.episodes(run_id) if r.outcome is None}
+    assert {"slow1", "slow2"} <= running, running
+    assert store.get_record(run_id, "slow1") is None and store.get_record(run_id, "slow2") is None
     killed_at = time.monotonic()
     proc.kill()
     proc.wait()

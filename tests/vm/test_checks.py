@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests import vmkit
 
 from cleanroom import provenance
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qemu import QemuDriver
@@ -142,3 +143,30 @@ async def test_cartpole_is_reproducible(
     assert episode.outcomes == ["completed"] * 3, episode.errors
     assert episode.missing == [] and episode.differing == {}, episode.differing
     assert episode.compared > 20 and report.ok
+
+
+async def test_repro_passes_a_deterministic_batch_started_from_spares(
+    ledger: Ledger, tmp_path: Path, tiny_baseline: Baseline
+) -> None:
+    """A batch long enough that spares start envs is still reproducible: how an env started
+    (``provenance.spare_s``, ``start``, ``worker``) is not a result (issue 14 §2)."""
+    manifests = [vmkit.manifest(f"rp-{i}", i, mode="ok") for i in range(5)]
+    ctl = controller(tmp_path, ledger)
+    report = await run_repro(ctl, manifests, tiny_baseline, repeat=2)
+    records = [ctl.store.get_record(r, m.episode_id) for r in report.run_ids for m in manifests]
+    assert any(r and r["provenance"].get("spare_s") is not None for r in records), records
+    assert all(e.outcomes == ["completed"] * 2 for e in report.episodes), report.to_json()
+    assert report.ok, {e.episode_id: e.differing for e in report.episodes}
+
+
+async def test_repro_fails_naming_a_field_the_guest_filled_with_entropy(
+    ledger: Ledger, tmp_path: Path, tiny_baseline: Baseline
+) -> None:
+    """A really non-deterministic entrypoint fails the check, naming the field: the tiny entry
+    reads ``/proc/sys/kernel/random/uuid`` (the kernel's CRNG, as /dev/urandom) into ``info``."""
+    uuid = "/proc/sys/kernel/random/uuid"
+    manifests = [vmkit.manifest("rnd", 1, mode="write", paths=[], probe=[uuid])]
+    report = await run_repro(controller(tmp_path, ledger), manifests, tiny_baseline, repeat=2)
+    [episode] = report.episodes
+    assert episode.outcomes == ["completed"] * 2, episode.errors
+    assert not report.ok and set(episode.differing) == {f"info.seen.{uuid}"}, episode.differing

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def test_bad_manifest_lines_run_nothing(tmp_path: Path, tiny_baseline: Baseline)
     )
     proc = subprocess.run(
         [
+            sys.executable,
+            "-m",
             "cleanroom",
             "run",
             str(bad),

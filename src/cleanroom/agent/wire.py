@@ -123,7 +123,7 @@ def _refuse_constant(name: str) -> Any:
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} overflows a float")
+        raise ValueError(f"number {text[:40]} overflows a float (strict JSON)")
     return value
 
 

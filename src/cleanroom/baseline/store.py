@@ -7,8 +7,9 @@ Layout (under ``baselines_dir()``)::
     by-spec/<hex>          spec digest -> baseline digest and builder fingerprint (build cache)
 
 References accepted by ``resolve``: a full digest ``sha256:<64 hex>``, a unique hex prefix of at
-least 6 characters (with or without ``sha256:``), or the path of a ``baseline.toml`` that was
-already built (``resolve_or_build`` also builds it).
+least 6 characters (with or without ``sha256:``), a baseline's name as ``baseline ls`` shows it
+(when one stored baseline has it), or a spec that was already built: the path of its
+``baseline.toml`` or of the folder holding one (``resolve_or_build`` also builds it).
 
 Checks: ``verify`` re-hashes every component and recomputes the digest (slow, exact);
 ``quick_check`` compares sizes and the mtimes recorded at build time, re-hashing only a
@@ -27,7 +28,6 @@ from typing import Any
 
 from cleanroom import digests
 from cleanroom.baseline.model import METADATA_FILE, Baseline
-from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, DriftError
 from cleanroom.paths import baselines_dir
@@ -102,46 +102,75 @@ def record_spec(spec_digest: str, digest: str, fingerprint: str = "") -> None:
     os.replace(tmp, link)
 
 
+SPEC_FILE = "baseline.toml"
+
+
 def _looks_like_spec(ref: str) -> bool:
-    return ref.endswith(".toml") or os.sep in ref or Path(ref).is_file()
+    return ref.endswith(".toml") or os.sep in ref or Path(ref).exists()
+
+
+def spec_file(ref: str) -> Path | None:
+    """The spec ``ref`` names (a ``.toml`` path, or a folder holding ``baseline.toml``), or
+    None if ``ref`` is no path; BaselineNotFound for a folder without a spec."""
+    if not _looks_like_spec(ref):
+        return None
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / SPEC_FILE).is_file():
+            raise BaselineNotFound(f"{ref}: a folder, but it holds no {SPEC_FILE}")
+        return path / SPEC_FILE
+    return path
+
+
+def _prefixed(hex_ref: str) -> list[str]:
+    root = baselines_dir()
+    names = sorted(p.name for p in root.glob(f"{hex_ref}*")) if root.is_dir() else []
+    return [n for n in names if len(n) == 64]
+
+
+def _named(name: str) -> Baseline | None:
+    """The one stored baseline called ``name``; None if none is; refused if several are."""
+    found = [b for b in list_baselines() if b.name == name]
+    if len(found) > 1:
+        shown = ", ".join(b.short for b in found[:5])
+        raise BaselineNotFound(
+            f"{len(found)} stored baselines are named {name!r} ({shown}, newest first): "
+            "name one by its digest prefix, or by its spec"
+        )
+    return found[0] if found else None
 
 
 def resolve(ref: str) -> Baseline:
-    """A baseline by full digest, unique hex prefix (>= 6) or already-built spec path."""
+    """A baseline by full digest, unique hex prefix (>= 6), name, or built spec (file or folder)."""
     hex_ref = ref.strip().removeprefix("sha256:").lower()
     if HEX_RE.match(hex_ref) and len(hex_ref) == 64:
         return load(hex_ref)
-    if HEX_RE.match(hex_ref) and not Path(ref).exists():
-        if len(hex_ref) < MIN_PREFIX:
-            raise BaselineNotFound(
-                f"{ref!r}: a digest prefix needs at least {MIN_PREFIX} hex digits"
-            )
-        root = baselines_dir()
-        names = sorted(p.name for p in root.glob(f"{hex_ref}*")) if root.is_dir() else []
-        names = [n for n in names if len(n) == 64]
-        if len(names) > 1:
-            shown = ", ".join(n[:12] for n in names[:5])
-            raise BaselineNotFound(f"{ref!r} is ambiguous: matches {len(names)} ({shown})")
-        if not names:
-            raise BaselineNotFound(f"no baseline matches {ref!r} in {root}")
-        return load(names[0])
-    if _looks_like_spec(ref):
+    spec = spec_file(ref)
+    if spec is not None:
         from cleanroom.baseline.spec import load_spec, spec_digest
 
-        found = lookup_spec(spec_digest(load_spec(Path(ref))))
+        found = lookup_spec(spec_digest(load_spec(spec)))
         if found is None:
             raise BaselineNotFound(f"{ref} has not been built; run: cleanroom baseline build {ref}")
         return found
-    raise BaselineNotFound(f"{ref!r} is neither a digest, a digest prefix nor a spec file")
-
-
-def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
-    """Like ``resolve``, but a spec file that was not built yet is built now."""
-    if _looks_like_spec(ref) and Path(ref).is_file():
-        from cleanroom.baseline.builder import build
-
-        return build(Path(ref), progress=progress)
-    return resolve(ref)
+    if HEX_RE.match(hex_ref) and len(hex_ref) >= MIN_PREFIX:
+        names = _prefixed(hex_ref)
+        if len(names) > 1:
+            shown = ", ".join(n[:12] for n in names[:5])
+            raise BaselineNotFound(f"{ref!r} is ambiguous: matches {len(names)} ({shown})")
+        if names:
+            return load(names[0])
+    named = _named(ref.strip())
+    if named is not None:
+        return named
+    if HEX_RE.match(hex_ref) and len(hex_ref) < MIN_PREFIX:
+        raise BaselineNotFound(f"{ref!r}: a digest prefix needs at least {MIN_PREFIX} hex digits")
+    if HEX_RE.match(hex_ref):
+        raise BaselineNotFound(f"no baseline matches {ref!r} in {baselines_dir()}")
+    raise BaselineNotFound(
+        f"{ref!r} is neither a digest, a digest prefix, a baseline name (see `cleanroom "
+        "baseline ls`) nor a spec file or folder"
+    )
 
 
 # -- checks ---------------------------------------------------------------------------------------

@@ -17,12 +17,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from cleanroom import events
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import EnvRequest, new_env_id
 from cleanroom.drivers.qemu_live import Live, first_line
-from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, DriftError, DriverError, LaunchError
 
 if TYPE_CHECKING:
@@ -53,12 +53,18 @@ async def template_for(
         async with snapshot.build_lock(key, driver.boot_timeout_s + snapshot.SAVE_TIMEOUT_S):
             template = await asyncio.to_thread(snapshot.load, key)  # another process?
             if template is None:
+                facts = {"baseline": request.baseline.name, "digest": request.baseline.digest}
+                events.emit("template_building", key=key[:12], **facts)
+                building = time.monotonic()
                 try:
                     template = await driver._build_template(request, accel, key)
                 except CleanroomError as exc:
                     why = f"template build failed: {first_line(exc)}"
                     driver._template_failed[key] = (time.monotonic(), why)
+                    events.emit("template_failed", key=key[:12], error=why, **facts)
                     raise DriverError(why) from exc
+                seconds = round(time.monotonic() - building, 3)
+                events.emit("template_built", key=key[:12], seconds=seconds, **facts)
         return template, note
 
 
@@ -105,8 +111,7 @@ async def build_template(
         )
         writer, prepared = await _ready_template(live, driver.boot_timeout_s)
         try:
-            live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
-            save_s = await snapshot.save(live.qmp, state_fd)
+            save_s = await snapshot.save(await live.open_qmp(), state_fd)
         finally:
             writer.close()
         boot_s = time.monotonic() - started - save_s

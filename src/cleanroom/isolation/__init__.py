@@ -27,7 +27,8 @@ from cleanroom.isolation.cells import (
     Variant,
     evaluate,
 )
-from cleanroom.isolation.check import IsolationCheck, run_canary
+from cleanroom.isolation.check import IsolationCheck
+from cleanroom.isolation.plant import run_canary
 
 __all__ = [
     "CLEANUP",

@@ -7,18 +7,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import secrets
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-from cleanroom.agent import wire
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
-from cleanroom.errors import CheckError, CleanroomError, ProtocolError
-from cleanroom.isolation import canary as guest
+from cleanroom.errors import CheckError, CleanroomError
 from cleanroom.isolation.audit import audit
 from cleanroom.isolation.cells import (
     CLEANUP,
@@ -31,44 +26,14 @@ from cleanroom.isolation.cells import (
     cleanup_cell,
     evaluate,
 )
+from cleanroom.isolation.plant import new_token, run_canary
 from cleanroom.isolation.recovery import recovery
 from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.manifest import Limits
-from cleanroom.verify import guest_prefix
 
-SCRIPT_PATH = "/run/cleanroom/isolation/canary.py"
-CANARY_TIMEOUT_S = 180.0
 DriverFactory = Callable[[], Driver]
-
-
-def new_token() -> str:
-    return "crcanary" + secrets.token_hex(8)
-
-
-def canary_script() -> bytes:
-    return Path(guest.__file__).read_bytes()
-
-
-async def run_canary(driver: Driver, env: Env, command: str, token: str) -> dict[str, Any]:
-    """PUT the canary script into ``env``, run ``plant`` or ``probe``, return its report."""
-    prefix = guest_prefix(driver, env.env_id)
-    path = prefix + SCRIPT_PATH
-    await env.put(path, canary_script(), 0o755)
-    python = sys.executable if prefix else "python3"  # no VM: the host's interpreter
-    argv = [python, path, command, "--token", token, "--prefix", prefix]
-    result = await env.exec(argv, timeout_s=CANARY_TIMEOUT_S)
-    if not result.ok:
-        tail = result.stderr[-400:].decode(errors="replace")
-        raise CheckError(
-            f"canary {command} failed in {env.env_id} (exit {result.exit_code}): {tail}"
-        )
-    try:  # the canary runs in the guest: its output crosses the host's boundary for guest bytes
-        data = wire.decode_json(result.stdout, wire.JsonLimits(len(result.stdout)), "canary")
-    except ProtocolError as exc:
-        raise CheckError(f"canary {command} in {env.env_id} printed no JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckError(f"canary {command} in {env.env_id} printed no JSON object")
-    return data
 
 
 class IsolationCheck:
@@ -93,6 +58,8 @@ class IsolationCheck:
         self.variants = variants
         self.check_id = time.strftime("check-isolation-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         self.owner = Owner(self.check_id)
+        self.ctx = RunContext(driver, ledger, None, self.owner)  # no store: no proof files
+        self.leases: dict[str, EnvLease] = {}
         self.env_ids: list[str] = []
         self.tokens: list[str] = []
 
@@ -176,18 +143,13 @@ class IsolationCheck:
         v.cells[CLEANUP] = cleanup_cell(all(gone), "B probed while A and its process were live")
 
     async def create(self, v: Variant, role: str) -> Env:
-        """A fresh env for ``role`` of variant ``v``: ledger intent first."""
+        """A fresh env for ``role`` of variant ``v``: ledger intent first (``EnvLease``)."""
         env_id = new_env_id()
         self.env_ids.append(env_id)
         v.envs[role] = env_id
         label = f"{v.name}-{role}"
-        self.ledger.env_intent(
-            env_id,
-            run_id=self.check_id,
-            episode_id=label,
-            attempt=1,
-            driver=self.driver.name,
-            **self.owner.ledger_fields(),
+        lease = self.leases[env_id] = EnvLease(
+            self.ctx, env_id, run_id=self.check_id, episode_id=label, attempt=1
         )
         limits = Limits().merged_over(self.baseline.limits)
         request = EnvRequest(
@@ -199,30 +161,11 @@ class IsolationCheck:
             labels={"run_id": self.check_id, "episode_id": label, "role": "isolation-check"},
         )
         try:
-            env = await self.driver.create(request)
+            return await lease.start(request)
         except BaseException:
-            await asyncio.shield(self.destroy_id(env_id))
+            await lease.close()
             raise
-        self.ledger.env_created(env_id, **env.info.ledger_fields())
-        self.ledger.env_ready(env_id)
-        return env
 
     async def destroy(self, env: Env) -> bool:
-        report = await asyncio.shield(env.aclose())
-        self.ledger.env_destroyed(
-            env.env_id,
-            confirmed_absent=report.confirmed_absent,
-            cleanup_ms=report.elapsed_ms,
-            attempts=report.attempts,
-        )
-        return report.confirmed_absent
-
-    async def destroy_id(self, env_id: str) -> bool:
-        report = await self.driver.destroy(env_id)
-        self.ledger.env_destroyed(
-            env_id,
-            confirmed_absent=report.confirmed_absent,
-            cleanup_ms=report.elapsed_ms,
-            attempts=report.attempts,
-        )
-        return report.confirmed_absent
+        """Destroy ``env`` and confirm it absent (shielded, retried in the cleanup window)."""
+        return (await self.leases[env.env_id].close()).confirmed_absent

@@ -19,29 +19,43 @@ import os
 import pickle
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
-from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import CheckError
-from cleanroom.isolation.cells import CLEANUP, FAIL, PASS, Cell, evaluate
+from cleanroom.isolation.cells import CLEANUP, FAIL, PASS, Cell, Variant, evaluate
+from cleanroom.isolation.plant import run_canary
 from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.manifest import Limits
 from cleanroom.reaper import reap
-
-if TYPE_CHECKING:
-    from cleanroom.isolation.cells import Variant
-    from cleanroom.isolation.check import IsolationCheck
 
 CHILD_DEADLINE_S = 900.0
 REPORT_TIMEOUT_S = 600.0
 
 
-async def recovery(check: IsolationCheck, v: Variant) -> None:
-    """Run the recovery variant of ``check`` into ``v`` (see the module docstring)."""
-    from cleanroom.isolation.check import run_canary
+class Check(Protocol):
+    """What the recovery variant uses of the isolation check that runs it."""
 
+    factory: Callable[[], Driver]
+    driver: Driver
+    baseline: Baseline
+    ledger: Ledger
+    check_id: str
+    env_ids: list[str]
+
+    async def create(self, v: Variant, role: str) -> Env: ...
+
+    async def destroy(self, env: Env) -> bool: ...
+
+
+async def recovery(check: Check, v: Variant) -> None:
+    """Run the recovery variant of ``check`` into ``v`` (see the module docstring)."""
     config = {
         "factory": check.factory,
         "baseline": check.baseline,
@@ -98,7 +112,7 @@ async def recovery(check: IsolationCheck, v: Variant) -> None:
 
 
 async def _read_report(
-    stdout: asyncio.StreamReader, check: IsolationCheck, v: Variant, seen: dict[str, Any]
+    stdout: asyncio.StreamReader, check: Check, v: Variant, seen: dict[str, Any]
 ) -> dict[str, Any]:
     while line := await stdout.readline():
         data = json.loads(line)
@@ -127,31 +141,24 @@ def _say(data: dict[str, Any]) -> None:
 
 
 async def _child(config: dict[str, Any]) -> None:
-    from cleanroom.isolation.check import run_canary
-
     driver = config["factory"]()
     baseline = config["baseline"]
     owner = Owner(config["run_id"] + "-child")
     env_id = new_env_id()
     _say({"env_id": env_id, "pid": os.getpid()})
     with Ledger(Path(config["ledger"])) as ledger:
-        ledger.env_intent(
-            env_id,
-            run_id=config["run_id"],
-            episode_id=config["label"],
-            attempt=1,
-            driver=driver.name,
-            **owner.ledger_fields(),
+        ctx = RunContext(driver, ledger, None, owner)
+        lease = EnvLease(
+            ctx, env_id, run_id=config["run_id"], episode_id=config["label"], attempt=1
         )
         limits = Limits().merged_over(baseline.limits)
         request = EnvRequest(env_id, baseline, limits, owner, hard_deadline_s=CHILD_DEADLINE_S)
-        env = await driver.create(request)
-        ledger.env_created(env_id, **env.info.ledger_fields())
         try:
+            env = await lease.start(request)
             planted = await run_canary(driver, env, "plant", config["token"])
             own = await run_canary(driver, env, "probe", config["token"])
         except BaseException:
-            await env.aclose()
+            await lease.close()
             raise
         _say({"planted": planted, "own": own})
         await asyncio.sleep(CHILD_DEADLINE_S)  # mid-episode: until the parent kills us

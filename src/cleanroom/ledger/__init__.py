@@ -6,7 +6,8 @@ An environment's row is written (``env_intent``) *before* its VM exists; ``env_c
 ``env_ready`` refuse an env with no intent (destroy steps log an ``env_unknown`` event instead of
 failing the cleanup path); an env is live until its absence is confirmed. A group's warm
 snapshot (``groups.py``) has a row of its own, written before its files exist, live until its
-files are confirmed deleted.
+files are confirmed deleted. A run's row is its lock (``start_run``): held by one controller
+(id, pid, host) while ``running``, refused to a second live one, taken over from a dead one.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from types import TracebackType
 from typing import Any
 
 from cleanroom import paths
-from cleanroom.errors import LedgerError
+from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
+from cleanroom.ledger.liveness import owner_alive
 from cleanroom.ledger.rows import (
+    MIGRATIONS,
     QUEUED,
     SCHEMA,
     SCHEMA_VERSION,
@@ -92,6 +95,11 @@ class Ledger:
                     )
                 for statement in SCHEMA:
                     conn.execute(statement)
+                for table, column, statement in (
+                    m for v, m in sorted(MIGRATIONS.items()) if v > version
+                ):
+                    if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                        conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -146,27 +154,51 @@ class Ledger:
         driver: str,
         parallel: int,
         meta: dict[str, Any],
+        allow_baseline_change: bool = False,
     ) -> None:
-        """Record a new run, or take over an existing one (a resumed run: new owner fields)."""
+        """Take the run's lock: record a new run, or take over an existing one (a resume: new
+        owner fields). Atomic, so two controllers cannot both take it.
+
+        Refused (``RunLocked``, naming the holder) while another controller whose process is
+        alive holds it (status ``running``); a dead holder's run is taken over (``run_taken_over``
+        event). A resume with another baseline is ``BaselineChanged`` unless
+        ``allow_baseline_change`` (then recorded: ``run_baseline_changed``)."""
         now, host, pid = time.time(), socket.gethostname(), os.getpid()
-        resumed = self.get_run(run_id)
-        self._write(
-            "start_run",
-            "INSERT INTO runs (run_id, created, status, controller_id, host, pid, baseline, "
-            "driver, parallel, meta) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (run_id) DO UPDATE SET status = 'running', finished = NULL, "
-            "controller_id = excluded.controller_id, host = excluded.host, pid = excluded.pid, "
-            "parallel = excluded.parallel",
-            (run_id, now, controller_id, host, pid, baseline, driver, parallel, _dumps(meta)),
-        )
-        if resumed is not None:
-            self.event(
-                "run_resumed",
-                run_id=run_id,
-                previous_controller=resumed.controller_id,
-                previous_status=resumed.status,
-                controller_id=controller_id,
-            )
+        events: list[tuple[str, dict[str, Any]]] = []
+        with self._op("start_run") as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+                previous = run_row(rows[0]) if rows else None
+                if previous is not None:
+                    events = _takeover(previous, controller_id, baseline, allow_baseline_change)
+                conn.execute(
+                    "INSERT INTO runs (run_id, created, status, controller_id, host, pid, "
+                    "baseline, driver, parallel, meta, locked_at) "
+                    "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (run_id) DO UPDATE SET status = 'running', finished = NULL, "
+                    "controller_id = excluded.controller_id, host = excluded.host, "
+                    "pid = excluded.pid, parallel = excluded.parallel, "
+                    "baseline = excluded.baseline, locked_at = excluded.locked_at",
+                    (
+                        run_id,
+                        now,
+                        controller_id,
+                        host,
+                        pid,
+                        baseline,
+                        driver,
+                        parallel,
+                        _dumps(meta),
+                        now,
+                    ),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        for kind, data in events:
+            self.event(kind, run_id=run_id, controller_id=controller_id, **data)
 
     def finish_run(self, run_id: str, status: str) -> None:
         self._write(
@@ -443,6 +475,33 @@ class Ledger:
         args = (run_id, kind) if kind else (run_id,)
         rows = self._rows("events", sql + " ORDER BY id", args)
         return [EventRow(**{**dict(r), "data": json.loads(r["data"])}) for r in rows]
+
+
+def _takeover(
+    previous: RunRow, controller_id: str, baseline: str, allow_baseline_change: bool
+) -> list[tuple[str, dict[str, Any]]]:
+    """Whether ``controller_id`` may take the run ``previous`` describes; the events to log."""
+    held = previous.status == "running" and previous.controller_id != controller_id
+    since = previous.locked_at or previous.created
+    if held and owner_alive(previous.host, previous.pid, since):
+        raise RunLocked(
+            f"run {previous.run_id!r} is held by controller {previous.controller_id} "
+            f"(pid {previous.pid} on {previous.host}, since {time.ctime(since)}); "
+            "wait for it to end, or stop that process"
+        )
+    events: list[tuple[str, dict[str, Any]]] = []
+    if previous.baseline is not None and previous.baseline != baseline:
+        if not allow_baseline_change:
+            raise BaselineChanged(
+                f"run {previous.run_id!r} was started with baseline {previous.baseline}, not "
+                f"{baseline}; resume it with its own baseline, or allow the change explicitly"
+            )
+        events.append(("run_baseline_changed", {"previous": previous.baseline, "now": baseline}))
+    if held:
+        dead = {"previous_controller": previous.controller_id, "previous_pid": previous.pid}
+        events.append(("run_taken_over", dead))
+    resumed = {"previous_controller": previous.controller_id, "previous_status": previous.status}
+    return [("run_resumed", resumed), *events]
 
 
 def _dumps(data: dict[str, Any]) -> str:

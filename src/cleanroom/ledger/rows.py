@@ -7,14 +7,14 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs.locked_at (the run lock)
 QUEUED = "PENDING"
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, created REAL NOT NULL, finished REAL, status TEXT NOT NULL,
         controller_id TEXT, host TEXT, pid INTEGER, baseline TEXT, driver TEXT,
-        parallel INTEGER, meta TEXT NOT NULL DEFAULT '{}')""",
+        parallel INTEGER, meta TEXT NOT NULL DEFAULT '{}', locked_at REAL)""",
     """CREATE TABLE IF NOT EXISTS episodes (
         run_id TEXT NOT NULL, episode_id TEXT NOT NULL, attempt INTEGER NOT NULL,
         state TEXT NOT NULL, outcome TEXT, verdict TEXT, reward REAL, error TEXT, env_id TEXT,
@@ -53,6 +53,7 @@ class RunRow:
     driver: str | None
     parallel: int | None
     meta: dict[str, Any]
+    locked_at: float | None = None  # when controller_id (pid on host) took the run's lock
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,9 @@ class EventRow:
     env_id: str | None
     kind: str
     data: dict[str, Any]
+
+
+MIGRATIONS = {2: ("runs", "locked_at", "ALTER TABLE runs ADD COLUMN locked_at REAL")}
 
 
 def run_row(row: sqlite3.Row) -> RunRow:

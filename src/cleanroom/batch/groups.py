@@ -23,56 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from cleanroom.baseline.model import Baseline
+from cleanroom.batch.group_report import GroupReport, Member
+from cleanroom.batch.warm_parent import WarmParent, run_setup
 from cleanroom.drivers.base import Env, EnvRequest
-from cleanroom.errors import CleanroomError, SetupError
+from cleanroom.errors import SetupError
+from cleanroom.lifecycle.context import CreateEnv, RunContext
+from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.manifest import Group, Manifest
 from cleanroom.record import Outcome
-from cleanroom.warm_parent import WarmParent, run_setup
 
-if TYPE_CHECKING:
-    from cleanroom.baseline.model import Baseline
-    from cleanroom.controller import Controller, RunResult
-
-Member = tuple[Manifest, int]  # a manifest and the attempt it runs as
-Create = Callable[[EnvRequest], Awaitable[Env]]
-
-
-@dataclass
-class GroupReport:
-    """What happened to one group in a run (``RunResult.groups``)."""
-
-    group_id: str
-    mode: str  # "fork" or "per-episode"
-    episodes: list[str]
-    setup_digest: str
-    snapshot_id: str | None = None
-    snapshot: str | None = None  # the snapshot's digest
-    digest: str | None = None  # over setup_digest and snapshot
-    parent_env: str | None = None
-    # parent_s, setup_s; snapshot_s: saved, parent gone, files frozen; seal_s: digest known
-    timings: dict[str, float] = field(default_factory=dict)
-    classification: str | None = None  # setup_failed, fork_failed, cancelled
-    error: str | None = None
-    snapshot_deleted: bool | None = None
-    leaked: list[str] = field(default_factory=list)  # parent env / snapshot not confirmed gone
-
-    def facts(self) -> dict[str, Any]:
-        """``provenance.group`` of each of its episodes."""
-        out = {
-            "id": self.group_id,
-            "mode": self.mode,
-            "setup_digest": self.setup_digest,
-            "snapshot": self.snapshot,
-            "digest": self.digest,
-            "snapshot_id": self.snapshot_id,
-            "parent_env": self.parent_env,
-            **{k: round(v, 4) for k, v in self.timings.items()},
-        }
-        return {k: v for k, v in out.items() if v is not None}
+# run one episode of the batch (its gate, its Episode), its env made by ``create``
+Schedule = Callable[[Manifest, int, CreateEnv | None], Coroutine[Any, Any, None]]
 
 
 def plan(todo: list[Member]) -> tuple[list[Member], dict[str, list[Member]]]:
@@ -90,11 +55,11 @@ def plan(todo: list[Member]) -> tuple[list[Member], dict[str, list[Member]]]:
 class PerEpisode:
     """The fallback without ``fork``: each episode's env runs the setup before its episode."""
 
-    def __init__(self, ctl: Controller, report: GroupReport, group: Group) -> None:
-        self.ctl, self.report, self.group = ctl, report, group
+    def __init__(self, ctx: RunContext, report: GroupReport, group: Group) -> None:
+        self.ctx, self.report, self.group = ctx, report, group
 
     async def create(self, request: EnvRequest) -> Env:
-        env = await self.ctl.driver.create(request)
+        env = await self.ctx.driver.create(request)
         try:
             setup_s = await run_setup(env, self.group)
         except BaseException:
@@ -105,36 +70,37 @@ class PerEpisode:
 
 
 async def run_group(
-    ctl: Controller,
+    ctx: RunContext,
     gate: asyncio.Semaphore,
     run_id: str,
     members: list[Member],
     baseline: Baseline,
-    result: RunResult,
+    schedule: Schedule,
+    reports: list[GroupReport],
+    ended: list[EpisodeResult],
 ) -> None:
-    """Run one group's episodes: forked from a warm parent, or each with its own setup."""
+    """Run one group's episodes (``schedule``): forked from a warm parent, or each with its
+    own setup; ``reports`` gets the group's report, ``ended`` the episodes it ends itself."""
     group = members[0][0].group
     assert group is not None
-    fork = "fork" in ctl.driver.capabilities
+    fork = "fork" in ctx.driver.capabilities
     report = GroupReport(
         group.id,
         "fork" if fork else "per-episode",
         [m.episode_id for m, _ in members],
         group.setup.digest(),
     )
-    result.groups.append(report)
+    reports.append(report)
 
-    async def episodes(create: Create) -> None:
+    async def episodes(create: CreateEnv) -> None:
         async with asyncio.TaskGroup() as tasks:
             for manifest, attempt in members:
-                tasks.create_task(
-                    ctl._guarded(gate, run_id, manifest, attempt, baseline, result, create=create)
-                )
+                tasks.create_task(schedule(manifest, attempt, create))
 
     if not fork:
-        await episodes(PerEpisode(ctl, report, group).create)
+        await episodes(PerEpisode(ctx, report, group).create)
         return
-    warm = WarmParent(ctl, run_id, group, members, baseline, report)
+    warm = WarmParent(ctx, run_id, group, members, baseline, report)
     try:
         try:
             async with gate:
@@ -142,14 +108,14 @@ async def run_group(
         except asyncio.CancelledError:
             if warm.started:  # still queued: its episodes stay queued, like any other
                 report.classification = "cancelled"
-                warm.end_members(result, Outcome.CANCELLED, "cancelled during the group's setup")
+                warm.end_members(ended, Outcome.CANCELLED, "cancelled during the group's setup")
             raise
-        except (CleanroomError, OSError) as exc:
+        except Exception as exc:  # any failure of the shared setup ends its episodes, not the run
             report.classification = "setup_failed" if isinstance(exc, SetupError) else "fork_failed"
             report.error = f"{type(exc).__name__}: {exc}"
             error = f"{report.classification}: {exc}"
-            warm.end_members(result, Outcome.INFRA_ERROR, error, exc)
-            ctl.ledger.event(
+            warm.end_members(ended, Outcome.INFRA_ERROR, error, exc)
+            ctx.ledger.event(
                 "group_failed",
                 run_id=run_id,
                 group=group.id,

@@ -18,19 +18,19 @@ import dataclasses
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.batch.group_report import GroupReport, Member
+from cleanroom.core.states import EpisodeState
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
 from cleanroom.errors import CleanroomError, LaunchError, SetupError, StoreError
 from cleanroom.export import export_attempt
+from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.episode import EpisodeResult
+from cleanroom.lifecycle.lease import EnvLease
+from cleanroom.lifecycle.shield import until_done
 from cleanroom.manifest import Group
 from cleanroom.record import Outcome
-from cleanroom.shielded import until_done
-
-if TYPE_CHECKING:
-    from cleanroom.controller import Controller, RunResult
-    from cleanroom.groups import GroupReport, Member
 
 DELETE_TRIES = 5
 OUTPUT_TAIL = 64 * 1024  # of the setup's stdout/stderr, kept as a failed episode's diagnostics
@@ -67,17 +67,18 @@ async def run_setup(env: Env, group: Group) -> float:
 class WarmParent:
     def __init__(
         self,
-        ctl: Controller,
+        ctx: RunContext,
         run_id: str,
         group: Group,
         members: list[Member],
         baseline: Baseline,
         report: GroupReport,
     ) -> None:
-        self.ctl, self.run_id, self.group, self.members = ctl, run_id, group, members
+        self.ctx, self.run_id, self.group, self.members = ctx, run_id, group, members
         self.baseline, self.report = baseline, report
         self.parent: Env | None = None
         self.parent_id: str | None = None  # set once its ledger intent is written
+        self.lease: EnvLease | None = None  # the parent's rows
         self.parent_closed = False
         self.started = False
         self.snap: ForkSnapshot | None = None
@@ -86,19 +87,19 @@ class WarmParent:
         self._sealed: asyncio.Future[None] | None = None  # the digest recorded
 
     async def prepare(self) -> ForkSnapshot:
-        ctl, report = self.ctl, self.report
+        ctx, report = self.ctx, self.report
         self.started = True
-        owner = ctl.owner.ledger_fields()
+        owner = ctx.owner.ledger_fields()
         report.snapshot_id = new_snapshot_id()
-        ctl.ledger.snapshot_intent(
+        ctx.ledger.snapshot_intent(
             report.snapshot_id,
             run_id=self.run_id,
             group_id=self.group.id,
-            driver=ctl.driver.name,
+            driver=ctx.driver.name,
             setup_digest=report.setup_digest,
             **owner,
         )
-        ctl.ledger.event(
+        ctx.ledger.event(
             "group_started",
             run_id=self.run_id,
             group=self.group.id,
@@ -106,25 +107,19 @@ class WarmParent:
             episodes=report.episodes,
             setup_digest=report.setup_digest,
         )
-        ctl._emit("group_started", group=self.group.id, episodes=len(self.members))
+        ctx.emit("group_started", group=self.group.id, episodes=len(self.members))
         self.parent_id = report.parent_env = new_env_id()
-        ctl.ledger.env_intent(
-            self.parent_id,
-            run_id=self.run_id,
-            episode_id=None,
-            attempt=None,
-            driver=ctl.driver.name,
-            **owner,
-        )
+        self.lease = EnvLease(ctx, self.parent_id, run_id=self.run_id)  # serves every member
         started = time.monotonic()
-        self.parent = await ctl.driver.fork_parent(self._parent_request(), report.snapshot_id)
-        ctl.ledger.env_created(self.parent_id, **self.parent.info.ledger_fields())
-        ctl.ledger.env_ready(self.parent_id)
+        sid = report.snapshot_id
+        self.parent = await self.lease.start(
+            self._parent_request(), lambda request: ctx.driver.fork_parent(request, sid)
+        )
         setup_started = time.monotonic()
         report.timings["parent_s"] = setup_started - started
         report.timings["setup_s"] = await run_setup(self.parent, self.group)
         saving = time.monotonic()
-        self.snap = await ctl.driver.fork_save(self.parent, report.snapshot_id)
+        self.snap = await ctx.driver.fork_save(self.parent, report.snapshot_id)
         await self._close_parent()
         report.timings["snapshot_s"] = time.monotonic() - saving
         self._sealed = asyncio.ensure_future(self._record_seal(saving))
@@ -132,15 +127,15 @@ class WarmParent:
 
     async def _record_seal(self, saving: float) -> None:
         """Wait for the snapshot's digest (hashed while clones restore), then record it."""
-        ctl, report = self.ctl, self.report
+        ctx, report = self.ctx, self.report
         assert self.snap is not None and report.snapshot_id and self.parent_id
         try:
-            self.snap = await ctl.driver.fork_sealed(self.snap)
+            self.snap = await ctx.driver.fork_sealed(self.snap)
             if self.snap.digest is None:
                 raise LaunchError(f"snapshot {report.snapshot_id} was sealed without a digest")
         except (CleanroomError, OSError) as exc:
             report.classification, report.error = "fork_failed", f"{type(exc).__name__}: {exc}"
-            ctl.ledger.event(
+            ctx.ledger.event(
                 "group_failed",
                 run_id=self.run_id,
                 group=self.group.id,
@@ -151,25 +146,25 @@ class WarmParent:
         report.timings["seal_s"] = time.monotonic() - saving
         report.snapshot = self.snap.digest
         report.digest = group_digest(report.setup_digest, self.snap.digest)
-        ctl.ledger.snapshot_saved(
+        ctx.ledger.snapshot_saved(
             report.snapshot_id,
             parent_env_id=self.parent_id,
             digest=self.snap.digest,
             group_digest=report.digest,
         )
-        ctl._emit("group_ready", group=self.group.id, **report.facts())
+        ctx.emit("group_ready", group=self.group.id, **report.facts())
 
     def _parent_request(self) -> EnvRequest:
         manifest = self.members[0][0]
         baseline = self.baseline
-        o = self.ctl.options
+        o = self.ctx.options
         deadline = o.boot_timeout_s + self.group.setup.timeout_s + 120 + o.cleanup_window_s
         assert self.parent_id is not None
         return EnvRequest(
             self.parent_id,
             baseline,
             manifest.limits.merged_over(baseline.limits),
-            self.ctl.owner,
+            self.ctx.owner,
             deadline,
             labels={"run_id": self.run_id, "group": self.group.id, "role": "fork-parent"},
         )
@@ -180,7 +175,7 @@ class WarmParent:
         assert self.snap is not None and self._sealed is not None
         labels = {**request.labels, "group": self.group.id}
         try:
-            env = await self.ctl.driver.fork_clone(
+            env = await self.ctx.driver.fork_clone(
                 dataclasses.replace(request, labels=labels), self.snap
             )
             try:
@@ -195,7 +190,7 @@ class WarmParent:
             if self._pending == 0:  # every clone has its own private view of the RAM now
                 self._delete = asyncio.ensure_future(self._delete_snapshot())
         env.info = dataclasses.replace(env.info, group=self.report.facts())
-        self.ctl.ledger.event(
+        self.ctx.ledger.event(
             "env_forked",
             run_id=self.run_id,
             episode_id=request.labels.get("episode_id"),
@@ -207,23 +202,26 @@ class WarmParent:
         return env
 
     def end_members(
-        self, result: RunResult, outcome: Outcome, error: str, exc: BaseException | None = None
+        self,
+        ended: list[EpisodeResult],
+        outcome: Outcome,
+        error: str,
+        exc: BaseException | None = None,
     ) -> None:
         """Give every episode of the group its outcome when the group ended before any clone."""
-        from cleanroom.controller import EpisodeResult
-
-        ctl = self.ctl
+        ctx, store = self.ctx, self.ctx.store
+        assert store is not None
         logs = {}
         if isinstance(exc, SetupError):
             logs = {"setup-stdout.log": exc.stdout, "setup-stderr.log": exc.stderr}
         for manifest, attempt in self.members:
             eid = manifest.episode_id
-            ctl._emit("episode_started", episode_id=eid, attempt=attempt, env_id=self.parent_id)
-            ctl.ledger.episode_state(self.run_id, eid, attempt, "PROVISIONING")
+            ctx.emit("episode_started", episode_id=eid, attempt=attempt, env_id=self.parent_id)
+            ctx.ledger.episode_state(self.run_id, eid, attempt, EpisodeState.PROVISIONING)
             final_outcome, final_error = outcome, error
             try:
                 export_attempt(
-                    ctl.store,
+                    store,
                     self.run_id,
                     manifest,
                     attempt,
@@ -235,11 +233,11 @@ class WarmParent:
                 )
             except StoreError as exc_:
                 final_outcome, final_error = Outcome.EXPORT_FAILED, f"export failed: {exc_}"
-            ctl.ledger.episode_finished(
+            ctx.ledger.episode_finished(
                 self.run_id, eid, attempt, outcome=final_outcome.value, error=final_error
             )
-            result.episodes.append(EpisodeResult(eid, attempt, final_outcome, error=final_error))
-            ctl._emit(
+            ended.append(EpisodeResult(eid, attempt, final_outcome, error=final_error))
+            ctx.emit(
                 "episode_finished",
                 episode_id=eid,
                 attempt=attempt,
@@ -257,7 +255,8 @@ class WarmParent:
         if self.parent_id is None or self.parent_closed:
             return
         self.parent_closed = True
-        report = await self.ctl._destroy(self.parent, self.parent_id, self.run_id, None, None)
+        assert self.lease is not None
+        report = await self.lease.close()
         if not report.confirmed_absent:
             self.report.leaked.append(self.parent_id)
 
@@ -268,18 +267,18 @@ class WarmParent:
         gone = False
         for attempt in range(DELETE_TRIES):
             try:
-                gone = await self.ctl.driver.delete_snapshot(sid)
+                gone = await self.ctx.driver.delete_snapshot(sid)
             except (CleanroomError, OSError):
                 gone = False
             if gone:
                 break
             await asyncio.sleep(0.05 * 2**attempt)
         self.report.snapshot_deleted = gone
-        self.ctl.ledger.snapshot_deleted(sid, confirmed_absent=gone)
+        self.ctx.ledger.snapshot_deleted(sid, confirmed_absent=gone)
         if not gone:
             self.report.leaked.append(sid)
-            self.ctl.ledger.event("snapshot_leaked", run_id=self.run_id, snapshot_id=sid)
-            self.ctl._emit("alert", message=f"snapshot {sid} still present after delete")
+            self.ctx.ledger.event("snapshot_leaked", run_id=self.run_id, snapshot_id=sid)
+            self.ctx.emit("alert", message=f"snapshot {sid} still present after delete")
 
     async def _cleanup(self) -> None:
         await self._close_parent()

@@ -8,39 +8,37 @@ run before any env exists; then envs (and group snapshots) of dead controllers a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
+from cleanroom.batch.group_report import Member
 from cleanroom.errors import DriftError
+from cleanroom.lifecycle.context import RunContext
 from cleanroom.manifest import Manifest, check_groups
 from cleanroom.network.egress import check_manifests
 from cleanroom.reaper import reap, reconcile_durable
 from cleanroom.secrets import resolve as resolve_secrets
-
-if TYPE_CHECKING:
-    from cleanroom.controller import Controller
-    from cleanroom.groups import Member
-    from cleanroom.run_result import RunResult
+from cleanroom.verify import Verifiers
 
 
-async def preflight(ctl: Controller, manifests: list[Manifest], baseline: Baseline) -> None:
+async def preflight(
+    ctx: RunContext, verifiers: Verifiers, manifests: list[Manifest], baseline: Baseline
+) -> None:
     """Raise if the run must be refused; reap what dead controllers left behind."""
     try:
         # drift refuses the run: a full re-hash, except of files this process hashed clean
         # that have not changed since (same inode, size, mtime and ctime)
         baseline_store.require_intact(baseline, reuse=True)
     except DriftError as exc:
-        ctl._emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
+        ctx.emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
         raise
     names = sorted({s.name for m in manifests for s in m.secrets})
-    resolve_secrets(ctl.secret_provider, names)  # a missing secret refuses the whole run
-    ctl.verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
-    check_manifests(manifests, baseline, ctl.driver)  # and network beyond the baseline's
+    resolve_secrets(ctx.secret_provider, names)  # a missing secret refuses the whole run
+    verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
+    check_manifests(manifests, baseline, ctx.driver)  # and network beyond the baseline's
     check_groups(manifests)  # and a group whose episodes disagree on its setup or machine
-    reaped = await reap(ctl.driver, ctl.ledger, ctl.store)  # reconcile first
+    reaped = await reap(ctx.driver, ctx.ledger, ctx.store)  # reconcile first
     if reaped.destroyed or reaped.failed or reaped.snapshots:
-        ctl._emit(
+        ctx.emit(
             "reaped",
             destroyed=reaped.destroyed,
             failed=reaped.failed,
@@ -49,17 +47,18 @@ async def preflight(ctl: Controller, manifests: list[Manifest], baseline: Baseli
 
 
 def queue_pending(
-    ctl: Controller, run_id: str, manifests: list[Manifest], result: RunResult
-) -> list[Member]:
-    """Queue the next attempt of each manifest not yet durable; skip (``result``) the rest."""
-    todo = []
+    ctx: RunContext, run_id: str, manifests: list[Manifest]
+) -> tuple[list[Member], list[str]]:
+    """Queue the next attempt of each manifest not yet durable; the rest (by id) are skipped."""
+    assert ctx.store is not None
+    todo, skipped = [], []
     for manifest in manifests:
-        durable = ctl.store.get_record(run_id, manifest.episode_id)
+        durable = ctx.store.get_record(run_id, manifest.episode_id)
         if durable is not None:
-            reconcile_durable(ctl.ledger, durable)  # e.g. the last controller died after it
-            result.skipped.append(manifest.episode_id)
+            reconcile_durable(ctx.ledger, durable)  # e.g. the last controller died after it
+            skipped.append(manifest.episode_id)
             continue
-        attempt = ctl.ledger.next_attempt(run_id, manifest.episode_id)
-        ctl.ledger.episode_queued(run_id, manifest.episode_id, attempt)
+        attempt = ctx.ledger.next_attempt(run_id, manifest.episode_id)
+        ctx.ledger.episode_queued(run_id, manifest.episode_id, attempt)
         todo.append((manifest, attempt))
-    return todo
+    return todo, skipped

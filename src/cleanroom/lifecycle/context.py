@@ -1,0 +1,51 @@
+"""What a run gives each of its episodes and envs: ``RunContext`` (and the ``RunOptions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanroom import paths
+from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner
+from cleanroom.ledger import Ledger
+from cleanroom.secrets import EnvSecrets, SecretProvider
+from cleanroom.store import Store
+
+Emit = Callable[..., None]  # emit(kind, **data): the run's event hook
+CreateEnv = Callable[[EnvRequest], Awaitable[Env]]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    parallel: int = 2
+    cleanup_window_s: float = 30.0
+    boot_timeout_s: float = 120.0
+    collect_grace_s: float = 30.0
+    staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
+    egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
+    spares: int | None = None  # envs kept started ahead per shape (None: ``parallel``; 0: none)
+    allow_baseline_change: bool = False  # resume a run with a baseline other than its own
+
+
+def _silent(kind: str, **data: Any) -> None:
+    """The event hook of a context nobody listens to."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The parts an episode, an env lease or a verifier may use; never the controller itself.
+
+    ``store`` is None for envs whose proof has no episode folder (the isolation check)."""
+
+    driver: Driver
+    ledger: Ledger
+    store: Store | None
+    owner: Owner
+    options: RunOptions = field(default_factory=RunOptions)
+    emit: Emit = _silent
+    secret_provider: SecretProvider = field(default_factory=EnvSecrets)
+
+    def staging_root(self) -> Path:
+        return self.options.staging_dir or paths.home() / "staging"
