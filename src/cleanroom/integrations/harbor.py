@@ -1,0 +1,339 @@
+"""A Harbor environment provider: every Harbor trial in a fresh cleanroom VM, run as a session.
+
+    harbor run -p TASK -a oracle -e cleanroom.integrations.harbor:CleanroomEnvironment -n 4
+
+Harbor (PyPI ``harbor`` 0.25, Python >= 3.12; ``pip install 'cleanroom[harbor]'``) loads this
+class by its import path; nothing in Harbor changes and nothing else in cleanroom imports this
+module. ``start`` resolves the task's environment to a baseline (``environment/cleanroom.toml``,
+a spec; else the task's ``docker_image``; else ``environment/Dockerfile``) and opens a
+``cleanroom.session`` (a run of its own, ``harbor-<trial>``; the manifest's ``task`` names
+Harbor's task, trial and trial id). ``exec`` runs the shell string (the exit code is data);
+files and folders travel through the session's ``put``/``get`` (folders as tar). ``stop`` ends
+the session: the transcript and the record (the reward Harbor's verifier wrote, read from the
+trial folder, which is never written) are exported, the VM destroyed and confirmed absent in
+the ledger, or ``stop`` raises. A trial Harbor cancelled ends ``cancelled``. No VM is ever kept
+(``delete=False`` is logged and ignored). A guest gets no network (``no-network``); Harbor's
+``public`` mode is refused, since cleanroom never gives a guest the open internet.
+
+Options (``--ek key=value``): ``driver`` (qemu, gvisor, fake; default qemu), ``store`` (a
+folder or URL; default the cleanroom home's store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import re
+import shlex
+import tarfile
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from harbor.environments.base import (
+    BaseEnvironment,
+    ExecResult,
+    SandboxBuildFailedError,
+    transfer_tar_filter,
+)
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+from cleanroom import paths
+from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.store import resolve_or_build
+from cleanroom.drivers import get_driver
+from cleanroom.errors import CleanroomError, ConfigError
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunOptions
+from cleanroom.session import Session, session
+from cleanroom.store import open_store
+
+__all__ = ["CleanroomEnvironment", "baseline_spec_for"]
+
+SPEC_NAME = "cleanroom.toml"
+_BUILD_LOCK = asyncio.Lock()  # one baseline build at a time in this Harbor process
+_TRANSFER_DIR = PurePosixPath("/tmp")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _ident(text: str, limit: int = 100) -> str:
+    """``text`` as a run or episode id (letters, digits, ``._-``; starting with one of the
+    first two)."""
+    cleaned = _UNSAFE.sub("-", text).strip("-._") or "trial"
+    return cleaned[:limit]
+
+
+def baseline_spec_for(environment_dir: Path, docker_image: str | None, name: str) -> Path:
+    """The spec a task's environment is built from: its own ``environment/cleanroom.toml``;
+    else one written under the cleanroom home for its ``docker_image`` or its
+    ``environment/Dockerfile`` (the task folder is never written). Raises ``ConfigError``
+    naming the folder when the task has none of them."""
+    own = environment_dir / SPEC_NAME
+    if own.is_file():
+        return own
+    dockerfile = environment_dir / "Dockerfile"
+    if docker_image:
+        base = f"image = {json.dumps('docker://' + docker_image.removeprefix('docker://'))}"
+    elif dockerfile.is_file():
+        base = f"dockerfile = {json.dumps(str(dockerfile.resolve()))}"
+    else:
+        raise ConfigError(
+            f"{environment_dir}: no {SPEC_NAME}, docker_image or Dockerfile to build the "
+            "cleanroom baseline from"
+        )
+    text = f"name = {json.dumps(_ident(name, 60))}\n\n[base]\n{base}\n"
+    folder = paths.home() / "harbor" / "specs" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / "baseline.toml"
+    if not spec.is_file() or spec.read_text() != text:
+        spec.write_text(text)
+    return spec
+
+
+def _argv(command: str, user: str | int | None) -> list[str]:
+    """The guest argv that runs ``command`` in bash as ``user`` (None or root: as the agent)."""
+    shell = ["bash", "-c", command]
+    if user is None or user in ("root", 0, "0"):
+        return shell
+    if isinstance(user, int) or user.isdigit():
+        return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *shell]
+    return ["runuser", "-u", user, "--", *shell]
+
+
+def _return_code(exit_code: int | None, signal: int | None, timed_out: bool) -> int:
+    if timed_out:
+        return 124  # as timeout(1) says it
+    if exit_code is not None:
+        return exit_code
+    return 128 + (signal or 0)
+
+
+class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has no stubs here
+    """One Harbor trial's environment: one cleanroom session on a fresh VM (module docstring)."""
+
+    def __init__(self, *args: Any, driver: str = "qemu", store: str | None = None, **kwargs: Any):
+        self._driver_name = driver
+        self._store_ref = store
+        self._session_cm: contextlib.AbstractAsyncContextManager[Session] | None = None
+        self._sb: Session | None = None
+        self._ledger: Ledger | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self._cancelled = False
+        super().__init__(*args, **kwargs)
+
+    # -- what Harbor asks before a trial --------------------------------------------------------
+
+    @staticmethod
+    def type() -> str:
+        return "cleanroom"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        try:
+            baseline_spec_for(
+                self.environment_dir, self.task_env_config.docker_image, self.environment_name
+            )
+        except ConfigError as exc:
+            raise FileNotFoundError(str(exc)) from exc
+
+    def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None) -> None:
+        policy = network_policy or self.network_policy
+        if policy.network_mode == NetworkMode.PUBLIC:
+            raise ValueError(
+                "network_mode='public' is not supported by the cleanroom environment: a "
+                "guest never reaches the open internet. Set [environment] network_mode = "
+                "'no-network' in task.toml."
+            )
+        super().validate_network_policy_support(network_policy)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def _baseline(self, force_build: bool) -> Baseline:
+        spec = baseline_spec_for(
+            self.environment_dir, self.task_env_config.docker_image, self.environment_name
+        )
+        async with _BUILD_LOCK:
+            try:
+                return await asyncio.to_thread(resolve_or_build, str(spec))
+            except CleanroomError as exc:
+                raise SandboxBuildFailedError(f"{spec}: {exc}") from exc
+
+    async def start(self, force_build: bool) -> None:
+        """Build (or find) the baseline, then open the trial's session on a fresh VM."""
+        if self._session_cm is not None:
+            raise CleanroomError(f"{self.session_id}: already started")
+        baseline = await self._baseline(force_build)
+        self._ledger = Ledger()
+        trial = {
+            "task": self.environment_name,
+            "trial": self.session_id,
+            "trial_id": str(self.context_id) if self.context_id else None,
+            "environment_id": self.environment_id,
+        }
+        cm = session(
+            baseline,
+            driver=get_driver(self._driver_name),
+            ledger=self._ledger,
+            store=open_store(self._store_ref),
+            policy={"id": "harbor"},
+            task={"harbor": trial},
+            episode_id=_ident(self.environment_name),
+            run_id="harbor-" + _ident(self.session_id),
+            options=RunOptions(parallel=1, spares=0),
+        )
+        self._owner = asyncio.current_task()
+        try:
+            self._sb = await cm.__aenter__()
+        except BaseException:
+            self._close_ledger()
+            raise
+        self._session_cm = cm
+        # Harbor's log folders (no host mounts: they travel by download_dir), and for a
+        # docker_image task its environment/ files, as on Harbor's other sandbox providers.
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        await self._upload_environment_dir_after_start()
+
+    async def stop(self, delete: bool) -> None:
+        """Export the evidence, destroy the VM and confirm it absent (or raise)."""
+        if not delete:
+            self.logger.warning(
+                "cleanroom never keeps a VM: %s is destroyed anyway", self.session_id
+            )
+        cm, sb = self._session_cm, self._sb
+        if cm is None or sb is None:
+            self._close_ledger()
+            return
+        self._session_cm = None
+        owner = self._owner
+        try:
+            if self._cancelled or (owner is not None and owner.cancelling() > 0):
+                stop = asyncio.CancelledError(f"harbor cancelled trial {self.session_id}")
+                try:
+                    await cm.__aexit__(asyncio.CancelledError, stop, None)
+                except asyncio.CancelledError as exc:
+                    if exc is not stop:
+                        raise
+            else:
+                self._finish(sb)
+                await cm.__aexit__(None, None, None)
+            self._confirm_absent(sb)
+        finally:
+            self._close_ledger()
+
+    def _finish(self, sb: Session) -> None:
+        """The reward Harbor's verifier left in the trial folder (read, never written) as the
+        session's result; a trial without one ends ``episode_error`` (no ``finish``)."""
+        text, data = self.trial_paths.reward_text_path, self.trial_paths.reward_json_path
+        info: dict[str, Any] = {"harbor_trial": self.session_id}
+        try:
+            if text.is_file():
+                sb.finish(float(text.read_text().strip()), info)
+            elif data.is_file():
+                rewards = json.loads(data.read_text())
+                reward = rewards.get("reward") if isinstance(rewards, dict) else None
+                if isinstance(reward, int | float):
+                    sb.finish(float(reward), {**info, "rewards": rewards})
+        except (OSError, ValueError) as exc:
+            self.logger.warning("no reward for %s: %s", self.session_id, exc)
+
+    def _confirm_absent(self, sb: Session) -> None:
+        assert self._ledger is not None
+        run_id = sb.episode.key.run_id
+        envs = self._ledger.envs(run_id=run_id)
+        left = [e.env_id for e in envs if e.confirmed_absent_at is None]
+        if not envs or left:
+            raise CleanroomError(
+                f"{self.session_id}: cleanroom could not confirm its VM absent "
+                f"(run {run_id}: {', '.join(left) or 'no env row'}); see `cleanroom ps`"
+            )
+
+    def _close_ledger(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    def _session(self) -> Session:
+        if self._sb is None or self._session_cm is None:
+            raise CleanroomError(f"{self.session_id}: not started, or stopped")
+        if self._cancelled:  # the guest may still run the cancelled command: ask it nothing
+            raise CleanroomError(f"{self.session_id}: cancelled; its VM takes no more requests")
+        return self._sb
+
+    # -- commands and files ---------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        """Run the shell string in the guest; a non-zero exit is data, not an error."""
+        sb = self._session()
+        try:
+            r = await sb.exec(
+                _argv(command, self._resolve_user(user)),
+                timeout_s=float(timeout_sec) if timeout_sec else None,
+                env=self._merge_env(env),
+                cwd=cwd or self.task_env_config.workdir,
+            )
+        except asyncio.CancelledError:
+            self._cancelled = True
+            raise
+        return ExecResult(
+            stdout=r.stdout.decode(errors="replace"),
+            stderr=r.stderr.decode(errors="replace"),
+            return_code=_return_code(r.exit_code, r.signal, r.timed_out),
+        )
+
+    async def _root(self, command: str) -> None:
+        r = await self.exec(command, user="root")
+        if r.return_code != 0:
+            raise CleanroomError(f"{command!r} failed ({r.return_code}): {r.stderr or r.stdout}")
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        source = Path(source_path)
+        parent = str(PurePosixPath(target_path).parent)
+        await self._root(f"mkdir -p {shlex.quote(parent)}")
+        await self._session().put(target_path, source.read_bytes(), source.stat().st_mode & 0o777)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        """The folder as one tar stream, unpacked in the guest under ``target_dir``."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            tar.add(Path(source_dir), arcname=".")
+        staged = str(_TRANSFER_DIR / f".cleanroom-up-{uuid.uuid4().hex}.tar")
+        await self._session().put(staged, buffer.getvalue(), 0o600)
+        target, tmp = shlex.quote(target_dir), shlex.quote(staged)
+        await self._root(
+            f"mkdir -p {target} && tar -xf {tmp} -C {target} --no-same-owner; s=$?; rm -f {tmp};"
+            " exit $s"
+        )
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        data = await self._session().get(source_path)
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        """The guest folder as one tar stream; unpacked with the data filter (the guest is
+        untrusted: no absolute paths, no climbing out, no links out, no device nodes)."""
+        staged = str(_TRANSFER_DIR / f".cleanroom-down-{uuid.uuid4().hex}.tar")
+        await self._root(f"tar -cf {shlex.quote(staged)} -C {shlex.quote(source_dir)} .")
+        try:
+            data = await self._session().get(staged)
+        finally:
+            await self._root(f"rm -f {shlex.quote(staged)}")
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            tar.extractall(path=target, filter=transfer_tar_filter)

@@ -1,0 +1,221 @@
+"""The Harbor provider, run by the real Harbor CLI (``harbor run``) on real VMs.
+
+Harbor needs Python >= 3.12: ``scripts/harbor-python.sh`` builds CPython 3.13 from Debian's
+source once (cached under ``~/.cache/cleanroom/``) and a venv with ``harbor==0.25.*`` and this
+checkout. These tests drive ``harbor`` as a user would, then read what Harbor wrote (its job
+folder) and what cleanroom kept (ledger, store). Select them with ``-m harbor``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.ledger import Ledger
+from cleanroom.store import LocalStore
+
+from ..conftest import ROOT
+from ..vmkit import assert_nothing_left
+
+pytestmark = [pytest.mark.harbor, pytest.mark.vm, pytest.mark.timeout(1500)]
+
+TASK = Path(__file__).parent / "harbor_task"
+PROVIDER = "cleanroom.integrations.harbor:CleanroomEnvironment"
+
+
+@pytest.fixture(scope="module")
+def harbor() -> Path:
+    """The ``harbor`` CLI of the venv the setup script makes (built once, then cached)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (make setup installs it)")
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "harbor-python.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        timeout=3600,
+    )
+    python = Path(done.stdout.strip().splitlines()[-1])
+    return python.parent / "harbor"
+
+
+def _task(tmp_path: Path, solve: str | None = None) -> Path:
+    """A copy of the test task (a broken or slow ``solve.sh`` when given)."""
+    task = tmp_path / "hello-cleanroom"
+    shutil.copytree(TASK, task)
+    if solve is not None:
+        (task / "solution" / "solve.sh").write_text("#!/bin/bash\n" + solve + "\n")
+    return task
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "HOME": str(home),  # Harbor's own state stays in the test's folder
+        "HARBOR_TELEMETRY": "0",  # nothing leaves the machine
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _command(harbor: Path, task: Path, jobs: Path, store: Path, n: int) -> list[str]:
+    return [
+        str(harbor),
+        "run",
+        "-p",
+        str(task),
+        "-a",
+        "oracle",
+        "-e",
+        PROVIDER,
+        "--ek",
+        f"store={store}",
+        "-k",
+        str(n),
+        "-n",
+        str(n),
+        "-o",
+        str(jobs),
+        "-y",
+    ]
+
+
+def _trials(jobs: Path) -> list[dict[str, object]]:
+    """Each trial's ``result.json`` in Harbor's job folder."""
+    return [json.loads(p.read_text()) for p in sorted(jobs.glob("*/*/result.json"))]
+
+
+def _reward(trial: dict[str, object]) -> float | None:
+    verifier = trial.get("verifier_result") or {}
+    assert isinstance(verifier, dict)
+    rewards = verifier.get("rewards") or {}
+    assert isinstance(rewards, dict)
+    value = rewards.get("reward")
+    return float(value) if value is not None else None
+
+
+def _runs(ledger: Ledger) -> list[str]:
+    return [r.run_id for r in ledger.list_runs() if r.run_id.startswith("harbor-")]
+
+
+@pytest.fixture
+def ledger() -> Iterator[Ledger]:
+    with Ledger() as ledger:
+        yield ledger
+
+
+def _run(harbor: Path, tmp_path: Path, task: Path, n: int) -> tuple[list[dict[str, object]], Path]:
+    jobs, store = tmp_path / "jobs", tmp_path / "store"
+    done = subprocess.run(
+        _command(harbor, task, jobs, store, n),
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    trials = _trials(jobs)
+    assert len(trials) == n, done.stdout[-4000:]
+    return trials, store
+
+
+def _check_cleanroom(
+    ledger: Ledger, store: Path, before: set[str], trials: list[dict[str, object]], reward: float
+) -> None:
+    """Each trial is one cleanroom run: its env confirmed absent, its record durable with the
+    reward Harbor's verifier gave and Harbor's trial named in its task."""
+    runs = sorted(set(_runs(ledger)) - before)
+    assert len(runs) == len(trials)
+    names = {str(t["trial_name"]) for t in trials}
+    local = LocalStore(store)
+    for run_id in runs:
+        assert_nothing_left(QemuDriver(), ledger, run_id, local)
+        [row] = ledger.episodes(run_id)
+        record = local.get_record(run_id, row.episode_id)
+        assert record is not None and record["outcome"] == "completed", record
+        assert record["reward"] == reward
+        trial = record["task"]["harbor"]["trial"]
+        assert any(trial.startswith(name) for name in names), (trial, names)
+
+
+def test_oracle_solves_every_trial_in_its_own_vm(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: ``harbor run -e cleanroom...`` with 4 concurrent trials: the oracle's solution
+    reaches each fresh VM (``upload_dir``), the verifier's reward comes back (``download_dir``)
+    as 1 on every trial, and each trial leaves a completed record and a confirmed-absent VM."""
+    before = set(_runs(ledger))
+    trials, store = _run(harbor, tmp_path, _task(tmp_path), 4)
+    assert [_reward(t) for t in trials] == [1.0] * 4, trials
+    assert all(t.get("exception_info") is None for t in trials), trials
+    _check_cleanroom(ledger, store, before, trials, 1.0)
+
+
+def test_a_broken_solution_gets_reward_zero(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
+    """Protects: the reward is the guest's verdict, not a constant: a solution that writes the
+    wrong greeting gets 0 from Harbor's verifier, and the cleanroom record says 0 too."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path, "mkdir -p /app && echo goodbye > /app/greeting.txt")
+    trials, store = _run(harbor, tmp_path, task, 1)
+    assert [_reward(t) for t in trials] == [0.0], trials
+    _check_cleanroom(ledger, store, before, trials, 0.0)
+
+
+def test_a_trial_cancelled_in_the_agent_step_leaves_no_vm(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: SIGTERM (Harbor's Ctrl-C) while the agent's command runs in the VM: Harbor
+    cancels the trial, the
+    provider's ``stop`` ends the session ``cancelled`` (its transcript kept with the attempt)
+    and the VM is destroyed and confirmed absent before ``harbor`` exits."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path, "touch /tmp/solving; sleep 600")
+    jobs, store = tmp_path / "jobs", tmp_path / "store"
+    proc = subprocess.Popen(
+        _command(harbor, task, jobs, store, 1),
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        run_id = _wait_for_agent_step(ledger, before, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [row] = ledger.episodes(run_id)
+    assert row.outcome == "cancelled", (row, out[-4000:])
+    assert_nothing_left(QemuDriver(), ledger, run_id, LocalStore(store))
+    transcript = LocalStore(store).episode_uri(run_id, row.episode_id).removeprefix("file://")
+    kept = Path(transcript) / "attempts" / str(row.attempt) / "logs" / "transcript.jsonl"
+    assert "chmod +x /solution/solve.sh" in kept.read_text()
+
+
+def _wait_for_agent_step(ledger: Ledger, before: set[str], proc: subprocess.Popen[str]) -> str:
+    """The run of the one trial, once its VM runs the oracle's ``solve.sh`` (the command after
+    ``chmod +x``: a command enters the transcript when it ends)."""
+    from cleanroom import paths
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        runs = sorted(set(_runs(ledger)) - before)
+        for run_id in runs:
+            for transcript in (paths.home() / "staging").glob(f"**/{run_id}/**/transcript.jsonl"):
+                if "chmod +x /solution/solve.sh" in transcript.read_text():
+                    time.sleep(3)  # the next command is solve.sh: well inside its sleep
+                    return run_id
+        time.sleep(0.5)
+    raise AssertionError("the trial never reached its agent step")
