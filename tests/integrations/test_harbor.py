@@ -48,12 +48,22 @@ def harbor() -> Path:
     return python.parent / "harbor"
 
 
-def _task(tmp_path: Path, solve: str | None = None) -> Path:
-    """A copy of the test task (a broken or slow ``solve.sh`` when given)."""
+def _task(tmp_path: Path, solve: str | None = None, test: str | None = None, **toml: str) -> Path:
+    """A copy of the test task: another ``solve.sh`` or ``tests/test.sh`` when given, and
+    ``task.toml`` lines replaced (``network='network_mode = "public"'``: the line starting
+    with ``network``; ``agent``: lines added to ``[agent]``)."""
     task = tmp_path / "hello-cleanroom"
     shutil.copytree(TASK, task)
-    if solve is not None:
-        (task / "solution" / "solve.sh").write_text("#!/bin/bash\n" + solve + "\n")
+    for path, script in (("solution/solve.sh", solve), ("tests/test.sh", test)):
+        if script is not None:
+            (task / path).write_text("#!/bin/bash\n" + script + "\n")
+    config = task / "task.toml"
+    lines = config.read_text().splitlines()
+    if "network" in toml:
+        lines = [toml["network"] if line.startswith("network") else line for line in lines]
+    if "agent" in toml:
+        lines.insert(lines.index("[agent]") + 1, toml["agent"])
+    config.write_text("\n".join(lines) + "\n")
     return task
 
 
@@ -65,6 +75,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "HOME": str(home),  # Harbor's own state stays in the test's folder
         "HARBOR_TELEMETRY": "0",  # nothing leaves the machine
         "PYTHONUNBUFFERED": "1",
+        "COLUMNS": "200",  # Harbor's rich output, wrapped less
     }
 
 
@@ -114,19 +125,24 @@ def ledger() -> Iterator[Ledger]:
         yield ledger
 
 
-def _run(harbor: Path, tmp_path: Path, task: Path, n: int) -> tuple[list[dict[str, object]], Path]:
+def _harbor(harbor: Path, tmp_path: Path, task: Path, n: int) -> subprocess.CompletedProcess[str]:
     jobs, store = tmp_path / "jobs", tmp_path / "store"
-    done = subprocess.run(
+    return subprocess.run(
         _command(harbor, task, jobs, store, n),
         env=_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=1200,
     )
+
+
+def _run(harbor: Path, tmp_path: Path, task: Path, n: int) -> tuple[list[dict[str, object]], Path]:
+    """``harbor run`` of ``n`` trials of ``task``, which must succeed: each trial's result."""
+    done = _harbor(harbor, tmp_path, task, n)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    trials = _trials(jobs)
+    trials = _trials(tmp_path / "jobs")
     assert len(trials) == n, done.stdout[-4000:]
-    return trials, store
+    return trials, tmp_path / "store"
 
 
 def _check_cleanroom(
@@ -219,3 +235,52 @@ def _wait_for_agent_step(ledger: Ledger, before: set[str], proc: subprocess.Pope
                     return run_id
         time.sleep(0.5)
     raise AssertionError("the trial never reached its agent step")
+
+
+def test_the_agent_runs_as_the_tasks_user(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
+    """Protects: ``exec(user=...)``: the task's ``[agent] user`` runs the oracle's commands as
+    that user in the guest (not as the guest agent's root), the verifier as root."""
+    before = set(_runs(ledger))
+    task = _task(
+        tmp_path,
+        solve="id -un > /tmp/who",
+        test='[ "$(cat /tmp/who)" = nobody ] && [ "$(id -u)" = 0 ] && r=1 || r=0\n'
+        "echo $r > /logs/verifier/reward.txt",
+        agent='user = "nobody"',
+    )
+    trials, store = _run(harbor, tmp_path, task, 1)
+    assert [_reward(t) for t in trials] == [1.0], trials
+    _check_cleanroom(ledger, store, before, trials, 1.0)
+
+
+def _refused(harbor: Path, tmp_path: Path, task: Path) -> dict[str, object]:
+    """The one trial of ``task``, which must have failed before any VM was created."""
+    trials, _ = _run(harbor, tmp_path, task, 1)
+    [trial] = trials
+    assert trial.get("exception_info"), trial
+    return trial["exception_info"]  # type: ignore[return-value]
+
+
+def test_public_network_is_refused_before_any_vm(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: Harbor's ``public`` mode is refused with a message saying what to set (a
+    provider must enforce the policy or reject the task): the job fails, no cleanroom run."""
+    before = set(_runs(ledger))
+    done = _harbor(harbor, tmp_path, _task(tmp_path, network='network_mode = "public"'), 1)
+    output = " ".join((done.stdout + done.stderr).split())  # rich wraps the message
+    assert done.returncode != 0 and "network_mode = 'no-network'" in output, output[-4000:]
+    assert set(_runs(ledger)) == before
+
+
+def test_an_allowlist_beyond_the_baselines_is_refused_before_any_vm(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: Harbor's allowlist reaches cleanroom's egress policy (each host on 443 and 80):
+    a host the baseline's ``network.allow`` does not cover is refused by name, no VM created."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path, network='network_mode = "allowlist"\nallowed_hosts = ["example.com"]')
+    info = _refused(harbor, tmp_path, task)
+    assert "example.com:443" in str(info["exception_message"]), info
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    assert [e.created_at for e in ledger.envs(run_id=run_id)] == [None]  # an intent, no VM

@@ -12,8 +12,10 @@ files and folders travel through the session's ``put``/``get`` (folders as tar).
 the session: the transcript and the record (the reward Harbor's verifier wrote, read from the
 trial folder, which is never written) are exported, the VM destroyed and confirmed absent in
 the ledger, or ``stop`` raises. A trial Harbor cancelled ends ``cancelled``. No VM is ever kept
-(``delete=False`` is logged and ignored). A guest gets no network (``no-network``); Harbor's
-``public`` mode is refused, since cleanroom never gives a guest the open internet.
+(``delete=False`` is logged and ignored). Network: ``no-network`` is no network at all (even on
+a baseline with an allowlist); an ``allowlist`` becomes the session's egress allowlist (each
+host on ports 443 and 80, within the baseline's ``network.allow``); ``public`` is refused, since
+cleanroom never gives a guest the open internet.
 
 Options (``--ek key=value``): ``driver`` (qemu, gvisor, fake; default qemu), ``store`` (a
 folder or URL; default the cleanroom home's store).
@@ -52,12 +54,13 @@ from cleanroom.lifecycle.context import RunOptions
 from cleanroom.session import Session, session
 from cleanroom.store import open_store
 
-__all__ = ["CleanroomEnvironment", "baseline_spec_for"]
+__all__ = ["CleanroomEnvironment", "baseline_spec_for", "egress_allowlist"]
 
 SPEC_NAME = "cleanroom.toml"
 _BUILD_LOCK = asyncio.Lock()  # one baseline build at a time in this Harbor process
 _TRANSFER_DIR = PurePosixPath("/tmp")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+WEB_PORTS = (443, 80)  # Harbor's allowlist names hosts, cleanroom's HOST:PORT
 
 
 def _ident(text: str, limit: int = 100) -> str:
@@ -92,6 +95,16 @@ def baseline_spec_for(environment_dir: Path, docker_image: str | None, name: str
     if not spec.is_file() or spec.read_text() != text:
         spec.write_text(text)
     return spec
+
+
+def egress_allowlist(policy: NetworkPolicy) -> list[str]:
+    """Harbor's network policy as a session's egress allowlist: ``no-network`` is ``[]`` (none,
+    whatever the baseline allows); each allowlist host (a name, ``*.`` wildcard, address or
+    CIDR) on the web ports, which the baseline's ``network.allow`` must cover."""
+    if policy.network_mode != NetworkMode.ALLOWLIST:
+        return []
+    hosts = [f"[{h}]" if ":" in h else h for h in policy.allowed_hosts]
+    return [f"{host}:{port}" for host in hosts for port in WEB_PORTS]
 
 
 def _argv(command: str, user: str | int | None) -> list[str]:
@@ -133,7 +146,16 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True)
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_wildcard_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            network_allowlist_ipv6_addresses=True,
+            network_allowlist_ipv4_cidrs=True,
+            network_allowlist_ipv6_cidrs=True,
+        )
 
     def _validate_definition(self) -> None:
         try:
@@ -187,6 +209,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             episode_id=_ident(self.environment_name),
             run_id="harbor-" + _ident(self.session_id),
             options=RunOptions(parallel=1, spares=0),
+            network=egress_allowlist(self.network_policy),
         )
         self._owner = asyncio.current_task()
         try:
