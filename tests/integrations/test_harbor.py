@@ -19,10 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from cleanroom.baseline.rootfs import debootstrap_tarball
+from cleanroom.baseline.spec import BaseSection
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
+from ..baseline.conftest import needs_root_tools, registry
+from ..baseline.ociutil import layout
 from ..conftest import ROOT
 from ..vmkit import assert_nothing_left
 
@@ -30,6 +34,7 @@ pytestmark = [pytest.mark.harbor, pytest.mark.vm, pytest.mark.timeout(1500)]
 
 TASK = Path(__file__).parent / "harbor_task"
 PROVIDER = "cleanroom.integrations.harbor:CleanroomEnvironment"
+__all__ = ["registry"]  # a fixture (a real registry on 127.0.0.1), used by name
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def harbor() -> Path:
 def _task(tmp_path: Path, solve: str | None = None, test: str | None = None, **toml: str) -> Path:
     """A copy of the test task: another ``solve.sh`` or ``tests/test.sh`` when given, and
     ``task.toml`` lines replaced (``network='network_mode = "public"'``: the line starting
-    with ``network``; ``agent``: lines added to ``[agent]``)."""
+    with ``network``; ``agent``, ``environment``: lines added to that section)."""
     task = tmp_path / "hello-cleanroom"
     shutil.copytree(TASK, task)
     for path, script in (("solution/solve.sh", solve), ("tests/test.sh", test)):
@@ -61,8 +66,9 @@ def _task(tmp_path: Path, solve: str | None = None, test: str | None = None, **t
     lines = config.read_text().splitlines()
     if "network" in toml:
         lines = [toml["network"] if line.startswith("network") else line for line in lines]
-    if "agent" in toml:
-        lines.insert(lines.index("[agent]") + 1, toml["agent"])
+    for section in ("agent", "environment"):
+        if section in toml:
+            lines.insert(lines.index(f"[{section}]") + 1, toml[section])
     config.write_text("\n".join(lines) + "\n")
     return task
 
@@ -284,3 +290,41 @@ def test_an_allowlist_beyond_the_baselines_is_refused_before_any_vm(
     assert "example.com:443" in str(info["exception_message"]), info
     [run_id] = sorted(set(_runs(ledger)) - before)
     assert [e.created_at for e in ledger.envs(run_id=run_id)] == [None]  # an intent, no VM
+
+
+@pytest.mark.parametrize("source", ["docker_image", "dockerfile"])
+def test_an_image_task_runs_from_a_loopback_registry(
+    harbor: Path, tmp_path: Path, ledger: Ledger, registry: str, source: str
+) -> None:
+    """Protects: a task with no ``cleanroom.toml`` but a ``docker_image``, or an
+    ``environment/Dockerfile`` built FROM it (both on a real registry on 127.0.0.1), gets its
+    baseline from there (the Dockerfile's RUN is seen by the solution), the oracle's reward
+    comes back, and the task folder is only read (the spec is written in the cleanroom home)."""
+    needs_root_tools()
+    if shutil.which("skopeo") is None or shutil.which("buildah") is None:
+        pytest.skip("skopeo/buildah not installed (scripts/setup.sh installs them)")
+    debian = debootstrap_tarball(BaseSection()).read_bytes()
+    image = layout(tmp_path / "image", [debian], {"Env": ["PATH=/usr/bin:/bin"]})
+    ref = f"{registry}/tests/harbor-debian:1"
+    subprocess.run(
+        [
+            *("skopeo", "copy", "--quiet", "--dest-tls-verify=false"),
+            *(f"oci:{image}:latest", f"docker://{ref}"),
+        ],
+        check=True,
+    )
+    before = set(_runs(ledger))
+    if source == "docker_image":
+        task = _task(tmp_path, environment=f'docker_image = "{ref}"')
+    else:
+        solve = (
+            "[ -f /opt/built ] && mkdir -p /app && echo hello from cleanroom > /app/greeting.txt"
+        )
+        task = _task(tmp_path, solve=solve)
+        (task / "environment" / "Dockerfile").write_text(f"FROM {ref}\nRUN touch /opt/built\n")
+    (task / "environment" / "cleanroom.toml").unlink()
+    files = sorted(task.rglob("*"))
+    trials, store = _run(harbor, tmp_path, task, 1)
+    assert [_reward(t) for t in trials] == [1.0], trials
+    _check_cleanroom(ledger, store, before, trials, 1.0)
+    assert sorted(task.rglob("*")) == files

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import re
 import shlex
 import tarfile
@@ -42,7 +43,7 @@ from harbor.environments.base import (
     transfer_tar_filter,
 )
 from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.models.task.config import NetworkMode, NetworkPolicy
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
@@ -61,6 +62,7 @@ _BUILD_LOCK = asyncio.Lock()  # one baseline build at a time in this Harbor proc
 _TRANSFER_DIR = PurePosixPath("/tmp")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 WEB_PORTS = (443, 80)  # Harbor's allowlist names hosts, cleanroom's HOST:PORT
+SESSION_LIMIT_S = 4 * 3600  # a written spec's timeout_s: past it the deadman ends the VM
 
 
 def _ident(text: str, limit: int = 100) -> str:
@@ -70,15 +72,17 @@ def _ident(text: str, limit: int = 100) -> str:
     return cleaned[:limit]
 
 
-def baseline_spec_for(environment_dir: Path, docker_image: str | None, name: str) -> Path:
+def baseline_spec_for(environment_dir: Path, config: EnvironmentConfig, name: str) -> Path:
     """The spec a task's environment is built from: its own ``environment/cleanroom.toml``;
     else one written under the cleanroom home for its ``docker_image`` or its
-    ``environment/Dockerfile`` (the task folder is never written). Raises ``ConfigError``
-    naming the folder when the task has none of them."""
+    ``environment/Dockerfile`` (the task folder is never written), with the task's cpus and
+    memory, a session lifetime of ``SESSION_LIMIT_S`` and an entrypoint that is never run (an
+    image need not have one). Raises ``ConfigError`` naming the
+    folder when the task has none of them."""
     own = environment_dir / SPEC_NAME
     if own.is_file():
         return own
-    dockerfile = environment_dir / "Dockerfile"
+    dockerfile, docker_image = environment_dir / "Dockerfile", config.docker_image
     if docker_image:
         base = f"image = {json.dumps('docker://' + docker_image.removeprefix('docker://'))}"
     elif dockerfile.is_file():
@@ -88,7 +92,19 @@ def baseline_spec_for(environment_dir: Path, docker_image: str | None, name: str
             f"{environment_dir}: no {SPEC_NAME}, docker_image or Dockerfile to build the "
             "cleanroom baseline from"
         )
-    text = f"name = {json.dumps(_ident(name, 60))}\n\n[base]\n{base}\n"
+    limits = [f"timeout_s = {SESSION_LIMIT_S}"]
+    if config.cpus:
+        limits.append(f"vcpus = {max(1, math.ceil(config.cpus))}")
+    if config.memory_mb:
+        limits.append(f"memory_mib = {config.memory_mb}")
+    text = "\n".join(
+        [
+            f"name = {json.dumps(_ident(name, 60))}",
+            *("", "[base]", base),
+            *("", "[entrypoint]", 'command = ["true"]'),  # never run: Harbor sends commands
+            *("", "[limits]", *limits, ""),
+        ]
+    )
     folder = paths.home() / "harbor" / "specs" / hashlib.sha256(text.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "baseline.toml"
@@ -159,9 +175,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     def _validate_definition(self) -> None:
         try:
-            baseline_spec_for(
-                self.environment_dir, self.task_env_config.docker_image, self.environment_name
-            )
+            baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
         except ConfigError as exc:
             raise FileNotFoundError(str(exc)) from exc
 
@@ -178,9 +192,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def _baseline(self, force_build: bool) -> Baseline:
-        spec = baseline_spec_for(
-            self.environment_dir, self.task_env_config.docker_image, self.environment_name
-        )
+        spec = baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
         async with _BUILD_LOCK:
             try:
                 return await asyncio.to_thread(resolve_or_build, str(spec))
