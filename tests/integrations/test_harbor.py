@@ -8,6 +8,7 @@ folder) and what cleanroom kept (ledger, store). Select them with ``-m harbor``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -328,3 +329,27 @@ def test_an_image_task_runs_from_a_loopback_registry(
     assert [_reward(t) for t in trials] == [1.0], trials
     _check_cleanroom(ledger, store, before, trials, 1.0)
     assert sorted(task.rglob("*")) == files
+
+
+def test_files_larger_than_a_frame_travel_whole(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: transfers past the guest agent's 1 MiB frame: a 3 MiB file in the solution
+    folder reaches the guest intact (``upload_dir`` in parts), and the verifier's copy of it
+    comes back intact into Harbor's trial folder (``download_dir``)."""
+    blob = os.urandom(3 * 1024 * 1024 + 5)
+    digest = hashlib.sha256(blob).hexdigest()
+    task = _task(
+        tmp_path,
+        solve="mkdir -p /app && echo hello from cleanroom > /app/greeting.txt\n"
+        "cp /solution/blob.bin /app/blob.bin",
+        test=f'[ "$(sha256sum < /app/blob.bin)" = "{digest}  -" ] && r=1 || r=0\n'
+        "cp /app/blob.bin /logs/verifier/blob.bin; echo $r > /logs/verifier/reward.txt",
+    )
+    (task / "solution" / "blob.bin").write_bytes(blob)
+    before = set(_runs(ledger))
+    trials, store = _run(harbor, tmp_path, task, 1)
+    assert [_reward(t) for t in trials] == [1.0], trials
+    [back] = (tmp_path / "jobs").glob("*/*/verifier/blob.bin")
+    assert hashlib.sha256(back.read_bytes()).hexdigest() == digest
+    _check_cleanroom(ledger, store, before, trials, 1.0)

@@ -62,6 +62,8 @@ _BUILD_LOCK = asyncio.Lock()  # one baseline build at a time in this Harbor proc
 _TRANSFER_DIR = PurePosixPath("/tmp")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 WEB_PORTS = (443, 80)  # Harbor's allowlist names hosts, cleanroom's HOST:PORT
+REWARDS_MAX = 64 * 1024  # a reward.json larger than this is not read
+PUT_CHUNK = 512 * 1024  # well inside the guest agent's 1 MiB frame
 SESSION_LIMIT_S = 4 * 3600  # a written spec's timeout_s: past it the deadman ends the VM
 
 
@@ -269,11 +271,12 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         info: dict[str, Any] = {"harbor_trial": self.session_id}
         try:
             if text.is_file():
-                sb.finish(float(text.read_text().strip()), info)
-            elif data.is_file():
+                with text.open("rb") as f:  # the guest wrote it: read a number's worth
+                    sb.finish(float(f.read(64).decode().strip()), info)
+            elif data.is_file() and data.stat().st_size <= REWARDS_MAX:
                 rewards = json.loads(data.read_text())
                 reward = rewards.get("reward") if isinstance(rewards, dict) else None
-                if isinstance(reward, int | float):
+                if isinstance(reward, int | float) and not isinstance(reward, bool):
                     sb.finish(float(reward), {**info, "rewards": rewards})
         except (OSError, ValueError) as exc:
             self.logger.warning("no reward for %s: %s", self.session_id, exc)
@@ -334,11 +337,27 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         if r.return_code != 0:
             raise CleanroomError(f"{command!r} failed ({r.return_code}): {r.stderr or r.stdout}")
 
+    async def _put(self, path: str, data: bytes, mode: int) -> None:
+        """``data`` at ``path`` in the guest: one put, or parts joined there (a put is one
+        frame, and the guest agent takes frames up to 1 MiB)."""
+        sb = self._session()
+        if len(data) <= PUT_CHUNK:
+            await sb.put(path, data, mode)
+            return
+        parts = [f"{path}.part{i:06d}" for i in range(0, len(data), PUT_CHUNK)]
+        for i, part in enumerate(parts):
+            await sb.put(part, data[i * PUT_CHUNK : (i + 1) * PUT_CHUNK], 0o600)
+        target = shlex.quote(path)
+        await self._root(
+            f"cat {' '.join(shlex.quote(p) for p in parts)} > {target}; s=$?;"
+            f" rm -f {' '.join(shlex.quote(p) for p in parts)}; chmod {mode:o} {target}; exit $s"
+        )
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         source = Path(source_path)
         parent = str(PurePosixPath(target_path).parent)
         await self._root(f"mkdir -p {shlex.quote(parent)}")
-        await self._session().put(target_path, source.read_bytes(), source.stat().st_mode & 0o777)
+        await self._put(target_path, source.read_bytes(), source.stat().st_mode & 0o777)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """The folder as one tar stream, unpacked in the guest under ``target_dir``."""
@@ -346,7 +365,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             tar.add(Path(source_dir), arcname=".")
         staged = str(_TRANSFER_DIR / f".cleanroom-up-{uuid.uuid4().hex}.tar")
-        await self._session().put(staged, buffer.getvalue(), 0o600)
+        await self._put(staged, buffer.getvalue(), 0o600)
         target, tmp = shlex.quote(target_dir), shlex.quote(staged)
         await self._root(
             f"mkdir -p {target} && tar -xf {tmp} -C {target} --no-same-owner; s=$?; rm -f {tmp};"
