@@ -135,9 +135,7 @@ def _argv(command: str, user: str | int | None) -> list[str]:
     return ["runuser", "-u", user, "--", *shell]
 
 
-def _return_code(exit_code: int | None, signal: int | None, timed_out: bool) -> int:
-    if timed_out:
-        return 124  # as timeout(1) says it
+def _return_code(exit_code: int | None, signal: int | None) -> int:
     if exit_code is not None:
         return exit_code
     return 128 + (signal or 0)
@@ -153,7 +151,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         self._sb: Session | None = None
         self._ledger: Ledger | None = None
         self._owner: asyncio.Task[Any] | None = None
-        self._cancelled = False
+        self._interrupted = False  # a command was cut short while the guest ran it
         super().__init__(*args, **kwargs)
 
     # -- what Harbor asks before a trial --------------------------------------------------------
@@ -250,7 +248,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         self._session_cm = None
         owner = self._owner
         try:
-            if self._cancelled or (owner is not None and owner.cancelling() > 0):
+            if owner is not None and owner.cancelling() > 0:  # Harbor cancelled the trial
                 stop = asyncio.CancelledError(f"harbor cancelled trial {self.session_id}")
                 try:
                     await cm.__aexit__(asyncio.CancelledError, stop, None)
@@ -300,8 +298,12 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
     def _session(self) -> Session:
         if self._sb is None or self._session_cm is None:
             raise CleanroomError(f"{self.session_id}: not started, or stopped")
-        if self._cancelled:  # the guest may still run the cancelled command: ask it nothing
-            raise CleanroomError(f"{self.session_id}: cancelled; its VM takes no more requests")
+        if self._interrupted:
+            raise CleanroomError(
+                f"{self.session_id}: a command was cut short (cancelled, or Harbor's timeout) "
+                "while the guest ran it; the guest agent takes one request at a time, so this "
+                "VM takes no more"
+            )
         return self._sb
 
     # -- commands and files ---------------------------------------------------------------------
@@ -324,12 +326,14 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
                 cwd=cwd or self.task_env_config.workdir,
             )
         except asyncio.CancelledError:
-            self._cancelled = True
+            self._interrupted = True
             raise
+        if r.timed_out:  # as Harbor's own providers say it; the transcript has the output
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
         return ExecResult(
             stdout=r.stdout.decode(errors="replace"),
             stderr=r.stderr.decode(errors="replace"),
-            return_code=_return_code(r.exit_code, r.signal, r.timed_out),
+            return_code=_return_code(r.exit_code, r.signal),
         )
 
     async def _root(self, command: str) -> None:
