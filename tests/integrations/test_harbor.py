@@ -3,7 +3,9 @@
 Harbor needs Python >= 3.12: ``scripts/harbor-python.sh`` builds CPython 3.13 from Debian's
 source once (cached under ``~/.cache/cleanroom/``) and a venv with ``harbor==0.25.*`` and this
 checkout. These tests drive ``harbor`` as a user would, then read what Harbor wrote (its job
-folder) and what cleanroom kept (ledger, store). Select them with ``-m harbor``.
+folder) and what cleanroom kept (ledger, store). ``harbor`` runs in a network namespace with no
+interface (``unshare -n``; the image tests excepted, whose registry is on this machine's
+loopback), with ``HARBOR_TELEMETRY=0`` and a ``HOME`` of its own. Select them with ``-m harbor``.
 """
 
 from __future__ import annotations
@@ -86,8 +88,17 @@ def _env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _command(harbor: Path, task: Path, jobs: Path, store: Path, n: int) -> list[str]:
+def _offline() -> list[str]:
+    """A prefix that runs a command in a network namespace of its own with no interface at all:
+    nothing Harbor or cleanroom does can leave the machine (or reach it)."""
+    return ["unshare", "-n", "--"] if os.geteuid() == 0 else ["unshare", "-r", "-n", "--"]
+
+
+def _command(
+    harbor: Path, task: Path, jobs: Path, store: Path, n: int, *, offline: bool = True
+) -> list[str]:
     return [
+        *(_offline() if offline else []),
         str(harbor),
         "run",
         "-p",
@@ -132,10 +143,12 @@ def ledger() -> Iterator[Ledger]:
         yield ledger
 
 
-def _harbor(harbor: Path, tmp_path: Path, task: Path, n: int) -> subprocess.CompletedProcess[str]:
+def _harbor(
+    harbor: Path, tmp_path: Path, task: Path, n: int, *, offline: bool = True
+) -> subprocess.CompletedProcess[str]:
     jobs, store = tmp_path / "jobs", tmp_path / "store"
     return subprocess.run(
-        _command(harbor, task, jobs, store, n),
+        _command(harbor, task, jobs, store, n, offline=offline),
         env=_env(tmp_path),
         capture_output=True,
         text=True,
@@ -143,9 +156,12 @@ def _harbor(harbor: Path, tmp_path: Path, task: Path, n: int) -> subprocess.Comp
     )
 
 
-def _run(harbor: Path, tmp_path: Path, task: Path, n: int) -> tuple[list[dict[str, object]], Path]:
-    """``harbor run`` of ``n`` trials of ``task``, which must succeed: each trial's result."""
-    done = _harbor(harbor, tmp_path, task, n)
+def _run(
+    harbor: Path, tmp_path: Path, task: Path, n: int, *, offline: bool = True
+) -> tuple[list[dict[str, object]], Path]:
+    """``harbor run`` of ``n`` trials of ``task`` (``offline``: with no network at all), which
+    must succeed: each trial's result."""
+    done = _harbor(harbor, tmp_path, task, n, offline=offline)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     trials = _trials(tmp_path / "jobs")
     assert len(trials) == n, done.stdout[-4000:]
@@ -325,7 +341,7 @@ def test_an_image_task_runs_from_a_loopback_registry(
         (task / "environment" / "Dockerfile").write_text(f"FROM {ref}\nRUN touch /opt/built\n")
     (task / "environment" / "cleanroom.toml").unlink()
     files = sorted(task.rglob("*"))
-    trials, store = _run(harbor, tmp_path, task, 1)
+    trials, store = _run(harbor, tmp_path, task, 1, offline=False)  # the registry is on lo
     assert [_reward(t) for t in trials] == [1.0], trials
     _check_cleanroom(ledger, store, before, trials, 1.0)
     assert sorted(task.rglob("*")) == files
