@@ -369,3 +369,19 @@ def test_files_larger_than_a_frame_travel_whole(
     [back] = (tmp_path / "jobs").glob("*/*/verifier/blob.bin")
     assert hashlib.sha256(back.read_bytes()).hexdigest() == digest
     _check_cleanroom(ledger, store, before, trials, 1.0)
+
+
+def test_a_task_with_nothing_to_build_from_is_refused_by_name(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects: a task with no ``cleanroom.toml``, ``docker_image`` or Dockerfile is refused
+    naming its environment folder and what it lacks, and no cleanroom run starts."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path)
+    (task / "environment" / "cleanroom.toml").unlink()
+    done = _harbor(harbor, tmp_path, task, 1)
+    trials = _trials(tmp_path / "jobs")
+    said = " ".join((done.stdout + done.stderr).split()) + json.dumps(trials)
+    lacks = f"{task / 'environment'}: no cleanroom.toml, docker_image or Dockerfile"
+    assert lacks in said, said[-4000:]
+    assert set(_runs(ledger)) == before

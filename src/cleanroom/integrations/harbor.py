@@ -74,26 +74,35 @@ def _ident(text: str, limit: int = 100) -> str:
     return cleaned[:limit]
 
 
+def _base(environment_dir: Path, config: EnvironmentConfig) -> str | None:
+    """The ``[base]`` line of a spec for a task without its own: its ``docker_image``, else
+    its ``environment/Dockerfile``; None when it has neither."""
+    if config.docker_image:
+        return f"image = {json.dumps('docker://' + config.docker_image.removeprefix('docker://'))}"
+    dockerfile = environment_dir / "Dockerfile"
+    if dockerfile.is_file():
+        return f"dockerfile = {json.dumps(str(dockerfile.resolve()))}"
+    return None
+
+
+def _check_definition(environment_dir: Path, config: EnvironmentConfig) -> None:
+    if not (environment_dir / SPEC_NAME).is_file() and _base(environment_dir, config) is None:
+        raise ConfigError(
+            f"{environment_dir}: no {SPEC_NAME}, docker_image or Dockerfile to build the "
+            "cleanroom baseline from"
+        )
+
+
 def baseline_spec_for(environment_dir: Path, config: EnvironmentConfig, name: str) -> Path:
     """The spec a task's environment is built from: its own ``environment/cleanroom.toml``;
     else one written under the cleanroom home for its ``docker_image`` or its
     ``environment/Dockerfile`` (the task folder is never written), with the task's cpus and
     memory, a session lifetime of ``SESSION_LIMIT_S`` and an entrypoint that is never run (an
-    image need not have one). Raises ``ConfigError`` naming the
-    folder when the task has none of them."""
-    own = environment_dir / SPEC_NAME
-    if own.is_file():
+    image need not have one). ``ConfigError`` names the folder when there is none of them."""
+    _check_definition(environment_dir, config)
+    own, base = environment_dir / SPEC_NAME, _base(environment_dir, config)
+    if own.is_file() or base is None:
         return own
-    dockerfile, docker_image = environment_dir / "Dockerfile", config.docker_image
-    if docker_image:
-        base = f"image = {json.dumps('docker://' + docker_image.removeprefix('docker://'))}"
-    elif dockerfile.is_file():
-        base = f"dockerfile = {json.dumps(str(dockerfile.resolve()))}"
-    else:
-        raise ConfigError(
-            f"{environment_dir}: no {SPEC_NAME}, docker_image or Dockerfile to build the "
-            "cleanroom baseline from"
-        )
     limits = [f"timeout_s = {SESSION_LIMIT_S}"]
     if config.cpus:
         limits.append(f"vcpus = {max(1, math.ceil(config.cpus))}")
@@ -101,7 +110,7 @@ def baseline_spec_for(environment_dir: Path, config: EnvironmentConfig, name: st
         limits.append(f"memory_mib = {config.memory_mb}")
     text = "\n".join(
         [
-            f"name = {json.dumps(_ident(name, 60))}",
+            f"name = {json.dumps(_ident(name.lower(), 60))}",
             *("", "[base]", base),
             *("", "[entrypoint]", 'command = ["true"]'),  # never run: Harbor sends commands
             *("", "[limits]", *limits, ""),
@@ -111,7 +120,9 @@ def baseline_spec_for(environment_dir: Path, config: EnvironmentConfig, name: st
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "baseline.toml"
     if not spec.is_file() or spec.read_text() != text:
-        spec.write_text(text)
+        scratch = folder / f".baseline.toml.{uuid.uuid4().hex}"
+        scratch.write_text(text)
+        scratch.replace(spec)  # whole, for another Harbor process reading it now
     return spec
 
 
@@ -175,7 +186,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     def _validate_definition(self) -> None:
         try:
-            baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
+            _check_definition(self.environment_dir, self.task_env_config)
         except ConfigError as exc:
             raise FileNotFoundError(str(exc)) from exc
 
