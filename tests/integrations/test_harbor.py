@@ -385,3 +385,72 @@ def test_a_task_with_nothing_to_build_from_is_refused_by_name(
     lacks = f"{task / 'environment'}: no cleanroom.toml, docker_image or Dockerfile"
     assert lacks in said, said[-4000:]
     assert set(_runs(ledger)) == before
+
+
+HELPERS = """
+import io, json, sys, tarfile, tempfile
+from pathlib import Path
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from cleanroom.integrations import harbor as h
+
+allow = NetworkPolicy(
+    network_mode=NetworkMode.ALLOWLIST,
+    allowed_hosts=["api.example.com", "*.example.org", "10.0.0.0/8", "fd00::1"],
+)
+buffer = io.BytesIO()
+with tarfile.open(fileobj=buffer, mode="w") as tar:
+    sparse = tarfile.TarInfo("big.img")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    fine = tarfile.TarInfo("ok.txt")
+    fine.size = 2
+    tar.addfile(fine, io.BytesIO(b"ok"))
+kept = [m.name for m in tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) if
+        h._guest_member(m, "/tmp") is not None]
+print(json.dumps({
+    "allowlist": h.egress_allowlist(allow),
+    "none": h.egress_allowlist(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)),
+    "uid": h._argv("id", 1000),
+    "name": h._argv("id", "agent"),
+    "root": h._argv("id", "root"),
+    "sparse": h._guest_member(sparse, "/tmp") is None,
+    "kept": kept,
+    "spec": Path(h.baseline_spec_for(
+        Path(tempfile.mkdtemp()),
+        EnvironmentConfig(docker_image="127.0.0.1:5000/t/img:1", cpus=1.5, memory_mb=512),
+        "My_Task",
+    )).read_text(),
+}))
+"""
+
+
+def test_the_providers_mappings(harbor: Path, tmp_path: Path) -> None:
+    """Protects (in Harbor's Python, no VM): Harbor's allowlist entries become cleanroom's
+    HOST:PORT on 443 and 80 (IPv6 in brackets), no-network is none; a user becomes
+    runuser/setpriv; a guest's sparse tar member is skipped; a docker_image task's spec names
+    the image with the task's cpus and memory, a lowercase name and the session limit."""
+    done = subprocess.run(
+        [str(harbor.parent / "python"), "-c", HELPERS],
+        env={**os.environ, "CLEANROOM_HOME": str(tmp_path)},  # where the spec is written
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+    assert got["allowlist"] == [
+        "api.example.com:443",
+        "api.example.com:80",
+        "*.example.org:443",
+        "*.example.org:80",
+        "10.0.0.0/8:443",
+        "10.0.0.0/8:80",
+        "[fd00::1]:443",
+        "[fd00::1]:80",
+    ]
+    assert got["none"] == []
+    assert got["uid"][:4] == ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups"]
+    assert got["name"] == ["runuser", "-u", "agent", "--", "bash", "-c", "id"]
+    assert got["root"] == ["bash", "-c", "id"]
+    assert got["sparse"] and got["kept"] == ["ok.txt"]
+    spec = got["spec"]
+    assert 'image = "docker://127.0.0.1:5000/t/img:1"' in spec and 'name = "my_task"' in spec
+    assert "vcpus = 2" in spec and "memory_mib = 512" in spec and "timeout_s = 14400" in spec

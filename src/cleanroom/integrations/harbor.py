@@ -405,4 +405,12 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            tar.extractall(path=target, filter=transfer_tar_filter)
+            tar.extractall(path=target, filter=_guest_member)
+
+
+def _guest_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """Harbor's transfer filter (the data filter, device nodes skipped), sparse members skipped
+    too: their size is the guest's word, not the bytes that came."""
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
+        return None
+    return transfer_tar_filter(member, dest)  # type: ignore[no-any-return]
