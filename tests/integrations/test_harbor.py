@@ -393,6 +393,13 @@ from pathlib import Path
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from cleanroom.integrations import harbor as h
 
+
+def raised(call):
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
 allow = NetworkPolicy(
     network_mode=NetworkMode.ALLOWLIST,
     allowed_hosts=["api.example.com", "*.example.org", "10.0.0.0/8", "fd00::1"],
@@ -413,6 +420,8 @@ print(json.dumps({
     "name": h._argv("id", "agent"),
     "root": h._argv("id", "root"),
     "sparse": h._guest_member(sparse, "/tmp") is None,
+    "fake": str(raised(lambda: h._vm_driver("fake"))),
+    "qemu": h._vm_driver("qemu"),
     "kept": kept,
     "spec": Path(h.baseline_spec_for(
         Path(tempfile.mkdtemp()),
@@ -426,7 +435,8 @@ print(json.dumps({
 def test_the_providers_mappings(harbor: Path, tmp_path: Path) -> None:
     """Protects (in Harbor's Python, no VM): Harbor's allowlist entries become cleanroom's
     HOST:PORT on 443 and 80 (IPv6 in brackets), no-network is none; a user becomes
-    runuser/setpriv; a guest's sparse tar member is skipped; a docker_image task's spec names
+    runuser/setpriv; a guest's sparse tar member is skipped; the fake driver (host processes)
+    is refused; a docker_image task's spec names
     the image with the task's cpus and memory, a lowercase name and the session limit."""
     done = subprocess.run(
         [str(harbor.parent / "python"), "-c", HELPERS],
@@ -451,6 +461,8 @@ def test_the_providers_mappings(harbor: Path, tmp_path: Path) -> None:
     assert got["name"] == ["runuser", "-u", "agent", "--", "bash", "-c", "id"]
     assert got["root"] == ["bash", "-c", "id"]
     assert got["sparse"] and got["kept"] == ["ok.txt"]
+    assert got["fake"].startswith("ConfigError: driver 'fake' runs commands on this host")
+    assert got["qemu"] == "qemu"
     spec = got["spec"]
     assert 'image = "docker://127.0.0.1:5000/t/img:1"' in spec and 'name = "my_task"' in spec
     assert "vcpus = 2" in spec and "memory_mib = 512" in spec and "timeout_s = 14400" in spec

@@ -17,7 +17,7 @@ a baseline with an allowlist); an ``allowlist`` becomes the session's egress all
 host on ports 443 and 80, within the baseline's ``network.allow``); ``public`` is refused, since
 cleanroom never gives a guest the open internet.
 
-Options (``--ek key=value``): ``driver`` (qemu, gvisor, fake; default qemu), ``store`` (a
+Options (``--ek key=value``): ``driver`` (qemu or gvisor, or auto; default qemu), ``store`` (a
 folder or URL; default the cleanroom home's store).
 """
 
@@ -146,6 +146,16 @@ def _argv(command: str, user: str | int | None) -> list[str]:
     return ["runuser", "-u", user, "--", *shell]
 
 
+def _vm_driver(name: str) -> str:
+    """``name`` if it is a driver that isolates the guest: the fake driver runs the "guest" as
+    a process on this host, where Harbor's commands (``/solution``, ``/logs``) would land."""
+    if name == "fake":
+        raise ConfigError(
+            "driver 'fake' runs commands on this host, not in a VM: use qemu or gvisor"
+        )
+    return name
+
+
 def _return_code(exit_code: int | None, signal: int | None) -> int:
     if exit_code is not None:
         return exit_code
@@ -156,7 +166,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
     """One Harbor trial's environment: one cleanroom session on a fresh VM (module docstring)."""
 
     def __init__(self, *args: Any, driver: str = "qemu", store: str | None = None, **kwargs: Any):
-        self._driver_name = driver
+        self._driver_name = _vm_driver(driver)
         self._store_ref = store
         self._session_cm: contextlib.AbstractAsyncContextManager[Session] | None = None
         self._sb: Session | None = None
