@@ -19,11 +19,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cleanroom.baseline.rootfs import debootstrap_tarball
 from cleanroom.baseline.spec import BaseSection
+from cleanroom.drivers.base import RunFolderDriver
+from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
@@ -95,7 +98,14 @@ def _offline() -> list[str]:
 
 
 def _command(
-    harbor: Path, task: Path, jobs: Path, store: Path, n: int, *, offline: bool = True
+    harbor: Path,
+    task: Path,
+    jobs: Path,
+    store: Path,
+    n: int,
+    *,
+    offline: bool = True,
+    driver: str = "qemu",
 ) -> list[str]:
     return [
         *(_offline() if offline else []),
@@ -109,6 +119,8 @@ def _command(
         PROVIDER,
         "--ek",
         f"store={store}",
+        "--ek",
+        f"driver={driver}",
         "-k",
         str(n),
         "-n",
@@ -144,11 +156,11 @@ def ledger() -> Iterator[Ledger]:
 
 
 def _harbor(
-    harbor: Path, tmp_path: Path, task: Path, n: int, *, offline: bool = True
+    harbor: Path, tmp_path: Path, task: Path, n: int, **how: Any
 ) -> subprocess.CompletedProcess[str]:
     jobs, store = tmp_path / "jobs", tmp_path / "store"
     return subprocess.run(
-        _command(harbor, task, jobs, store, n, offline=offline),
+        _command(harbor, task, jobs, store, n, **how),
         env=_env(tmp_path),
         capture_output=True,
         text=True,
@@ -157,11 +169,11 @@ def _harbor(
 
 
 def _run(
-    harbor: Path, tmp_path: Path, task: Path, n: int, *, offline: bool = True
+    harbor: Path, tmp_path: Path, task: Path, n: int, **how: Any
 ) -> tuple[list[dict[str, object]], Path]:
-    """``harbor run`` of ``n`` trials of ``task`` (``offline``: with no network at all), which
+    """``harbor run`` of ``n`` trials of ``task`` (``how``: ``offline``, ``driver``), which
     must succeed: each trial's result."""
-    done = _harbor(harbor, tmp_path, task, n, offline=offline)
+    done = _harbor(harbor, tmp_path, task, n, **how)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     trials = _trials(tmp_path / "jobs")
     assert len(trials) == n, done.stdout[-4000:]
@@ -169,7 +181,12 @@ def _run(
 
 
 def _check_cleanroom(
-    ledger: Ledger, store: Path, before: set[str], trials: list[dict[str, object]], reward: float
+    ledger: Ledger,
+    store: Path,
+    before: set[str],
+    trials: list[dict[str, object]],
+    reward: float,
+    driver: RunFolderDriver | None = None,
 ) -> None:
     """Each trial is one cleanroom run: its env confirmed absent, its record durable with the
     reward Harbor's verifier gave and Harbor's trial named in its task."""
@@ -178,7 +195,7 @@ def _check_cleanroom(
     names = {str(t["trial_name"]) for t in trials}
     local = LocalStore(store)
     for run_id in runs:
-        assert_nothing_left(QemuDriver(), ledger, run_id, local)
+        assert_nothing_left(driver or QemuDriver(), ledger, run_id, local)
         [row] = ledger.episodes(run_id)
         record = local.get_record(run_id, row.episode_id)
         assert record is not None and record["outcome"] == "completed", record
@@ -198,6 +215,19 @@ def test_oracle_solves_every_trial_in_its_own_vm(
     assert [_reward(t) for t in trials] == [1.0] * 4, trials
     assert all(t.get("exception_info") is None for t in trials), trials
     _check_cleanroom(ledger, store, before, trials, 1.0)
+
+
+def test_the_gvisor_driver_runs_a_trial_too(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
+    """Protects: ``--ek driver=gvisor``: the trial runs in a runsc sandbox instead of a VM, with
+    the same reward, record and confirmed absence."""
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc is not installed (make setup installs it)")
+    before = set(_runs(ledger))
+    trials, store = _run(harbor, tmp_path, _task(tmp_path), 1, driver="gvisor")
+    assert [_reward(t) for t in trials] == [1.0], trials
+    _check_cleanroom(ledger, store, before, trials, 1.0, GvisorDriver())
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    assert ledger.get_run(run_id).driver == "gvisor"  # type: ignore[union-attr]
 
 
 def test_a_broken_solution_gets_reward_zero(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
