@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint bench clean distclean
+.PHONY: all setup demo test lint bench mutation clean distclean
 
 all: test
 
@@ -36,9 +36,16 @@ bench: setup
 	$(PY) bench/egress.py
 	$(PY) bench/fork.py
 
+# Mutation testing of reaper.py, store/, ledger/ against their fast tests ([tool.mutmut] in
+# pyproject.toml); the report, with every survivor, goes to bench/results/mutation.txt.
+mutation: setup
+	$(PY) -m pip install -q -e '.[mutation]'
+	$(VENV)/bin/mutmut run --max-children 2
+	$(PY) bench/mutation_report.py > bench/results/mutation.txt
+
 # Build and cache leftovers; keeps .venv (distclean removes it too).
 clean:
-	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache bench/tmp src/*.egg-info
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache bench/tmp src/*.egg-info mutants
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -27,7 +27,7 @@ from pathlib import Path
 from stats import Table, write
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
@@ -74,7 +74,7 @@ async def destroy_latencies(
 
 CHILD = """
 import asyncio, json, sys
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from stats import p50_p95, write
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver

@@ -74,7 +74,7 @@ async def one(driver: Any, baseline: Any, staging: Path) -> dict[str, float]:
 
 
 async def measure(kinds: list[str], clones: int) -> dict[str, list[dict[str, float]]]:
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.qemu import QemuDriver
 
     driver = QemuDriver(start="snapshot")

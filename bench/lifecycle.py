@@ -24,7 +24,7 @@ from pathlib import Path
 
 from stats import Table, write
 
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id

@@ -40,7 +40,7 @@ from typing import Any
 from stats import Table, p50_p95, write
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id

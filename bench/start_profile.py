@@ -97,7 +97,7 @@ def qemu_cpu_ms(env_id: str) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
     from cleanroom.manifest import Limits
@@ -197,7 +197,7 @@ def floor(boots: int) -> list[str]:
     Whatever an agent does comes on top of this."""
     import resource
 
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu_cmdline import machine_args

@@ -81,10 +81,9 @@ class Places:
 
 
 async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]], Places]:
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
-    from cleanroom.drivers.qmp import QmpClient
     from cleanroom.manifest import Manifest
 
     baseline = resolve_or_build(str(baseline_spec))
@@ -108,11 +107,11 @@ async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]]
     }
     with tempfile.TemporaryDirectory() as staging:
         async with await driver.create(request()) as env:
-            async with await QmpClient.connect(env.info.run_dir / "qmp.sock") as qmp:  # type: ignore[operator]
-                await qmp.execute("human-monitor-command", {"command-line": f"logfile {log}"})
-                await qmp.execute("human-monitor-command", {"command-line": "log in_asm"})
-                await env.run_episode(run, Path(staging) / "out", quota_bytes=1 << 24)
-                await qmp.execute("human-monitor-command", {"command-line": "log none"})
+            qmp = await driver._live[env.env_id].open_qmp()  # closed with the env
+            await qmp.execute("human-monitor-command", {"command-line": f"logfile {log}"})
+            await qmp.execute("human-monitor-command", {"command-line": "log in_asm"})
+            await env.run_episode(run, Path(staging) / "out", quota_bytes=1 << 24)
+            await qmp.execute("human-monitor-command", {"command-line": "log none"})
             maps = (await env.exec(["sh", "-c", MAPS])).check().stdout.decode()
     return read_blocks(log), Places(kallsyms, maps)
 

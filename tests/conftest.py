@@ -1,18 +1,22 @@
-"""Shared fixtures.
+"""Shared fixtures, and a session the caller's environment cannot steer.
 
-``CLEANROOM_HOME`` points at ``.cache/test-home`` in the checkout for the whole session, so the
-kernel download, the rootfs cache and the tiny baseline are built once and reused by later runs
-(the folder is gitignored). Tests that need their own ledger or store make them in tmp_path.
+``CLEANROOM_HOME`` is always ``.cache/test-home`` in the checkout (never a home the caller
+exported: the suite reaps), so the kernel download, the rootfs cache and the tiny baseline are
+built once and reused by later runs (the folder is gitignored); every other ``CLEANROOM_*``
+variable is unset for the session. Tests that need their own ledger or store make them in
+tmp_path. With ``CI=true`` a skipped test fails unless ``tests/skips_allowed.txt`` names it,
+with a reason.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,21 +26,65 @@ TEST_HOME = ROOT / ".cache" / "test-home"
 TINY_SPEC = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
 TINY_ENTRY = ROOT / "tests" / "baselines" / "tiny" / "files" / "entry.py"
 
-os.environ.setdefault("CLEANROOM_HOME", str(TEST_HOME))
+SKIPS_ALLOWED = ROOT / "tests" / "skips_allowed.txt"
+
+for _name in [n for n in os.environ if n.startswith("CLEANROOM_")]:
+    del os.environ[_name]
+os.environ["CLEANROOM_HOME"] = str(TEST_HOME)
 
 
-def make_fake_baseline(tmp: Path) -> "Baseline":  # noqa: UP037
-    """A baseline for the fake driver: the tiny entry script run by the host's Python.
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """The CLI and the API narrow the process's umask (``private.check_home``); a test that
+    runs them in-process does not pass that on to the tests after it."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield
+    os.umask(previous)
 
-    The script is a component (hard-linked into the baseline folder), so drift tests work.
-    """
+
+def allowed_skips(path: Path) -> dict[str, str]:
+    """``pattern -> reason`` from the allowlist (``PATTERN  -- REASON`` per line, ``#`` comments);
+    a line without a reason is refused."""
+    allowed: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pattern, _, reason = (part.strip() for part in line.partition(" -- "))
+        if not pattern or not reason:
+            raise pytest.UsageError(f"{path.name}:{number}: needs 'PATTERN -- REASON'")
+        allowed[pattern] = reason
+    return allowed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    """Under ``CI=true`` a skip is a failure unless the allowlist names the test."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if os.environ.get("CI") != "true" or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    if any(fnmatch.fnmatchcase(item.nodeid, p) for p in allowed_skips(SKIPS_ALLOWED)):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, and not in tests/{SKIPS_ALLOWED.name}: {reason}"
+
+
+def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # noqa: UP037
+    """A baseline for the fake driver: the tiny entry script (or ``script``) run by the host's
+    Python. The script is a component (hard-linked into the baseline folder), so drift tests
+    work."""
     from cleanroom.baseline.model import Baseline, Component, identity
     from cleanroom.digests import digest_of, sha256_file
     from cleanroom.manifest import Limits
 
     entry = tmp / "entry" / "entry.py"
     entry.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TINY_ENTRY, entry)
+    shutil.copy(script, entry)
     component = Component("entry.py", entry.stat().st_size, sha256_file(entry))
     ident = identity(
         (component,),
@@ -87,7 +135,7 @@ def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline
 @pytest.fixture(scope="session")
 def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     """The tiny test baseline, built once (minutes on a fresh machine) and cached."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")

@@ -82,3 +82,12 @@ def test_group_takes_dicts_and_manifests_and_names_the_bad_one() -> None:
     assert [m.group.id if m.group else None for m in made] == ["g", "g"]
     with pytest.raises(ManifestError, match="item 1: seed"):
         cleanroom.group("g", ["true"], [ep("a", 1), ep("b", -1)])
+
+
+def test_every_public_name_loads() -> None:
+    """``cleanroom.X`` for every name in ``__all__`` (a lazy export pointing at a module that
+    moved would only fail when a user first touched it)."""
+    import cleanroom
+
+    for name in cleanroom.__all__:
+        assert getattr(cleanroom, name) is not None, name

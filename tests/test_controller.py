@@ -35,6 +35,7 @@ from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
 from .vmkit import assert_nothing_left
+from .waiting import until
 
 
 def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:
@@ -132,13 +133,13 @@ async def test_launch_failure_is_infra_error(h: Harness) -> None:
 
 
 async def test_env_killed_mid_episode_is_env_crashed(h: Harness) -> None:
-    async def killer() -> None:
-        while True:  # kill the env's processes once it is running the episode
-            await asyncio.sleep(0.05)
-            for env in h.ledger.envs(run_id="r5"):
-                if env.ready_at is not None:
-                    for pid in hostproc.pids_with_marker(env.env_id):
-                        os.kill(pid, signal.SIGKILL)
+    def ready() -> list[Any]:
+        return [e for e in h.ledger.envs(run_id="r5") if e.ready_at is not None]
+
+    async def killer() -> None:  # kill the env's processes once it is running the episode
+        for env in await until(ready, "the env is ready"):
+            for pid in hostproc.pids_with_marker(env.env_id):
+                os.kill(pid, signal.SIGKILL)
 
     task = asyncio.create_task(killer())
     try:
@@ -153,8 +154,9 @@ async def test_env_killed_mid_episode_is_env_crashed(h: Harness) -> None:
 async def test_cancel_destroys_every_running_env(h: Harness) -> None:
     batch = [manifest(f"s{i}", mode="sleep", seconds=60) for i in range(3)]
     run = asyncio.create_task(h.ctl.run(batch, h.baseline, run_id="r6"))
-    while len([e for e in h.ledger.envs(run_id="r6") if e.ready_at]) < 2:
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: len([e for e in h.ledger.envs(run_id="r6") if e.ready_at]) >= 2, "2 envs ready"
+    )
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -255,18 +257,25 @@ async def test_a_missing_secret_refuses_the_run(
     assert h.ledger.envs(run_id="rs2") == []
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
+
+
 async def test_fake_destroy_takes_the_entrypoints_whole_process_tree(h: Harness) -> None:
     run = asyncio.create_task(
         h.ctl.run([manifest("bg", mode="sleep", seconds=120)], h.baseline, run_id="rt")
     )
-    while not [e for e in h.ledger.envs(run_id="rt") if e.ready_at]:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)  # the entrypoint (its own session) is running now
-    [env] = h.ledger.envs(run_id="rt")
+    [env] = await until(lambda: [e for e in h.ledger.envs(run_id="rt") if e.ready_at], "ready")
     assert env.pid is not None
-    tree = hostproc.descendants(env.pid)
-    cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in tree]
-    assert any(b"entry.py" in c for c in cmdlines)  # the entrypoint, in its own session
+
+    def entrypoint_running() -> list[int]:  # the entrypoint, in its own session
+        tree = hostproc.descendants(env.pid)  # type: ignore[arg-type]
+        return tree if any(b"entry.py" in _cmdline(p) for p in tree) else []
+
+    tree = await until(entrypoint_running, "the entrypoint runs below the agent")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -471,3 +480,11 @@ async def test_a_run_that_fails_to_queue_releases_its_lock(h: Harness) -> None:
     h.ledger.episode_queued = real  # type: ignore[method-assign]
     other = Controller(h.driver, h.ledger, h.store, options=h.ctl.options)
     assert (await other.run([manifest("q")], h.baseline, run_id="rlq")).counts() == {"completed": 1}
+
+
+async def test_the_controller_returns_episodes_in_input_order(h: Harness) -> None:
+    """A slow first episode finishes last, yet comes back first (a training loop indexes by it)."""
+    batch = [manifest("slow", mode="sleep", seconds=1.5), manifest("quick-1"), manifest("quick-2")]
+    result = await h.ctl.run(batch, h.baseline, run_id="order")
+    assert [e.episode_id for e in result.episodes] == ["slow", "quick-1", "quick-2"]
+    assert result.record("quick-2")["episode_id"] == "quick-2"

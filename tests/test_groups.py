@@ -32,6 +32,7 @@ from .conftest import make_fake_baseline
 from .forking_fake import ForkingFake
 from .test_reaper import dead_pid
 from .vmkit import assert_nothing_left
+from .waiting import until
 
 
 def py(code: str) -> list[str]:
@@ -218,8 +219,10 @@ async def test_cancelling_during_the_setup_cleans_up_the_whole_group(forking: Ha
     run = asyncio.create_task(
         h.ctl.run(members("g4", py("import time; time.sleep(60)")), h.baseline, run_id="r4")
     )
-    while not any(e.ready_at and e.episode_id is None for e in h.ledger.envs(run_id="r4")):
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: any(e.ready_at and e.episode_id is None for e in h.ledger.envs(run_id="r4")),
+        "the group's parent env is ready",
+    )
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

@@ -22,6 +22,7 @@ __all__ = [
     "group",
     "open_env",
     "run",
+    "session",
 ]
 
 _LAZY = {
@@ -30,8 +31,9 @@ _LAZY = {
     "group": "cleanroom.api",
     "open_env": "cleanroom.api",
     "Manifest": "cleanroom.manifest",
-    "RunOptions": "cleanroom.controller",
-    "RunResult": "cleanroom.run_result",
+    "RunOptions": "cleanroom.lifecycle.context",
+    "RunResult": "cleanroom.batch.result",
+    "session": "cleanroom.session",
 }
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cleanroom import events
+from cleanroom import events, private
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
@@ -72,6 +72,7 @@ async def arun(
     ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
     """
+    private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
     items = manifests_of(manifests)
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)

@@ -72,7 +72,7 @@ def isolation_cmd(
     details: Annotated[bool, typer.Option(help="show every cell's evidence")] = False,
 ) -> None:
     """Plant canaries in one env, look for them from the next; exit 1 on any leak."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import get_driver
     from cleanroom.isolation import VARIANTS, IsolationCheck
     from cleanroom.ledger import Ledger
@@ -155,7 +155,7 @@ def repro_cmd(
 
     Left out always: identities, durations (timings, logs, provenance.*_s) and how each env
     was started (spare, snapshot, fork, cold; the host)."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.controller import Controller
     from cleanroom.drivers import get_driver
     from cleanroom.errors import ManifestError

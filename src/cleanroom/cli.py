@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from cleanroom import logs, paths
+from cleanroom import logs, paths, private
 from cleanroom.baseline.cli import baseline_app
 from cleanroom.check_cli import check_app
 from cleanroom.controller import EventHook, RunOptions, RunResult
@@ -38,6 +38,7 @@ app = typer.Typer(
     "proven destruction.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    callback=private.check_home_or_exit,  # the home is private (0700, ours), umask 077
 )
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
@@ -91,7 +92,7 @@ def run(
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.failures import parse_fail_on
     from cleanroom.manifest import load_manifests
 

@@ -6,6 +6,7 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
 
     CleanroomError
     ├── ConfigError                 bad settings or environment (missing tool, bad CLEANROOM_HOME)
+    │   └── PrivacyError            a home or runtime folder another user owns or can write
     ├── ManifestError               a manifest file or line that does not validate
     │   └── NetworkPolicyError      an egress allowlist that is malformed, widens its baseline's,
     │                               or cannot be enforced by the driver
@@ -44,6 +45,15 @@ class CleanroomError(Exception):
 
 class ConfigError(CleanroomError):
     """Settings or the host environment are not usable."""
+
+
+class PrivacyError(ConfigError):
+    """A folder cleanroom keeps private (the home, the runtime folder) is owned by another
+    user, writable by others, or not a real folder; ``path`` names it."""
+
+    def __init__(self, path: object, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {why}; cleanroom keeps it private to its owner and refuses it")
 
 
 class ManifestError(CleanroomError):

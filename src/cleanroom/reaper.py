@@ -6,14 +6,21 @@ orphan when its owner process is not alive on this host, or is a different proce
 the pid (it started after the env's intent was written). Orphans are destroyed and confirmed;
 their episodes, if they have no durable record and no outcome, are marked ``infra_error``.
 A group's warm snapshot (files on the host, a ledger row) is reaped the same way: deleted when
-its owner is gone, and its deletion confirmed and recorded.
+its owner is gone, and its deletion confirmed and recorded. So is a run's staging folder (raw,
+unredacted guest output in flight): removed once the ledger says its run finished or its
+controller is gone (a ``staging_reaped`` event each); a run this ledger does not know is left
+alone (it may be another ledger's, live).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from cleanroom import paths
 from cleanroom.drivers.base import Driver
 from cleanroom.ledger import EnvRow, Ledger, SnapshotRow
 from cleanroom.ledger.liveness import owner_alive
@@ -30,6 +37,7 @@ class ReapReport:
     failed: list[str] = field(default_factory=list)  # still present: an alert
     episodes_marked: list[tuple[str, str, int]] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)  # deleted (failed ones are in failed)
+    staging: list[str] = field(default_factory=list)  # runs whose staging folder was removed
 
 
 def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:
@@ -59,8 +67,15 @@ def _claimed(row: EnvRow | SnapshotRow | None, owner: dict[str, Any] | None) -> 
     return False
 
 
-async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> ReapReport:
-    """Destroy every orphaned env of ``driver``; mark their unfinished episodes."""
+async def reap(
+    driver: Driver,
+    ledger: Ledger,
+    store: Store | None = None,
+    *,
+    staging_root: Path | None = None,
+) -> ReapReport:
+    """Destroy every orphaned env of ``driver``; mark their unfinished episodes; remove the
+    staging of dead controllers' runs (under ``staging_root``, default ``home/staging``)."""
     report = ReapReport()
     for env_id, row in sorted(_orphans(driver, ledger).items()):
         result = await driver.destroy(env_id)
@@ -84,7 +99,29 @@ async def reap(driver: Driver, ledger: Ledger, store: Store | None = None) -> Re
         if _mark_lost(ledger, store, row.run_id, row.episode_id, row.attempt):
             report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
     await _reap_snapshots(driver, ledger, report)
+    report.staging = reap_staging(ledger, staging_root or paths.home() / "staging")
     return report
+
+
+def reap_staging(ledger: Ledger, root: Path) -> list[str]:
+    """Remove ``root/<run>`` for every run of ``ledger`` that finished or whose controller is
+    gone (its envs were reaped first: nothing is still writing there); the runs removed."""
+    try:
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except FileNotFoundError:
+        return []
+    removed = []
+    for folder in folders:
+        run = ledger.get_run(folder.name)
+        if run is None or (run.finished is None and owner_alive(run.host, run.pid, None)):
+            continue
+        files = sum(len(names) for _, _, names in os.walk(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+        gone = not folder.exists()
+        ledger.event("staging_reaped" if gone else "staging_leaked", run_id=run.run_id, files=files)
+        if gone:
+            removed.append(run.run_id)
+    return removed
 
 
 async def _reap_snapshots(driver: Driver, ledger: Ledger, report: ReapReport) -> None:

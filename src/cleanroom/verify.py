@@ -28,6 +28,7 @@ from typing import Any
 from cleanroom.agent.session import EpisodeOutput, ExecResult
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.base import Driver, Env, EnvRequest, new_env_id
 from cleanroom.errors import CleanroomError, VerifierError
 from cleanroom.export import redact_output
@@ -156,7 +157,7 @@ class Verifiers:
             {m.verifier.baseline for m in manifests if m.verifier and m.verifier.baseline}
         ):
             if ref not in self._baselines:
-                baseline = baseline_store.resolve_or_build(ref)
+                baseline = resolve_or_build(ref)
                 baseline_store.require_intact(baseline, reuse=True)
                 self._baselines[ref] = baseline
 

@@ -18,6 +18,7 @@ import pytest
 from cleanroom.baseline import store
 from cleanroom.baseline.builder import agent_version, build
 from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.baseline.rootfs import scratch_parent
 from cleanroom.baseline.spec import load_spec, spec_digest
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
@@ -208,8 +209,8 @@ def test_resolve_by_digest_prefix_and_spec(
     assert store.resolve(hexd[:6]) == tiny
     assert store.resolve("sha256:" + hexd[:10]) == tiny
     assert store.resolve(str(TINY_SPEC)) == tiny
-    assert store.resolve_or_build(str(TINY_SPEC)) == tiny
-    assert store.resolve_or_build(str(TINY_SPEC.parent)) == tiny  # --baseline DIR
+    assert resolve_or_build(str(TINY_SPEC)) == tiny
+    assert resolve_or_build(str(TINY_SPEC.parent)) == tiny  # --baseline DIR
     assert tiny in store.list_baselines()
 
     with pytest.raises(BaselineNotFound, match=r"at least 6 hex digits"):

@@ -116,8 +116,10 @@ def test_check_elf_refuses_truncated_and_foreign_files(tmp_path: Path) -> None:
 
 
 # -- the real Debian cloud kernel (downloaded once, cached under the test home) -----------------
+# marked ``build`` like every other test that downloads: ``-m "not build"`` stays offline
 
 
+@pytest.mark.build
 def test_real_kernel_modules_and_order(kernel: Kernel) -> None:
     assert kernel.version.endswith("-cloud-amd64")
     check_elf(kernel.vmlinux)
@@ -140,6 +142,7 @@ def test_real_kernel_modules_and_order(kernel: Kernel) -> None:
         assert part == [n for n in order if n in part]  # each still in load order
 
 
+@pytest.mark.build
 def test_a_second_fetch_is_served_from_the_cache(kernel: Kernel) -> None:
     from cleanroom.baseline.kernel import fetch_kernel
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline import store
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.errors import BaselineNotFound
 from tests.conftest import make_fake_baseline
 from tests.test_repro import baseline_running
@@ -27,7 +28,7 @@ def test_a_name_from_baseline_ls_resolves_when_one_baseline_has_it(home: Path) -
     fake = make_fake_baseline(home)
     other = baseline_running(home, "print(1)\n")
     assert store.resolve("fake") == fake and store.resolve("random") == other
-    assert store.resolve_or_build("fake") == fake
+    assert resolve_or_build("fake") == fake
     with pytest.raises(BaselineNotFound, match=r"baseline name \(see `cleanroom baseline ls`\)"):
         store.resolve("nameless")
 
@@ -49,4 +50,4 @@ def test_a_spec_folder_is_its_baseline_toml(home: Path) -> None:
     with pytest.raises(BaselineNotFound, match=r"holds no baseline\.toml"):
         store.resolve(str(home))
     with pytest.raises(BaselineNotFound, match=r"holds no baseline\.toml"):
-        store.resolve_or_build(str(home))
+        resolve_or_build(str(home))

@@ -250,6 +250,11 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
         ["run", str(path), "--baseline", tiny_baseline.digest, "--run-id", run_id], tmp_path
     )
     _wait_running(run_id, 2)
+    end = time.monotonic() + 120
+    while not _spares_of(proc.pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    spares = [o["env_id"] for o in _spares_of(proc.pid)]
+    assert spares, "the controller keeps spare VMs: SIGTERM must take them down too"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     with Ledger() as ledger:
@@ -262,6 +267,9 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
     assert proc.returncode == 130, out.decode()
     assert sorted(o for o in outcomes.values() if o) == ["cancelled", "cancelled"]
     assert _no_qemu_of(run_id) == []
+    # spares have no ledger row: gone by their owner records and their processes
+    assert _owned_by(proc.pid) == []
+    assert [s for s in spares if hostproc.pids_with_marker(s)] == []
 
 
 def _owned_by(pid: int) -> list[dict[str, Any]]:
@@ -284,8 +292,9 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
     path = tmp_path / "m.jsonl"
     items = [
         manifest("quick", mode="ok"),
-        manifest("slow1", mode="sleep", seconds=8),
-        manifest("slow2", mode="sleep", seconds=8),
+        # still running at the kill (asserted below), finished within their limit on resume
+        manifest("slow1", mode="sleep", seconds=20, limits={"timeout_s": 90}),
+        manifest("slow2", mode="sleep", seconds=20, limits={"timeout_s": 90}),
     ]
     _write_manifests(path, items)
     proc = _cli(
@@ -308,6 +317,10 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
     while not _spares_of(proc.pid) and time.monotonic() < end:
         time.sleep(0.1)
     assert _spares_of(proc.pid), "the controller keeps spare VMs: one must be there to kill"
+    with Ledger() as ledger:  # the precondition: both slow episodes are mid-run
+        running = {r.episode_id for r in ledger.episodes(run_id) if r.outcome is None}
+    assert {"slow1", "slow2"} <= running, running
+    assert store.get_record(run_id, "slow1") is None and store.get_record(run_id, "slow2") is None
     killed_at = time.monotonic()
     proc.kill()
     proc.wait()

@@ -18,6 +18,7 @@ from cleanroom.network.policy import Policy
 from cleanroom.network.proxy import EgressProxy
 from cleanroom.network.qemu_args import FDPASS, Attachment
 from tests.network.test_dns import query
+from tests.waiting import until
 
 
 @dataclass
@@ -221,14 +222,24 @@ async def test_dns_answers_only_allowed_names(servers: Servers) -> None:
 
 
 async def test_closing_cuts_open_connections_and_records_them(servers: Servers) -> None:
-    proxy, att, seen = await start(Policy.parse([f"allowed.test:{servers.echo}"]))
+    got = bytearray()
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(100):  # what got through, as it arrives
+            got.extend(data)
+        writer.close()
+
+    destination = await asyncio.start_server(sink, "127.0.0.1", 0)
+    port = destination.sockets[0].getsockname()[1]
+    proxy, att, seen = await start(Policy.parse([f"allowed.test:{port}"]))
     reader, writer = await guest_connection(att, "proxy")
-    writer.write(f"CONNECT allowed.test:{servers.echo} HTTP/1.1\r\n\r\n".encode())
+    writer.write(f"CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"half")
     await writer.drain()
-    await asyncio.sleep(0.2)
+    await until(lambda: bytes(got) == b"half", "the 4 bytes reached the destination", 10)
     await proxy.aclose()
+    destination.close()
     assert await asyncio.wait_for(reader.read(), 5) == b""  # the guest sees its connection end
     [event] = seen
     assert event.allowed and event.bytes_up == 4
@@ -259,20 +270,13 @@ async def test_events_are_capped(servers: Servers) -> None:
     assert len(seen) == len(proxy.events) == 2 and proxy.dropped == 1
 
 
-HAND_OFF = """
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect("\\0" + sys.argv[1])
-socket.send_fds(s, [b"proxy"], [0])
-s.recv(1)
-"""
-
-
 @pytest.mark.skipif(
     os.getuid() != 0 or not os.path.exists("/usr/bin/python3"),
     reason="needs root (and the system Python) to hand a connection over as another user",
 )
 async def test_a_hand_off_from_another_user_is_ignored(servers: Servers) -> None:
+    """Protects the uid check: the helper (the real ``fdpass.py``, run as nobody) reached the
+    proxy and was refused, said so and exited 1; the guest's connection was never served."""
     proxy, att, seen = await start(Policy.parse([f"allowed.test:{servers.echo}"]))
     guest, handed = socket.socketpair()
     try:
@@ -281,15 +285,18 @@ async def test_a_hand_off_from_another_user_is_ignored(servers: Servers) -> None
             "-I",
             "-S",
             "-c",
-            HAND_OFF,
+            FDPASS.read_text(),  # nobody may not read the checkout: the source, not its path
             att.socket,
+            "proxy",
             stdin=handed,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
             user=65534,
             cwd="/",
         )
         handed.close()
-        await asyncio.wait_for(helper.wait(), 10)
+        _, stderr = await asyncio.wait_for(helper.communicate(), 10)
+        assert helper.returncode == 1, stderr
+        assert stderr.strip() == b"cleanroom egress helper: the proxy refused the hand-off"
         reader, writer = await asyncio.open_connection(sock=guest)
         assert await asyncio.wait_for(reader.read(), 10) == b""  # dropped, never served
         writer.close()

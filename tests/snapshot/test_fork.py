@@ -89,7 +89,8 @@ async def test_three_clones_share_the_setup_and_nothing_else(
     assert snap.state == "absent" and snap.group_digest == report.digest
     assert report.snapshot_id == snap.snapshot_id
     assert not qemu_fork.folder(snap.snapshot_id).exists()
-    assert report.timings["snapshot_s"] < 5 and report.timings["setup_s"] > 0
+    # timed, not speed-checked: the target (snapshot < 5 s) is bench/fork.py's
+    assert report.timings["snapshot_s"] > 0 and report.timings["setup_s"] > 0
 
 
 async def test_a_failing_setup_fails_every_episode_and_leaves_nothing(
@@ -173,7 +174,7 @@ CRASHING_CONTROLLER = """
 import asyncio, json, sys
 from pathlib import Path
 import cleanroom.api as cr
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger

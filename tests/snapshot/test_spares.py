@@ -11,7 +11,6 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.drivers.qmp import QmpClient
 from cleanroom.record import Outcome
 from cleanroom.report import run_report_json
 
@@ -27,8 +26,8 @@ def request_for(env_id: str, baseline: Baseline) -> EnvRequest:
 
 
 async def run_state(driver: QemuDriver, env_id: str) -> str:
-    async with await QmpClient.connect(driver.run_dir(env_id) / "qmp.sock") as qmp:
-        answer = await qmp.execute("query-status")
+    qmp = await driver._live[env_id].open_qmp()  # kept open: the driver closes it with the env
+    answer = await qmp.execute("query-status")
     return str(answer["status"])
 
 

@@ -31,7 +31,7 @@ WARM_SPEC = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
 @pytest.fixture(scope="module")
 def warm_baseline() -> Baseline:
     """The warm test baseline (a function entrypoint), built once and cached."""
-    from cleanroom.baseline.store import resolve_or_build
+    from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")

@@ -11,7 +11,7 @@ from tests import vmkit
 
 from cleanroom import provenance
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qemu import QemuDriver

@@ -28,7 +28,6 @@ from typing import Any
 
 from cleanroom import digests
 from cleanroom.baseline.model import METADATA_FILE, Baseline
-from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, DriftError
 from cleanroom.paths import baselines_dir
@@ -172,16 +171,6 @@ def resolve(ref: str) -> Baseline:
         f"{ref!r} is neither a digest, a digest prefix, a baseline name (see `cleanroom "
         "baseline ls`) nor a spec file or folder"
     )
-
-
-def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
-    """Like ``resolve``, but a spec (file or folder) that was not built yet is built now."""
-    spec = spec_file(ref)
-    if spec is not None and spec.is_file():
-        from cleanroom.baseline.builder import build
-
-        return build(spec, progress=progress)
-    return resolve(ref)
 
 
 # -- checks ---------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ class Controller:
             self._emit("run_finished", run_id=run_id, status=status)
             if cancelled_now:
                 raise asyncio.CancelledError
-        return result
+        return result.ordered([m.episode_id for m in manifests], ctx.store)
 
     def _spares_left(self, released: asyncio.Future[list[str]]) -> list[str]:
         """The spares ``release_spares`` could not confirm gone (an alert if it failed)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from cleanroom import paths
 from cleanroom.agent import guest
 from cleanroom.agent.session import AgentSession
-from cleanroom.drivers import hostproc
+from cleanroom.drivers import hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -64,10 +64,12 @@ class FakeDriver(RunFolderDriver):
 
     async def create(self, request: EnvRequest) -> Env:
         refuse_network(self, request)
+        sock_path = (
+            sockets.make_env_dir(request.env_id) / "ctl.sock"
+        )  # refused before any run folder
         run_dir = self.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.name)
-        sock_path = run_dir / "ctl.sock"
         connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
             asyncio.get_running_loop().create_future()
         )
@@ -125,6 +127,7 @@ class FakeDriver(RunFolderDriver):
         pids = killed + hostproc.pids_with_marker(env_id)
         hostproc.kill_pids(pids, signal.SIGKILL)
         tree_gone = await hostproc.wait_gone(pids, 2.0)
+        sockets.remove_env_dir(env_id)
         hostproc.remove_tree(self.run_dir(env_id))
         gone = tree_gone and not self.exists(env_id)
         return DestroyReport(env_id, gone, 1, (time.perf_counter() - start) * 1000)
@@ -149,7 +152,11 @@ class FakeDriver(RunFolderDriver):
         return killed
 
     def exists(self, env_id: str) -> bool:
-        return self.run_dir(env_id).exists() or bool(hostproc.pids_with_marker(env_id))
+        return (
+            self.run_dir(env_id).exists()
+            or sockets.env_dir(env_id).exists()
+            or bool(hostproc.pids_with_marker(env_id))
+        )
 
     def alive(self, env_id: str) -> bool:
         proc = self._procs.get(env_id)

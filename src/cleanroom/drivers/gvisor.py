@@ -1,7 +1,8 @@
 """The gvisor driver: one ``runsc`` sandbox per environment (a user-space kernel, no VM).
 
-Per env: a run folder ``$CLEANROOM_HOME/run/gvisor/<env_id>/`` (owner.json, pid, ``ctl/`` with
-the agent socket the driver listens on, and the OCI bundle ``cleanroom-<env_id>/``). The root
+Per env: a run folder ``$CLEANROOM_HOME/run/gvisor/<env_id>/`` (owner.json, pid and the OCI
+bundle ``cleanroom-<env_id>/``) and a socket folder (``drivers/sockets.py``: a short path) with
+the agent socket the driver listens on, bind-mounted into the sandbox. The root
 is the baseline's root tree (``gvisor_bundle``: extracted once from ``rootfs.erofs``, verified)
 under runsc's memory overlay, so every write of the episode dies with the sandbox; no network
 (``--network=none``); the same guest agent as in a VM, PID 1 of the sandbox, connects to the
@@ -12,8 +13,9 @@ it dies with its controller and at its hard deadline.
 
 destroy = ``runsc kill`` (then SIGKILL of the supervisor group if needed), ``runsc delete
 --force``, SIGKILL of any process still carrying the marker, removal of the cgroup leaves and
-the run folder, then a confirm-absent check: no process, no run folder, no runsc state, no
-cgroup. ``CLEANROOM_GVISOR_PLATFORM`` picks the runsc platform (``ptrace`` by default).
+the run and socket folders, then a confirm-absent check: no process, no run or socket folder,
+no runsc state, no cgroup. ``CLEANROOM_GVISOR_PLATFORM`` picks the runsc platform (``ptrace``
+by default).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import gvisor_bundle as bundle_mod
-from cleanroom.drivers import hostproc
+from cleanroom.drivers import hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -136,6 +138,7 @@ class GvisorDriver(RunFolderDriver):
         runsc_version()
         rootfs = await bundle_mod.ensure_tree(request.baseline)
         env_id = request.env_id
+        ctl_dir = sockets.make_env_dir(env_id)  # a short path whatever the home's length
         run_dir = self.run_dir(env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
@@ -152,8 +155,6 @@ class GvisorDriver(RunFolderDriver):
         try:
             self.runsc_root.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_owner(run_dir, request, self.name)
-            ctl_dir = run_dir / "ctl"
-            ctl_dir.mkdir(mode=0o700)
             bundle = run_dir / hostproc.marker(env_id)
             spec = bundle_mod.oci_spec(request, rootfs, ctl_dir, hostproc.marker(env_id))
             bundle_mod.write_bundle(bundle, spec)
@@ -244,6 +245,7 @@ class GvisorDriver(RunFolderDriver):
             for leaf in bundle_mod.cgroup_leaves(hostproc.marker(env_id)):
                 with contextlib.suppress(OSError):
                     leaf.rmdir()
+            sockets.remove_env_dir(env_id)
             hostproc.remove_tree(self.run_dir(env_id))
             left = self.remains(env_id)
             if not left:
@@ -307,6 +309,8 @@ class GvisorDriver(RunFolderDriver):
         left = []
         if self.run_dir(env_id).exists():
             left.append("run folder")
+        if sockets.env_dir(env_id).exists():
+            left.append("socket folder")
         if pids := hostproc.pids_with_marker(env_id):
             left.append(f"processes {pids}")
         if self._state_files(cid):

@@ -191,8 +191,10 @@ class QemuDriver(RunFolderDriver):
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.name)
         channel, guest_end = socket.socketpair()
+        monitor, qemu_monitor = socket.socketpair()
+        fds = (guest_end.fileno(), qemu_monitor.fileno())
         argv = self.command(
-            request, accel, run_dir, extra, ctl_fd=guest_end.fileno(), memory_backend=memory_backend
+            request, accel, extra, ctl_fd=fds[0], qmp_fd=fds[1], memory_backend=memory_backend
         )
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -201,15 +203,17 @@ class QemuDriver(RunFolderDriver):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(*pass_fds, guest_end.fileno()),
+                pass_fds=(*pass_fds, *fds),
             )
         except OSError as exc:
             channel.close()
+            monitor.close()
             hostproc.remove_tree(run_dir)
             raise LaunchError(f"cannot start QEMU: {exc}") from exc
         finally:
             guest_end.close()
-        live = Live(proc, run_dir, channel)
+            qemu_monitor.close()
+        live = Live(proc, run_dir, channel, monitor)
         self._live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
@@ -309,12 +313,8 @@ class QemuDriver(RunFolderDriver):
             if gone:
                 break
             await asyncio.sleep(0.01 * 2**attempts)
-        if live is not None and live.qmp is not None:
-            await live.qmp.aclose()
-            live.qmp = None
-        if live is not None and live.channel is not None:
-            live.channel.close()  # never opened (create failed before that)
-            live.channel = None
+        if live is not None:
+            await live.close_sockets()
         if live is not None and live.pump is not None:
             live.pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

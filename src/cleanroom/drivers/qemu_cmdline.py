@@ -2,15 +2,14 @@
 
 A template and its clones must have identical devices, so ``machine_args`` is the one place
 that lists them (the template key hashes it); ``command`` adds the per-env parts (the marker
-name, the agent channel's fd, the QMP socket) and wraps it in ``hostproc.supervised``.
+name, the fds of the agent channel's and the QMP monitor's socket pairs: no socket paths) and
+wraps it in ``hostproc.supervised``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest
 from cleanroom.network import qemu_args as net_args
 
@@ -69,10 +68,10 @@ def machine_args(
 def command(
     request: EnvRequest,
     accel: accel_mod.Accel,
-    run_dir: Path,
     extra: list[str] | None = None,
     *,
     ctl_fd: int,
+    qmp_fd: int,
     memory_backend: bool = False,
 ) -> list[str]:
     """The supervised QEMU command line of one env (``extra``: memory, incoming, monitors)."""
@@ -83,8 +82,10 @@ def command(
         *machine_args(request, accel, memory_backend=memory_backend),
         "-chardev",
         f"socket,id=ctl,fd={ctl_fd}",  # the guest's end of the agent channel's socket pair
-        "-qmp",
-        f"unix:{snapshot.qemu_opt(run_dir / 'qmp.sock')},server=on,wait=off",
+        "-chardev",
+        f"socket,id=qmp,fd={qmp_fd}",  # QEMU's end of the QMP monitor's socket pair
+        "-mon",
+        "chardev=qmp,mode=control",
         *(extra or []),
     ]
     return hostproc.supervised(qemu, request.hard_deadline_s)

@@ -33,7 +33,6 @@ from cleanroom import paths
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, qemu_seal, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
-from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
 
 if TYPE_CHECKING:
@@ -122,11 +121,11 @@ async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
         raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
     started = time.monotonic()
     await env.session.snapshot_prepare()
-    live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
+    qmp = await live.open_qmp()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
     try:
-        save_s = await snapshot.save(live.qmp, state_fd)
+        save_s = await snapshot.save(qmp, state_fd)
     finally:
         os.close(state_fd)
     report = await env.aclose()  # the parent must be gone before its RAM file is sealed

@@ -2,7 +2,9 @@
 
 The agent channel is one end of a socket pair the driver made before QEMU started (the guest's
 virtio-serial port is the other end), so there is nothing to connect to or poll: the host's end
-is opened once as streams, and every wait on the guest is cut short as soon as QEMU exits.
+is opened once as streams, and every wait on the guest is cut short as soon as QEMU exits. The
+QMP monitor is a socket pair too (no socket path: a home of any length works), opened on the
+first ``open_qmp`` and closed with the env.
 """
 
 from __future__ import annotations
@@ -23,12 +25,36 @@ class Live(hostproc.ConsoleProcess):
     """What the driver holds for an env it created in this process."""
 
     def __init__(
-        self, proc: asyncio.subprocess.Process, run_dir: Path, channel: socket.socket
+        self,
+        proc: asyncio.subprocess.Process,
+        run_dir: Path,
+        channel: socket.socket,
+        monitor: socket.socket,
     ) -> None:
         super().__init__(proc)
         self.run_dir = run_dir
         self.channel: socket.socket | None = channel  # the agent channel until it is opened
+        self.monitor: socket.socket | None = monitor  # the QMP monitor until it is opened
         self.qmp: QmpClient | None = None
+
+    async def open_qmp(self) -> QmpClient:
+        """The env's QMP client (connected on the first call, then the same one)."""
+        if self.qmp is None:
+            monitor, self.monitor = self.monitor, None
+            if monitor is None:
+                raise DriverError("the QMP monitor was already closed")
+            self.qmp = await QmpClient.over(monitor)
+        return self.qmp
+
+    async def close_sockets(self) -> None:
+        """Close QMP and whatever socket was never opened (idempotent)."""
+        if self.qmp is not None:
+            await self.qmp.aclose()
+            self.qmp = None
+        for sock in (self.channel, self.monitor):
+            if sock is not None:
+                sock.close()
+        self.channel = self.monitor = None
 
     async def open_channel(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The host's end of the agent channel as streams (once: the streams then own it)."""

@@ -23,7 +23,6 @@ from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import EnvRequest, new_env_id
 from cleanroom.drivers.qemu_live import Live, first_line
-from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import CleanroomError, DriftError, DriverError, LaunchError
 
 if TYPE_CHECKING:
@@ -112,8 +111,7 @@ async def build_template(
         )
         writer, prepared = await _ready_template(live, driver.boot_timeout_s)
         try:
-            live.qmp = await QmpClient.connect(live.run_dir / "qmp.sock")
-            save_s = await snapshot.save(live.qmp, state_fd)
+            save_s = await snapshot.save(await live.open_qmp(), state_fd)
         finally:
             writer.close()
         boot_s = time.monotonic() - started - save_s

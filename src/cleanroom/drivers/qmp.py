@@ -1,8 +1,9 @@
 """A small async QMP client: greeting, ``qmp_capabilities``, ``execute``, events.
 
-QEMU's machine protocol is JSON lines over the ``-qmp unix:<path>,server=on,wait=off`` socket
-the qemu driver gives every VM. ``QmpClient.connect`` waits (bounded) for the socket, reads the
-greeting and negotiates capabilities; ``execute`` sends one command with an ``id`` and waits
+QEMU's machine protocol is JSON lines over a monitor socket: the qemu driver gives every VM one
+end of a socket pair (``QmpClient.over``; no path, so a home of any length works);
+``QmpClient.connect`` waits (bounded) for a listening socket at a path. Both read the greeting
+and negotiate capabilities; ``execute`` sends one command with an ``id`` and waits
 (bounded) for its answer; asynchronous events are kept in order for ``wait_event``. Every
 failure is a ``DriverError`` (a refused command names the command and QEMU's message).
 
@@ -30,7 +31,8 @@ MAX_LINE = 1 << 20
 
 
 class QmpClient:
-    """One QMP connection. Use ``await QmpClient.connect(path)``; ``aclose()`` is idempotent."""
+    """One QMP connection: ``await QmpClient.over(sock)`` or ``.connect(path)``; ``aclose()``
+    is idempotent."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
@@ -59,9 +61,21 @@ class QmpClient:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.005)
+        return await cls._negotiate(reader, writer, max(end - time.monotonic(), 0.1))
+
+    @classmethod
+    async def over(cls, sock: socket.socket, timeout_s: float = DEFAULT_TIMEOUT_S) -> QmpClient:
+        """A client over a connected monitor socket (the client owns it from here on)."""
+        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
+        return await cls._negotiate(reader, writer, timeout_s)
+
+    @classmethod
+    async def _negotiate(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remaining: float
+    ) -> QmpClient:
+        """Read the greeting and negotiate capabilities within ``remaining`` seconds each."""
         client = cls(reader, writer)
         try:
-            remaining = max(end - time.monotonic(), 0.1)
             greeting = await asyncio.wait_for(client._read_message(), remaining)
             if "QMP" not in greeting:
                 raise DriverError(f"not a QMP greeting: {str(greeting)[:200]}")

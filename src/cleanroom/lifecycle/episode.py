@@ -42,6 +42,7 @@ from cleanroom.network.qemu_args import Attachment
 from cleanroom.record import Outcome
 from cleanroom.secrets import Redactor
 from cleanroom.secrets import resolve as resolve_secrets
+from cleanroom.store import Store
 from cleanroom.verify import verdict_label
 
 if TYPE_CHECKING:
@@ -289,19 +290,7 @@ class Episode:
         assert store is not None
         output = self.output
         if not (self.outcome.final and output is not None):
-            await asyncio.to_thread(
-                export_attempt,
-                store,
-                k.run_id,
-                self.manifest,
-                k.attempt,
-                self.env_id,
-                self.outcome,
-                self.error,
-                output,
-                diagnostics,
-                self.redactor,
-            )
+            await self._keep_attempt(store, output, diagnostics)
             return
         verdict = None
         if self.verifiers is not None:
@@ -350,23 +339,30 @@ class Episode:
             self.error = self.redactor.redact_text(self.error)
         trace = "".join(traceback.format_exception(exc))
         diagnostics["traceback.txt"] = trace.encode("utf-8", "backslashreplace")
-        store, k = self.ctx.store, self.key
+        store = self.ctx.store
         if store is None:
             return
         with contextlib.suppress(Exception):  # best effort: the traceback for the attempt
-            await asyncio.to_thread(
-                export_attempt,
-                store,
-                k.run_id,
-                self.manifest,
-                k.attempt,
-                self.env_id,
-                self.outcome,
-                self.error,
-                None,
-                diagnostics,
-                self.redactor,
-            )
+            await self._keep_attempt(store, None, diagnostics)
+
+    async def _keep_attempt(
+        self, store: Store, output: EpisodeOutput | None, diagnostics: dict[str, bytes]
+    ) -> None:
+        """The attempt's evidence under ``attempts/<n>/`` (not a final, durable record)."""
+        k = self.key
+        await asyncio.to_thread(
+            export_attempt,
+            store,
+            k.run_id,
+            self.manifest,
+            k.attempt,
+            self.env_id,
+            self.outcome,
+            self.error,
+            output,
+            diagnostics,
+            self.redactor,
+        )
 
     async def _close(self) -> None:
         """Destroy and confirm (the lease), cut egress, drop the staging, write the outcome."""

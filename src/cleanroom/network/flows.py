@@ -1,18 +1,32 @@
-"""What the egress proxy does with each kind of guest connection (see ``proxy.py``)."""
+"""What the egress proxy does with each kind of guest connection (see ``proxy.py``).
+
+A flow sees its proxy only as a ``FlowHost`` (the policy and plan it checks against, where it
+records itself, how it connects out), so this module does not import ``proxy.py``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from cleanroom.network import dns
 from cleanroom.network.events import Flow
-from cleanroom.network.policy import as_address, normalize_name, split_target
+from cleanroom.network.plan import Plan
+from cleanroom.network.policy import Policy, as_address, normalize_name, split_target
 
-if TYPE_CHECKING:
-    from cleanroom.network.proxy import EgressProxy
+
+class FlowHost(Protocol):
+    """What a flow needs of the proxy serving it (``proxy.EgressProxy`` is one)."""
+
+    policy: Policy
+    plan: Plan
+
+    def record(self, flow: Flow) -> None: ...
+
+    async def connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, Any, str]: ...
+
 
 REQUEST_TIMEOUT_S = 30.0  # to send a request head, or the next DNS query
 CHUNK = 64 * 1024
@@ -27,7 +41,7 @@ class _Refused(Exception):
         self.status = status
 
 
-async def serve_http(proxy: EgressProxy, reader: asyncio.StreamReader, writer: Any) -> None:
+async def serve_http(proxy: FlowHost, reader: asyncio.StreamReader, writer: Any) -> None:
     """One HTTP proxy request: CONNECT, or an absolute-form ``http://`` request."""
     flow = Flow("connect", "(no request)")
     try:
@@ -85,7 +99,7 @@ def _absolute_url(target: str) -> tuple[str, int, bytes]:
     return url.hostname, port, path.encode("latin-1")
 
 
-def _check_target(proxy: EgressProxy, flow: Flow, target: str) -> tuple[str, int]:
+def _check_target(proxy: FlowHost, flow: Flow, target: str) -> tuple[str, int]:
     """Parse ``host:port`` and check it against the allowlist (sets the flow's verdict)."""
     flow.dest = target[:300]
     try:
@@ -102,7 +116,7 @@ def _check_target(proxy: EgressProxy, flow: Flow, target: str) -> tuple[str, int
     return host, port
 
 
-async def _connect(proxy: EgressProxy, flow: Flow, host: str, port: int) -> tuple[Any, Any]:
+async def _connect(proxy: FlowHost, flow: Flow, host: str, port: int) -> tuple[Any, Any]:
     try:
         reader, writer, flow.address = await proxy.connect(host, port)
     except (OSError, TimeoutError) as exc:
@@ -112,7 +126,7 @@ async def _connect(proxy: EgressProxy, flow: Flow, host: str, port: int) -> tupl
 
 
 async def serve_tcp(
-    proxy: EgressProxy, dest: tuple[str, int], reader: asyncio.StreamReader, writer: Any
+    proxy: FlowHost, dest: tuple[str, int], reader: asyncio.StreamReader, writer: Any
 ) -> None:
     """A plain TCP connection to a synthetic address: relayed to its name and port."""
     host, port = dest
@@ -169,7 +183,7 @@ async def relay(
         up_writer.close()
 
 
-async def serve_dns(proxy: EgressProxy, reader: asyncio.StreamReader, writer: Any) -> None:
+async def serve_dns(proxy: FlowHost, reader: asyncio.StreamReader, writer: Any) -> None:
     """DNS over TCP: length-prefixed queries, one answer each, until the guest stops."""
     while True:
         try:
@@ -189,7 +203,7 @@ async def serve_dns(proxy: EgressProxy, reader: asyncio.StreamReader, writer: An
             return
 
 
-def answer_dns(proxy: EgressProxy, message: bytes) -> bytes:
+def answer_dns(proxy: FlowHost, message: bytes) -> bytes:
     """The answer to one query, recorded as a ``dns`` event."""
     flow = Flow("dns")
     flow.up = len(message)
@@ -206,7 +220,7 @@ def answer_dns(proxy: EgressProxy, message: bytes) -> bytes:
     return answer
 
 
-def _resolve(proxy: EgressProxy, flow: Flow, query: dns.Query) -> bytes:
+def _resolve(proxy: FlowHost, flow: Flow, query: dns.Query) -> bytes:
     name = normalize_name(query.name)
     rules = [r for r in proxy.policy.rules if name and r.kind != "net" and r.matches(name, r.port)]
     if not rules:

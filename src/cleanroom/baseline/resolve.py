@@ -1,0 +1,16 @@
+"""A baseline reference that may still need building: the one place above both store and builder."""
+
+from __future__ import annotations
+
+from cleanroom.baseline.builder import build
+from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.proc import Progress, quiet
+from cleanroom.baseline.store import resolve, spec_file
+
+
+def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
+    """Like ``store.resolve``, but a spec (file or folder) that was not built yet is built now."""
+    spec = spec_file(ref)
+    if spec is not None and spec.is_file():
+        return build(spec, progress=progress)
+    return resolve(ref)
