@@ -47,7 +47,7 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.store import resolve_or_build
+from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
