@@ -14,6 +14,9 @@ APT_PACKAGES=(
   ca-certificates
   gcc libc6-dev  # the guest agent's native reseed helper (agent/reseed.c), built into baselines
   runsc  # gVisor, for --driver gvisor (a user-space kernel sandbox: no VM, no KVM needed)
+  skopeo  # container images as baselines: docker:// pulls and archive conversions
+  buildah  # [base] dockerfile = ...: daemonless image builds (RUN isolated by chroot)
+  docker-registry  # a real registry on 127.0.0.1 for the image tests
   chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
 )
 VENV="$ROOT/.venv"

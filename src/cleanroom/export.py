@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cleanroom import __version__
 from cleanroom.agent.session import Artifact, EpisodeOutput
 from cleanroom.baseline.model import Baseline
-from cleanroom.digests import sha256_file
+from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import ExportError
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome, cleanroom_revision, host_facts, parse_guest_result
@@ -144,6 +144,8 @@ def export_episode(
             "spec_digest": baseline.spec_digest,
             "kernel": baseline.kernel_version,
             "agent_version": baseline.agent_version,
+            **({"image": baseline.image} if baseline.image is not None else {}),
+            **({"lock": digest_of(baseline.lock)} if baseline.lock is not None else {}),
             "manifest_digest": manifest.digest(),
             "env_id": env_id,
             "fresh_env": True,

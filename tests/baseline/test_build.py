@@ -71,7 +71,9 @@ def test_a_failed_build_leaves_no_scratch(tiny: Baseline, monkeypatch: pytest.Mo
 
     seen: list[Path] = []
 
-    def broken(spec: object, tree: Path, out: Path, progress: object) -> None:
+    def broken(
+        spec: object, tree: Path, out: Path, progress: object, locked: object = None
+    ) -> None:
         (tree / "half-done").write_text("x")
         (out.parent / "partial").write_text("x")
         seen.extend([tree, out.parent])

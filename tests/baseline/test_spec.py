@@ -88,7 +88,7 @@ def test_errors_name_the_file_and_the_field(
 
 def test_a_missing_entrypoint_is_named(tmp_path: Path) -> None:
     path = write_spec(tmp_path, 'name = "x"\n')
-    with pytest.raises(SpecError, match=r"entrypoint: Field required"):
+    with pytest.raises(SpecError, match=r"entrypoint: required"):
         load_spec(path)
 
 
@@ -252,3 +252,26 @@ def test_the_warm_test_spec_is_valid() -> None:
         "preimport": ["json", "random"],
         "path": ["/opt/warm"],
     }
+
+
+def test_image_specs_validate_their_reference(tmp_path: Path) -> None:
+    """An image base: a known scheme, an existing local file, no Debian packages on top; the
+    image may stand in for the entrypoint. Debian specs keep their canonical form (digest)."""
+    bad = write_spec(tmp_path, 'name = "x"\n[base]\nimage = "ftp://nope"\n')
+    with pytest.raises(SpecError, match="an image is one of"):
+        load_spec(bad)
+    missing = write_spec(tmp_path, 'name = "x"\n[base]\nimage = "oci-archive:none.tar"\n')
+    with pytest.raises(SpecError, match=r"base\.image: .*none\.tar does not exist"):
+        load_spec(missing)
+    (tmp_path / "img.tar").write_bytes(b"x")
+    with_packages = 'name = "x"\n[base]\nimage = "oci-archive:img.tar"\npackages = ["curl"]\n'
+    with pytest.raises(SpecError, match="packages cannot be added to an image"):
+        load_spec(write_spec(tmp_path, with_packages))
+    spec = load_spec(write_spec(tmp_path, 'name = "x"\n[base]\nimage = "oci-archive:img.tar"\n'))
+    assert spec.entrypoint is None and spec.image_ref() == f"oci-archive:{tmp_path / 'img.tar'}"
+    assert spec.canonical()["base"] == {"image": "oci-archive:img.tar"}
+    before = spec_digest(spec)
+    (tmp_path / "img.tar").write_bytes(b"y")
+    assert spec_digest(load_spec(tmp_path / "baseline.toml")) != before  # archive bytes count
+    debian = load_spec(write_spec(tmp_path, GOOD))
+    assert "image" not in debian.canonical()["base"]

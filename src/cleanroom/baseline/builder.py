@@ -27,10 +27,11 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from cleanroom.baseline import store
+from cleanroom.baseline import lock, store
 from cleanroom.baseline.initramfs import build_initramfs
-from cleanroom.baseline.kernel import fetch_kernel
+from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
 from cleanroom.baseline.model import (
     INITRD_FILE,
     KERNEL_FILE,
@@ -41,8 +42,9 @@ from cleanroom.baseline.model import (
     FunctionEntry,
     identity,
 )
+from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet
-from cleanroom.baseline.rootfs import build_rootfs, scratch_parent
+from cleanroom.baseline.rootfs import RootfsFacts, build_rootfs, scratch_parent
 from cleanroom.baseline.spec import (
     AGENT_DIR,
     BUILDER_VERSION,
@@ -99,14 +101,58 @@ def _install(out: Path, digest: str) -> None:
         os.replace(staging, final)
 
 
-def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) -> Baseline:
+def image_record(image: Image | None) -> dict[str, Any] | None:
+    """What a baseline records of its container image: digests, and the config it honours."""
+    if image is None:
+        return None
+    return {
+        **{k: v for k, v in image.identity().items() if k != "ref"},  # the spec names the source
+        "env": list(image.config.env),
+        "working_dir": image.config.working_dir,
+        "user": image.config.user,
+    }
+
+
+def _entrypoint(spec: BaselineSpec, image: Image | None) -> tuple[str, ...]:
+    """The spec's command; with no ``[entrypoint]``, the image's ``Entrypoint`` + ``Cmd``."""
+    if spec.entrypoint is not None:
+        return tuple(spec.entrypoint.command or ())
+    command = image.config.command() if image is not None else ()
+    if not command:
+        raise BuildError(f"{spec.name}: no [entrypoint] and the image sets no Entrypoint or Cmd")
+    return command
+
+
+def _lock(facts: RootfsFacts, kernel: Kernel, package: str, image: Image | None) -> dict[str, Any]:
+    """The lock of this build (``lock.py``): packages, wheels, kernel, image."""
+    debs = sorted(
+        p.name for p in kernel_cache().joinpath("debs").glob(f"linux-image-{kernel.version}_*.deb")
+    )
+    return {
+        "format": lock.FORMAT,
+        "debian": {"packages": facts.packages, "release": facts.release}
+        if facts.packages
+        else None,
+        "pip": facts.pip,
+        "kernel": {"package": package, "version": kernel.version, "deb": debs[-1] if debs else ""},
+        "image": {k: v for k, v in image.identity().items() if k != "ref"} if image else None,
+    }
+
+
+def _assemble(
+    spec: BaselineSpec,
+    sdigest: str,
+    work: Path,
+    progress: Progress,
+    locked: dict[str, Any] | None = None,
+) -> Baseline:
     started = time.monotonic()
     kernel = fetch_kernel(spec.kernel.package, progress)
     out = work / "out"
     out.mkdir()
     tree = Path(tempfile.mkdtemp(prefix="cleanroom-rootfs-", dir=scratch_parent()))
     try:
-        build_rootfs(spec, tree, out / ROOTFS_FILE, progress)
+        facts = build_rootfs(spec, tree, out / ROOTFS_FILE, progress, locked)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")
@@ -115,7 +161,12 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
 
     progress("digest", "hashing components")
     components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
-    entrypoint = tuple(spec.entrypoint.command or ())
+    image = facts.image
+    the_lock = _lock(facts, kernel, spec.kernel.package, image)
+    if locked is not None:
+        for key in ("kernel", "image"):
+            lock.check_equal(key, locked.get(key), the_lock.get(key))
+    entrypoint = _entrypoint(spec, image)
     warm = spec.warm_config()
     function = FunctionEntry.from_json(warm) if warm is not None else None
     version = agent_version()
@@ -129,6 +180,8 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         sdigest,
         function,
         network=network,
+        image=image_record(image),
+        lock_digest=lock.lock_digest(the_lock),
     )
     digest = digest_of(ident)
     for component in components:
@@ -146,6 +199,8 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
         spec=spec.canonical(),
         function=function,
         network=network,
+        image=image_record(image),
+        lock=the_lock,
     )
     data = baseline.to_json()
     data["built"] = {
@@ -163,27 +218,74 @@ def _assemble(spec: BaselineSpec, sdigest: str, work: Path, progress: Progress) 
     return store.load(digest)
 
 
-def build(spec_path: Path, progress: Progress = quiet, force: bool = False) -> Baseline:
-    """Build (or find in the cache) the baseline of a ``baseline.toml``; see module docstring."""
+def build(
+    spec_path: Path, progress: Progress = quiet, force: bool = False, locked: bool = False
+) -> Baseline:
+    """Build (or find in the cache) the baseline of a ``baseline.toml``; see module docstring.
+
+    ``locked``: install exactly what ``baseline.lock`` beside the spec says (``lock.py``), or
+    fail naming what is no longer available. A build writes that lock if there is none."""
     spec = load_spec(Path(spec_path))
     sdigest = spec_digest(spec)
-    if not force:
-        cached = store.lookup_spec(sdigest, builder_fingerprint())
-        if cached is not None:
-            try:
-                store.quick_check(cached)
-            except DriftError as exc:
-                progress("cache", f"cached {cached.short} drifted ({exc}); rebuilding")
-            else:
-                progress("cache", f"{spec.name}: already built as {cached.digest}")
-                return cached
+    the_lock = lock.read(Path(spec_path)) if locked else None
+    baseline = None if force or locked else _cached(spec, sdigest, progress)
+    if baseline is None:
+        baseline = _fresh(spec, sdigest, progress, the_lock)
+    _keep_lock(Path(spec_path), baseline, progress)
+    return baseline
+
+
+def _cached(spec: BaselineSpec, sdigest: str, progress: Progress) -> Baseline | None:
+    cached = store.lookup_spec(sdigest, builder_fingerprint())
+    if cached is None:
+        return None
+    try:
+        store.quick_check(cached)
+    except DriftError as exc:
+        progress("cache", f"cached {cached.short} drifted ({exc}); rebuilding")
+        return None
+    progress("cache", f"{spec.name}: already built as {cached.digest}")
+    return cached
+
+
+def _fresh(
+    spec: BaselineSpec, sdigest: str, progress: Progress, locked: dict[str, Any] | None
+) -> Baseline:
     scratch = cache_dir()
     scratch.mkdir(parents=True, exist_ok=True)
     baselines_dir().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
     try:
-        return _assemble(spec, sdigest, work, progress)
+        return _assemble(spec, sdigest, work, progress, locked)
     except OSError as exc:
         raise BuildError(f"build of {spec.name} failed: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _keep_lock(spec_path: Path, baseline: Baseline, progress: Progress) -> None:
+    """Write ``baseline.lock`` beside the spec if it has none (a read-only folder is fine);
+    say so if the one there no longer matches what this build got."""
+    if baseline.lock is None:
+        return
+    path = lock.lock_path(spec_path)
+    if path.exists():
+        try:
+            same = lock.read(spec_path) == baseline.lock
+        except BuildError:
+            same = False
+        if not same:
+            progress("lock", f"{path} differs from this build; `cleanroom baseline lock` renews it")
+        return
+    try:
+        progress("lock", str(lock.write(spec_path, baseline.lock)))
+    except OSError as exc:
+        progress("lock", f"not written beside the spec ({exc.strerror})")
+
+
+def relock(spec_path: Path, progress: Progress = quiet) -> Path:
+    """``cleanroom baseline lock``: build afresh, unlocked, and replace the spec's lock."""
+    baseline = build(spec_path, progress, force=True)
+    if baseline.lock is None:
+        raise BuildError(f"{spec_path}: the build recorded no lock")
+    return lock.write(Path(spec_path), baseline.lock)

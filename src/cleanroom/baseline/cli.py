@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cleanroom.baseline import store
-from cleanroom.errors import CleanroomError, DriftError
+from cleanroom.errors import CleanroomError, ConfigError, DriftError
 
 baseline_app = typer.Typer(
     help="Build, list, inspect and verify baselines (content-addressed VM images).",
@@ -51,24 +51,72 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-@baseline_app.command("build")
-def build_cmd(
-    spec: Annotated[Path, typer.Argument(help="path to a baseline.toml")],
-    force: Annotated[bool, typer.Option("--force", help="rebuild even if cached")] = False,
-) -> None:
-    """Build a baseline from its spec (cached by spec digest); print its digest last."""
-    from cleanroom.baseline.builder import build
-
+def _progress() -> Callable[[str, str], None]:
     started = time.monotonic()
 
     def progress(step: str, detail: str) -> None:
         elapsed = time.monotonic() - started
         err.print(f"[dim]{elapsed:6.1f}s[/dim] [cyan]{step:<9}[/cyan] {detail}", markup=True)
 
+    return progress
+
+
+@baseline_app.command("build")
+def build_cmd(
+    spec: Annotated[
+        Path | None, typer.Argument(help="path to a baseline.toml (or give --image)")
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="build from a container image alone: oci-archive:PATH, docker-archive:PATH, "
+            "oci:DIR[:TAG] or docker://REF (its Entrypoint+Cmd is the entrypoint)",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="rebuild even if cached")] = False,
+    locked: Annotated[
+        bool, typer.Option("--locked", help="install exactly what baseline.lock says")
+    ] = False,
+) -> None:
+    """Build a baseline from its spec (cached by spec digest); print its digest last."""
+    from cleanroom.baseline.builder import build
+    from cleanroom.baseline.image_spec import spec_for_image
+
+    started = time.monotonic()
     with _errors():
-        baseline = build(spec, progress=progress, force=force)
+        if (spec is None) == (image is None):
+            raise ConfigError("give a spec path or --image REF (one of them)")
+        path = spec if spec is not None else spec_for_image(str(image))
+        baseline = build(path, progress=_progress(), force=force, locked=locked)
     err.print(f"[green]built[/green] {baseline.name} in {time.monotonic() - started:.1f}s")
     out.print(baseline.digest, markup=False)
+
+
+@baseline_app.command("lock")
+def lock_cmd(spec: Annotated[Path, typer.Argument(help="path to a baseline.toml")]) -> None:
+    """Build afresh and write what it resolved to baseline.lock beside the spec."""
+    from cleanroom.baseline.builder import relock
+
+    with _errors():
+        path = relock(spec, progress=_progress())
+    out.print(str(path), markup=False)
+
+
+@baseline_app.command("diff")
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="digest, prefix or spec path")],
+    b: Annotated[str, typer.Argument(help="digest, prefix or spec path")],
+) -> None:
+    """What changed between two baselines: packages, wheels, kernel, image, files."""
+    from cleanroom.baseline.compare import compare
+
+    with _errors():
+        changes = compare(store.resolve(a), store.resolve(b))
+    for line in changes:
+        out.print(line, markup=False)
+    if not changes:
+        err.print("no differences")
 
 
 @baseline_app.command("ls")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleanroom.digests import digest_of
 from cleanroom.manifest import Limits
 
 FORMAT_VERSION = 1
@@ -69,6 +70,8 @@ class Baseline:
     spec: dict[str, Any] = field(default_factory=dict)
     function: FunctionEntry | None = None
     network: tuple[str, ...] | None = None  # the egress allowlist (None: no network)
+    image: dict[str, Any] | None = None  # the container image it came from
+    lock: dict[str, Any] | None = None  # what went in (``lock.py``); its digest is in identity
 
     @property
     def short(self) -> str:
@@ -97,11 +100,29 @@ class Baseline:
             self.spec_digest,
             self.function,
             network=self.network,
+            image=self.image,
+            lock_digest=digest_of(self.lock) if self.lock is not None else None,
         )
+
+    def components_by_name(self, name: str) -> Component | None:
+        return next((c for c in self.components if c.name == name), None)
+
+    @property
+    def image_env(self) -> dict[str, str]:
+        """The image config's ``Env`` as a mapping (empty for a Debian baseline)."""
+        pairs = (item.partition("=") for item in (self.image or {}).get("env", []))
+        return {name: value for name, _, value in pairs if name}
+
+    @property
+    def workdir(self) -> str | None:
+        """The image config's ``WorkingDir``, if it set one."""
+        return (self.image or {}).get("working_dir") or None
 
     def to_json(self) -> dict[str, Any]:
         data = self.identity()
         data.update(digest=self.digest, name=self.name, spec=self.spec)
+        if self.lock is not None:
+            data["lock"] = self.lock
         return data
 
     @classmethod
@@ -119,6 +140,8 @@ class Baseline:
             spec=data.get("spec", {}),
             function=FunctionEntry.from_json(data["function"]) if "function" in data else None,
             network=tuple(data["network"]) if data.get("network") is not None else None,
+            image=data.get("image"),
+            lock=data.get("lock"),
         )
 
 
@@ -132,9 +155,11 @@ def identity(
     function: FunctionEntry | None = None,
     *,
     network: tuple[str, ...] | None = None,
+    image: dict[str, Any] | None = None,
+    lock_digest: str | None = None,
 ) -> dict[str, Any]:
-    """The canonical, digest-covered description of a baseline (``function`` and ``network``
-    only if set, so baselines without them keep their digests)."""
+    """The canonical, digest-covered description of a baseline (``function``, ``network`` and
+    ``image`` only if set, so baselines without them keep their digests)."""
     ident = {
         "format": FORMAT_VERSION,
         "components": [
@@ -151,4 +176,8 @@ def identity(
         ident["function"] = function.to_json()
     if network is not None:
         ident["network"] = list(network)
+    if image is not None:
+        ident["image"] = image
+    if lock_digest is not None:
+        ident["lock"] = lock_digest
     return ident

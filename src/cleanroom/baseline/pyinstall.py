@@ -13,11 +13,14 @@ build instead of every boot.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+from cleanroom.baseline.lock import pip_items, pip_requirements
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.spec import SOURCE_DATE_EPOCH, BaselineSpec
 from cleanroom.errors import BuildError
@@ -54,13 +57,38 @@ def site_packages(rootfs: Path) -> Path:
     return rootfs / "usr" / "local" / "lib" / f"python{guest_python(rootfs)}" / "dist-packages"
 
 
-def install_pip(requirements: list[str], rootfs: Path, progress: Progress = quiet) -> None:
-    """Install wheels for the guest's Python (version, ABI, glibc platform) into the tree."""
+def install_pip(
+    requirements: list[str],
+    rootfs: Path,
+    progress: Progress = quiet,
+    locked: list[dict[str, str]] | None = None,
+) -> list[dict[str, str]]:
+    """Install wheels for the guest's Python (version, ABI, glibc platform) into the tree;
+    with ``locked`` (a lock's ``pip``), exactly those wheels, checked by hash. Returns the
+    wheels installed (the lock's ``pip``)."""
     if not requirements:
-        return
+        return []
     version = guest_python(rootfs)
     target = site_packages(rootfs)
     progress("pip", f"installing {len(requirements)} requirement(s) for Python {version}")
+    work = Path(tempfile.mkdtemp(prefix="cleanroom-pip-"))
+    report = work / "report.json"
+    wanted: list[str] = list(requirements)
+    if locked is not None:
+        (work / "locked.txt").write_text(pip_requirements(locked))
+        wanted = ["--require-hashes", "--no-deps", "-r", str(work / "locked.txt")]
+    try:
+        _pip(version, target, wanted, report)
+        items = pip_items(json.loads(report.read_text()))
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"pip: no install report ({exc})") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _move_scripts(rootfs, target)
+    return items
+
+
+def _pip(version: str, target: Path, wanted: list[str], report: Path) -> None:
     run(
         [
             sys.executable,
@@ -82,11 +110,17 @@ def install_pip(requirements: list[str], rootfs: Path, progress: Progress = quie
             f"cp{version.replace('.', '')}",
             *(arg for tag in GUEST_PLATFORMS for arg in ("--platform", tag)),
             "--only-binary=:all:",
-            *requirements,
+            "--report",
+            str(report),
+            *wanted,
         ],
         "pip",
         env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH), "PIP_ROOT_USER_ACTION": "ignore"},
     )
+
+
+def _move_scripts(rootfs: Path, target: Path) -> None:
+    """Console scripts to ``/usr/local/bin``, with the guest's Python in the shebang."""
     scripts = target / "bin"
     if scripts.is_dir():
         bindir = rootfs / "usr" / "local" / "bin"

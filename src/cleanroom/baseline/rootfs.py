@@ -25,10 +25,17 @@ import hashlib
 import json
 import os
 import shutil
+import tarfile
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleanroom.baseline import oci
+from cleanroom.baseline.dockerfile import build_image
+from cleanroom.baseline.layers import resolve_in_root
+from cleanroom.baseline.lock import apt_preferences, check_packages, dpkg_packages, tree_packages
+from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
 from cleanroom.baseline.spec import (
@@ -79,23 +86,35 @@ def guest_path(rootfs: Path, path: str) -> Path:
 # -- debootstrap ----------------------------------------------------------------------------------
 
 
-def base_cache_key(base: BaseSection) -> str:
-    """The rootfs tarball's cache key: suite, variant, sorted packages and the recipe version."""
-    recipe = {
+def base_cache_key(base: BaseSection, pins: dict[str, str] | None = None) -> str:
+    """The rootfs tarball's cache key: suite, variant, sorted packages, the recipe version and,
+    for a locked build, the pinned versions."""
+    recipe: dict[str, Any] = {
         "suite": base.suite,
         "variant": base.variant,
         "packages": list(base.all_packages()),
         "epoch": SOURCE_DATE_EPOCH,
         "version": ROOTFS_CACHE_VERSION,
     }
+    if pins:
+        recipe["pins"] = pins
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def debootstrap_tarball(base: BaseSection, progress: Progress = quiet) -> Path:
-    """The cached mmdebstrap tarball for ``base``, running mmdebstrap (~30 s) if absent."""
+def release_dates(tarball: Path) -> list[str]:
+    """The ``Date:`` lines of the archive's Release files mmdebstrap used (kept beside it)."""
+    path = tarball.with_suffix(".release")
+    return path.read_text().split("\n")[:-1] if path.is_file() else []
+
+
+def debootstrap_tarball(
+    base: BaseSection, progress: Progress = quiet, pins: dict[str, str] | None = None
+) -> Path:
+    """The cached mmdebstrap tarball for ``base`` (with apt pinned to ``pins``, if given),
+    running mmdebstrap (~30 s) if absent."""
     folder = cache_dir() / "rootfs"
     folder.mkdir(parents=True, exist_ok=True)
-    tarball = folder / f"{base_cache_key(base)}.tar"
+    tarball = folder / f"{base_cache_key(base, pins)}.tar"
     if tarball.is_file():
         progress("rootfs", f"cached debootstrap {tarball.name}")
         return tarball
@@ -103,6 +122,15 @@ def debootstrap_tarball(base: BaseSection, progress: Progress = quiet) -> Path:
     progress("rootfs", f"mmdebstrap {base.variant} {base.suite} +{packages}")
     partial = folder / f".{tarball.stem}.{os.getpid()}.partial"
     tmpdir = Path(tempfile.mkdtemp(prefix="cleanroom-mmdebstrap-", dir=scratch_parent()))
+    release = tmpdir / "release"
+    hooks = []
+    if pins:
+        (tmpdir / "pins").write_text(apt_preferences(pins))
+        prefs = '"$1/etc/apt/preferences.d/cleanroom-lock"'
+        hooks += [f'--setup-hook=mkdir -p "$1/etc/apt/preferences.d" && cp {tmpdir}/pins {prefs}']
+        hooks += [f"--customize-hook=rm -f {prefs}"]
+    lists = '"$1"/var/lib/apt/lists/*Release'
+    hooks += [f"--customize-hook=grep -h '^Date:' {lists} > {release} || :"]
     try:
         run(
             [
@@ -113,12 +141,15 @@ def debootstrap_tarball(base: BaseSection, progress: Progress = quiet) -> Path:
                 f"--include={packages}",
                 '--customize-hook=echo cleanroom > "$1/etc/hostname"',
                 '--customize-hook=: > "$1/etc/resolv.conf"',
+                *hooks,
                 base.suite,
                 partial,
             ],
             "rootfs",
             env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH), "TMPDIR": str(tmpdir)},
         )
+        if release.is_file():
+            shutil.copyfile(release, tarball.with_suffix(".release"))
         os.replace(partial, tarball)
     finally:
         partial.unlink(missing_ok=True)
@@ -126,9 +157,20 @@ def debootstrap_tarball(base: BaseSection, progress: Progress = quiet) -> Path:
     return tarball
 
 
-def extract_base(base: BaseSection, rootfs: Path, progress: Progress = quiet) -> None:
-    """Fill the folder ``rootfs`` (created if missing) with the (cached) Debian tree."""
+def _tarball_packages(tarball: Path) -> dict[str, str]:
+    with tarfile.open(tarball) as tar:
+        member = tar.extractfile("./var/lib/dpkg/status")
+        return dpkg_packages(member.read().decode("utf-8", "replace")) if member else {}
+
+
+def extract_base(
+    base: BaseSection, rootfs: Path, progress: Progress = quiet, pins: dict[str, str] | None = None
+) -> list[str]:
+    """Fill the folder ``rootfs`` (created if missing) with the (cached) Debian tree; with
+    ``pins`` (a locked build), exactly those package versions. Returns the Release dates."""
     tarball = debootstrap_tarball(base, progress)
+    if pins and _tarball_packages(tarball) != pins:
+        tarball = debootstrap_tarball(base, progress, pins)
     rootfs.mkdir(parents=True, exist_ok=True)
     progress("rootfs", "extracting")
     run(
@@ -136,6 +178,9 @@ def extract_base(base: BaseSection, rootfs: Path, progress: Progress = quiet) ->
         "rootfs",
     )
     rootfs.chmod(0o755)
+    if pins:
+        check_packages(pins, tree_packages(rootfs))
+    return release_dates(tarball)
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -210,7 +255,10 @@ def build_reseed_helper(dest: Path) -> None:
 
 def _user_id(rootfs: Path, name: str) -> int:
     """The uid of a user in the tree's /etc/passwd (0 if absent)."""
-    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
+    passwd = rootfs / "etc" / "passwd"
+    if not passwd.is_file():
+        return 0
+    for line in passwd.read_text(errors="replace").splitlines():
         fields = line.split(":")
         if len(fields) > 2 and fields[0] == name and fields[2].isdigit():
             return int(fields[2])
@@ -219,6 +267,7 @@ def _user_id(rootfs: Path, name: str) -> int:
 
 def scrub(rootfs: Path) -> None:
     """Remove or fix everything host- or time-dependent, and make the folders the guest needs."""
+    (rootfs / "etc").mkdir(mode=0o755, exist_ok=True)  # an image may have none
     for name, content in (("hostname", b"cleanroom\n"), ("resolv.conf", b""), ("machine-id", b"")):
         path = rootfs / "etc" / name
         path.unlink(missing_ok=True)
@@ -271,15 +320,72 @@ def make_erofs(rootfs: Path, out: Path, progress: Progress = quiet) -> None:
     )
 
 
-def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress = quiet) -> None:
-    """Every step above: an empty folder ``tree`` becomes the image at ``out``.
+BUILDER_WRITES = ("etc", "opt", "opt/cleanroom", "root", "run", "tmp", "var", "var/log", "var/tmp")
+"""Folders the build writes into after an image is unpacked: never through a symlink."""
+GUEST_PYTHON = ("usr", "bin", "python3")
+"""Where the guest agent's Python must be (until the agent is native)."""
+
+
+def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> Image:
+    """Fill ``tree`` from the spec's container image (a reference, or a Dockerfile built
+    here), which must hold the agent's Python."""
+    work = Path(tempfile.mkdtemp(prefix="cleanroom-image-", dir=scratch_parent()))
+    docker = spec.dockerfile_paths()
+    try:
+        ref = build_image(*docker, work, progress) if docker else spec.image_ref()
+        if ref is None:
+            raise BuildError(f"{spec.name}: no image to unpack")
+        image = oci.fetch(ref, work, progress)
+        oci.unpack(image, tree, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    source = spec.base.image or spec.base.dockerfile
+    for folder in BUILDER_WRITES:
+        if (tree / folder).is_symlink():
+            raise BuildError(f"image {source}: /{folder} is a symlink; the builder writes there")
+    python = resolve_in_root(tree, GUEST_PYTHON, str(source), follow_last=True)
+    if not python.is_file():
+        raise BuildError(
+            f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
+            "there (an image with only busybox or one program needs the native agent)"
+        )
+    return image
+
+
+@dataclass(frozen=True)
+class RootfsFacts:
+    """What a rootfs build resolved: the lock's tree parts (``lock.py``) and its image."""
+
+    image: Image | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    release: list[str] = field(default_factory=list)
+    pip: list[dict[str, str]] = field(default_factory=list)
+
+
+def build_rootfs(
+    spec: BaselineSpec,
+    tree: Path,
+    out: Path,
+    progress: Progress = quiet,
+    locked: dict[str, Any] | None = None,
+) -> RootfsFacts:
+    """Every step above: an empty folder ``tree`` becomes the image at ``out``. With a
+    ``locked`` lock, exactly its Debian packages and wheels are installed.
 
     Runs under umask 022 (restored after), so no host umask reaches the image's modes.
     """
     previous = os.umask(0o022)
+    image, release = None, []
     try:
-        extract_base(spec.base, tree, progress)
-        install_pip(spec.pip.packages, tree, progress)
+        if spec.base.from_image:
+            image = unpack_image(spec, tree, progress)
+        else:
+            pins = ((locked or {}).get("debian") or {}).get("packages") if locked else None
+            release = extract_base(spec.base, tree, progress, pins)
+        packages = tree_packages(tree)
+        wheels = install_pip(
+            spec.pip.packages, tree, progress, locked.get("pip") if locked else None
+        )
         copy_files(spec, tree, progress)
         install_agent(tree, spec.warm_config())
         byte_compile(tree, spec, progress)
@@ -287,3 +393,4 @@ def build_rootfs(spec: BaselineSpec, tree: Path, out: Path, progress: Progress =
         make_erofs(tree, out, progress)
     finally:
         os.umask(previous)
+    return RootfsFacts(image=image, packages=packages, release=release, pip=wheels)

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from cleanroom.baseline.oci import check_ref
 from cleanroom.errors import SpecError
 from cleanroom.manifest import Limits
 from cleanroom.network.policy import checked_allowlist
@@ -39,9 +40,12 @@ SOURCE_DATE_EPOCH = 1_700_000_000
 shadow ``lastchg`` of 0 would force a password change."""
 BUILDER_SOURCES = (
     "builder.py",
+    "dockerfile.py",
     "initramfs.py",
     "kernel.py",
+    "layers.py",
     "model.py",
+    "oci.py",
     "pyinstall.py",
     "rootfs.py",
     "spec.py",
@@ -67,7 +71,9 @@ AGENT_FILES = (
     "worker.py",
 )
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
-SKIP_NAMES = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+SKIP_NAMES = frozenset(
+    {"baseline.lock", "__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+)
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -82,11 +88,35 @@ class _Section(BaseModel):
 
 
 class BaseSection(_Section):
-    """The Debian root filesystem (built with mmdebstrap)."""
+    """The root filesystem: a Debian tree built with mmdebstrap, or a container ``image``
+    (``oci-archive:PATH``, ``docker-archive:PATH``, ``oci:DIR[:TAG]``, ``docker://REF``)."""
 
     suite: str = Field(default="bookworm", pattern=r"^[a-z][a-z0-9-]*$")
     variant: Literal["minbase", "essential", "apt", "required", "important", "standard"] = "minbase"
     packages: list[str] = Field(default_factory=list)
+    image: str | None = Field(default=None, max_length=4096)
+    dockerfile: str | None = Field(default=None, min_length=1, max_length=4096)
+    context: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, value: str | None) -> str | None:
+        return None if value is None else check_ref(value)
+
+    @model_validator(mode="after")
+    def _image_or_debian(self) -> BaseSection:
+        if self.image is not None and self.dockerfile is not None:
+            raise ValueError("give one of image or dockerfile")
+        if self.from_image and self.packages:
+            raise ValueError("packages cannot be added to an image (build them into the image)")
+        if self.context is not None and self.dockerfile is None:
+            raise ValueError("context needs a dockerfile")
+        return self
+
+    @property
+    def from_image(self) -> bool:
+        """True when the root filesystem comes from a container image (or a Dockerfile)."""
+        return self.image is not None or self.dockerfile is not None
 
     @field_validator("packages")
     @classmethod
@@ -99,6 +129,14 @@ class BaseSection(_Section):
     def all_packages(self) -> tuple[str, ...]:
         """The packages to include: the spec's plus ``ALWAYS_PACKAGES``, sorted, no repeats."""
         return tuple(sorted(set(self.packages) | set(ALWAYS_PACKAGES)))
+
+    def canonical(self) -> dict[str, Any]:
+        """``image``/``dockerfile`` only when set (Debian specs keep their digests); an image
+        has no suite."""
+        if not self.from_image:
+            return self.model_dump(mode="json", exclude={"image", "dockerfile", "context"})
+        fields = self.model_dump(mode="json", include={"image", "dockerfile", "context"})
+        return {k: v for k, v in fields.items() if v is not None}
 
 
 class PipSection(_Section):
@@ -191,12 +229,18 @@ class BaselineSpec(_Section):
     base: BaseSection = Field(default_factory=BaseSection)
     pip: PipSection = Field(default_factory=PipSection)
     files: list[FileEntry] = Field(default_factory=list)
-    entrypoint: EntrypointSection
+    entrypoint: EntrypointSection | None = None
     limits: Limits = Field(default_factory=Limits)
     kernel: KernelSection = Field(default_factory=KernelSection)
     network: NetworkSection | None = None
 
     _folder: Path = PrivateAttr(default=Path("."))
+
+    @model_validator(mode="after")
+    def _has_entrypoint(self) -> BaselineSpec:
+        if self.entrypoint is None and not self.base.from_image:
+            raise ValueError("entrypoint: required (only an image baseline may use its own)")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -213,9 +257,15 @@ class BaselineSpec(_Section):
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
         ``network`` appears only when set, so specs without it keep their digests."""
-        data = {**self.model_dump(mode="json"), "entrypoint": self.entrypoint.canonical()}
+        data = {
+            **self.model_dump(mode="json"),
+            "base": self.base.canonical(),
+            "entrypoint": self.entrypoint.canonical() if self.entrypoint else None,
+        }
         if self.network is None:
             del data["network"]
+        if self.entrypoint is None:
+            del data["entrypoint"]  # the image's Entrypoint + Cmd
         return data
 
     def warm_config(self) -> dict[str, Any] | None:
@@ -223,7 +273,7 @@ class BaselineSpec(_Section):
         function, the modules to pre-import and ``path``, the guest folders put first on
         ``sys.path`` (each ``[[files]]`` folder's dest; a single file's parent folder)."""
         entry = self.entrypoint
-        if entry.function is None:
+        if entry is None or entry.function is None:
             return None
         path: list[str] = []
         for src, item in self.sources():
@@ -231,6 +281,24 @@ class BaselineSpec(_Section):
             if folder not in path:
                 path.append(folder)
         return {"function": entry.function, "preimport": list(entry.preimport), "path": path}
+
+    def image_ref(self) -> str | None:
+        """``base.image`` with a local path made absolute against the spec's folder."""
+        ref = self.base.image
+        path = image_path(ref, self.folder) if ref is not None else None
+        if ref is None or path is None:
+            return ref
+        scheme, _, rest = ref.partition(":")
+        tag = rest.split(":", 1)[1] if scheme == "oci" and ":" in rest else ""
+        return f"{scheme}:{path}" + (f":{tag}" if tag else "")
+
+    def dockerfile_paths(self) -> tuple[Path, Path] | None:
+        """``(Dockerfile, build context)`` resolved against the spec's folder, if any."""
+        if self.base.dockerfile is None:
+            return None
+        dockerfile = (self.folder / self.base.dockerfile).resolve()
+        context = self.base.context
+        return dockerfile, (self.folder / context).resolve() if context else dockerfile.parent
 
     def sources(self) -> Iterator[tuple[Path, FileEntry]]:
         """Each files entry with its source resolved against the spec's folder."""
@@ -267,6 +335,15 @@ def load_spec(path: Path) -> BaselineSpec:
         for i, (src, entry) in enumerate(spec.sources())
         if not src.exists()
     ]
+    image = spec.base.image
+    local = image_path(image, spec.folder) if image is not None else None
+    if local is not None and not local.exists():
+        missing.append(f"  base.image: {local} does not exist")
+    docker = spec.dockerfile_paths()
+    if docker is not None and not docker[0].is_file():
+        missing.append(f"  base.dockerfile: {docker[0]} does not exist")
+    if docker is not None and not docker[1].is_dir():
+        missing.append(f"  base.context: {docker[1]} is not a folder")
     if missing:
         raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
     return spec
@@ -311,7 +388,39 @@ def spec_digest(spec: BaselineSpec) -> str:
     for name in AGENT_FILES:
         _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
     _hash_file_into(h, "init.sh", INIT_SCRIPT)
+    if spec.base.image is not None:
+        h.update(f"image\0{image_content_key(spec.base.image, spec.folder)}\0".encode())
+    docker = spec.dockerfile_paths()
+    if docker is not None:
+        _hash_file_into(h, "dockerfile", docker[0])
+        for rel, path in walk_files(docker[1]):
+            _hash_file_into(h, f"context:{rel}", path)
     return "sha256:" + h.hexdigest()
+
+
+def image_path(ref: str, folder: Path) -> Path | None:
+    """The local file or folder an image reference names (relative to the spec's folder)."""
+    scheme = next((s for s in ("oci-archive:", "docker-archive:", "oci:") if ref.startswith(s)), "")
+    if not scheme:
+        return None
+    name = ref.removeprefix(scheme)
+    if scheme == "oci:":
+        name = name.split(":", 1)[0]
+    return (folder / name).resolve()
+
+
+def image_content_key(ref: str, folder: Path) -> str:
+    """What a local image's bytes are, for the cache key: an archive's sha256, a layout's
+    ``index.json`` (its manifests name every blob by digest); a registry ref as written."""
+    path = image_path(ref, folder)
+    if path is None:
+        return ref
+    target = path / "index.json" if path.is_dir() else path
+    try:
+        with open(target, "rb") as f:
+            return ref + "\0" + hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return ref + "\0(unreadable)"  # the build itself reports what is wrong
 
 
 def _fingerprint() -> str:

@@ -41,6 +41,7 @@ async def run_in_env(
         **_entry(baseline),
         "timeout_s": limits.timeout_s,
         "env": {
+            **baseline.image_env,
             "CLEANROOM_EPISODE_ID": manifest.episode_id,
             "CLEANROOM_SEED": str(manifest.seed),
             **secret_values,
@@ -123,6 +124,7 @@ def _regular(path: Path) -> Path | None:
 
 def _entry(baseline: Baseline) -> dict[str, Any]:
     """What RUN says to run: the function (the agent's warm worker calls it) or the command."""
+    where = {"cwd": baseline.workdir} if baseline.workdir else {}
     if baseline.function is not None:
-        return {"function": baseline.function.to_json()}
-    return {"entrypoint": list(baseline.entrypoint)}
+        return {"function": baseline.function.to_json(), **where}
+    return {"entrypoint": list(baseline.entrypoint), **where}

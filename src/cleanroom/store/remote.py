@@ -7,15 +7,26 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.errors import CleanroomError, ConfigError, ExportError, StoreError
-from cleanroom.store.base import CHUNK, RECORD, BaseStore, chunks, digest, one_part
+from cleanroom.store.base import (
+    CHUNK,
+    RECORD,
+    BaseStore,
+    chunks,
+    digest,
+    one_part,
+    read_source,
+)
 
 
 class FsspecStore(BaseStore[str]):
     """Any fsspec URL (``s3://bucket/prefix``, ``gs://…``, ``memory://…``); needs fsspec.
 
-    Object stores have no rename and no create-if-absent: each object is written whole, its size
-    confirmed with ``info()``; a record is written only after checking none exists (two writers
-    racing on one episode are not detected here; the controller owns each episode).
+    Each object is written whole, its size confirmed with ``info()``. An exclusive write (the
+    result record) is a conditional create: ``pipe_file(mode="create")``, which s3fs sends as
+    ``PutObject`` with ``If-None-Match: *`` — two writers racing on one episode (a retry on
+    another node while the first still finishes) cannot both win: the store refuses the second
+    with 412, and the first record stays. Backends without conditional writes fall back to
+    fsspec's check-then-write.
     """
 
     def __init__(self, url: str, **storage_options: Any) -> None:
@@ -73,9 +84,18 @@ class FsspecStore(BaseStore[str]):
             size, sha = digest([source] if isinstance(source, bytes) else chunks(source))
         except OSError as exc:
             raise ExportError(f"cannot read {exc.filename}: {exc}") from exc
+        if exclusive and not isinstance(source, bytes):
+            source = read_source(source)  # a conditional create takes the bytes
+        ours = not exclusive  # an exclusive object may be removed only once we know it is ours
         try:
             self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-            if isinstance(source, bytes):
+            if exclusive:
+                try:
+                    self.fs.pipe_file(dest, source, mode="create")
+                except FileExistsError:
+                    return None  # another writer's object got there first: keep it
+                ours = True
+            elif isinstance(source, bytes):
                 self.fs.pipe_file(dest, source)
             else:
                 self.fs.put_file(str(source), dest)
@@ -85,8 +105,9 @@ class FsspecStore(BaseStore[str]):
             if isinstance(source, bytes) and len(source) <= CHUNK and self._read(dest) != source:
                 raise ExportError(f"{dest}: stored bytes differ from what was written")
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                self.fs.rm_file(dest)
+            if ours:
+                with contextlib.suppress(Exception):
+                    self.fs.rm_file(dest)
             if isinstance(exc, CleanroomError):
                 raise
             raise ExportError(f"{type(exc).__name__}: cannot write {dest}: {exc}") from exc

@@ -1,0 +1,108 @@
+"""The store on a real S3-compatible server (moto's standalone server on 127.0.0.1).
+
+The record is the one object two attempts of an episode can race for (a retry on another node
+while the first still finishes). On S3 it is written with ``If-None-Match: *``: the first writer
+wins, the second is refused by the server itself, never overwrites, and sees ``RecordConflict``
+(or ``False`` for the same record).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.errors import RecordConflict
+from cleanroom.store import open_store
+from cleanroom.store.remote import FsspecStore
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> FsspecStore:
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    bucket = "cleanroom-" + request.node.name.replace("_", "-")[:40].strip("-")
+    store = open_store(f"s3://{bucket}/prefix")
+    assert isinstance(store, FsspecStore)
+    store.fs.mkdir(bucket)
+    return store
+
+
+def _record(eid: str, reward: float) -> dict[str, object]:
+    return {
+        "episode_id": eid,
+        "run_id": "r",
+        "attempt": 1,
+        "outcome": "completed",
+        "reward": reward,
+    }
+
+
+def test_record_and_artifacts_round_trip(s3: FsspecStore, tmp_path: Path) -> None:
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 300_000)
+    stored = s3.put_file("r", "e1", "artifacts/a.bin", src)
+    assert stored.size == 300_000
+    assert s3.put_record("r", "e1", _record("e1", 1.0)) is True
+    assert s3.put_record("r", "e1", _record("e1", 1.0)) is False  # the same record: a no-op
+    assert s3.get_record("r", "e1") == _record("e1", 1.0)
+    assert [r["episode_id"] for r in s3.list_records("r")] == ["e1"]
+
+
+def test_second_writer_is_refused_by_the_server(
+    s3: FsspecStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both writers passed the existence check (the race the old check-then-write lost): the
+    server's conditional create refuses the second; the first record stays whole."""
+    assert s3.put_record("r", "e2", _record("e2", 1.0)) is True
+    monkeypatch.setattr(s3, "_exists", lambda dest: False)
+    dest = s3._where("r", "e2", "result.json")
+    assert s3._put(dest, b'{"episode_id": "e2", "reward": 0.0}', exclusive=True) is None
+    monkeypatch.undo()
+    assert s3.get_record("r", "e2") == _record("e2", 1.0)
+    with pytest.raises(RecordConflict):
+        s3.put_record("r", "e2", _record("e2", 0.0))
+
+
+def test_racing_writers_exactly_one_wins(s3: FsspecStore) -> None:
+    winners: list[float] = []
+    conflicts: list[float] = []
+
+    def write(reward: float) -> None:
+        try:
+            if s3.put_record("r", "e3", _record("e3", reward)):
+                winners.append(reward)
+        except RecordConflict:
+            conflicts.append(reward)
+
+    threads = [threading.Thread(target=write, args=(float(i),)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(winners) == 1 and len(conflicts) == 7
+    record = s3.get_record("r", "e3")
+    assert record is not None and record["reward"] == winners[0]
