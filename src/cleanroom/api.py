@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -28,6 +28,9 @@ from cleanroom.manifest import Group, GroupSetup, Manifest, check_groups, load_m
 from cleanroom.secrets import provider_from
 from cleanroom.store import open_store
 
+if TYPE_CHECKING:
+    from cleanroom.integrations.ray import RayCluster
+
 
 async def arun(
     manifests: list[Manifest] | str | Path,
@@ -40,15 +43,32 @@ async def arun(
     options: RunOptions | None = None,
     on_event: EventHook | None = None,
     secrets_from: str | None = None,
+    cluster: RayCluster | None = None,
 ) -> RunResult:
     """Run manifests (a list, or a JSON Lines file) on fresh environments of ``baseline``.
 
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
+    ``cluster``: run across the nodes of a Ray cluster (``cleanroom[ray]``) instead of here.
     """
     if not isinstance(manifests, list):
         manifests = load_manifests(Path(manifests))
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)
+    if cluster is not None:
+        from cleanroom.integrations.ray.scheduler import run_on_cluster
+
+        source = None if isinstance(baseline, Baseline) else str(baseline)
+        return await run_on_cluster(
+            cluster,
+            manifests,
+            resolved,
+            source=source,
+            store=store,
+            run_id=run_id,
+            driver=driver,
+            options=opts,
+            on_event=on_event,
+        )
     with Ledger() as ledger:
         controller = Controller(
             get_driver(driver),
@@ -69,6 +89,7 @@ def run(
     store: str | Path | None = None,
     run_id: str | None = None,
     driver: str = "qemu",
+    cluster: RayCluster | None = None,
 ) -> RunResult:
     """Blocking ``arun``."""
     return asyncio.run(
@@ -79,6 +100,7 @@ def run(
             store=store,
             run_id=run_id,
             driver=driver,
+            cluster=cluster,
         )
     )
 

@@ -77,6 +77,12 @@ def run(
     ] = "auto",
     log_file: Annotated[Path | None, typer.Option(help="also write JSON Lines logs here")] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
+    ray: Annotated[
+        str | None, typer.Option(help="run across a Ray cluster: auto | ADDRESS (cleanroom[ray])")
+    ] = None,
+    parallel_per_node: Annotated[
+        int | None, typer.Option(min=1, max=256, help="with --ray: episodes at once per node")
+    ] = None,
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
@@ -100,6 +106,21 @@ def run(
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
         with progress:
+            if ray is not None:  # scale out: the same manifests and records, on every node
+                from cleanroom.integrations.ray import RayCluster
+                from cleanroom.integrations.ray.scheduler import run_on_cluster
+
+                return await run_on_cluster(
+                    RayCluster(address=ray, parallel_per_node=parallel_per_node),
+                    items,
+                    resolved,
+                    source=baseline,
+                    store=store,
+                    run_id=run_id,
+                    driver=driver,
+                    options=options,
+                    on_event=observer.hook(progress.on_event),
+                )
             return await arun(
                 items,
                 baseline=resolved,

@@ -1,0 +1,310 @@
+"""The driver side of a cluster run: nodes, routing, attempts and the run's aggregate.
+
+``run_on_cluster`` starts one ``NodeController`` actor per node (each checks it shares the
+store, reaps what a predecessor on its node left, then resolves and verifies the baseline) and
+sends each episode to the least-loaded node with a free slot. Only this side numbers attempts
+(in the driver's ledger, which keeps the run's aggregate: episodes, attempts, nodes). When a
+node dies under an episode, the store is asked first: a durable record (the node finished it
+before it died) is the episode's result; only without one is attempt n+1 queued on another
+node. If the lost node was only stalled and finishes later, its export finds the winner's record
+and ends ``superseded``; the store's first-writer-wins keeps the winner's record and files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.batch.result import EpisodeResult, RunResult
+from cleanroom.batch.runner import new_run_id
+from cleanroom.core.states import EpisodeState
+from cleanroom.errors import CleanroomError, ConfigError, ManifestError
+from cleanroom.integrations.ray import actor, shared_store
+from cleanroom.integrations.ray.baseline_ref import BaselineRef
+from cleanroom.integrations.ray.config import RayCluster
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunOptions
+from cleanroom.manifest import Manifest
+from cleanroom.reaper import reconcile_durable
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore, Store, open_store
+from cleanroom.verify import verdict_label
+
+EventHook = Callable[[str, dict[str, Any]], None]
+NODE_LOST = "node {node} lost: {error}"
+
+
+class Node:
+    """A node as the scheduler sees it: its actor, its slots, what runs there now."""
+
+    def __init__(self, slot: actor.NodeSlot, handle: Any) -> None:
+        self.node_id, self.slots, self.handle = slot.node_id, slot.slots, handle
+        self.running, self.alive = 0, True
+
+    @property
+    def load(self) -> float:
+        return self.running / self.slots
+
+
+async def run_on_cluster(
+    cluster: RayCluster,
+    manifests: list[Manifest],
+    baseline: Baseline,
+    *,
+    source: str | None = None,
+    store: str | Path | None = None,
+    run_id: str | None = None,
+    driver: str = "qemu",
+    options: RunOptions | None = None,
+    on_event: EventHook | None = None,
+) -> RunResult:
+    """Run ``manifests`` across the cluster's nodes; the same records as a local run."""
+    if any(m.group is not None for m in manifests):
+        raise ManifestError("groups are not supported on a Ray cluster yet: run them locally")
+    import ray
+
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address=cluster.address, namespace=cluster.namespace, **dict(cluster.init))
+    try:
+        with Ledger() as ledger:
+            opened = open_store(store)
+            url = str(opened.root) if isinstance(opened, LocalStore) else str(store)
+            sched = Scheduler(cluster, ledger, opened, url, on_event)
+            return await sched.run(
+                manifests, baseline, source, run_id or new_run_id(), driver, options
+            )
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+class Scheduler:
+    """One cluster run, from starting the node actors to the run's ledger row finished."""
+
+    def __init__(
+        self,
+        cluster: RayCluster,
+        ledger: Ledger,
+        store: Store,
+        url: str,
+        on_event: EventHook | None,
+    ) -> None:
+        self.cluster, self.ledger, self.store, self.url = cluster, ledger, store, url
+        self.controller_id = "ray-" + secrets.token_hex(6)
+        self._on_event = on_event
+        self.nodes: list[Node] = []
+        self._free = asyncio.Condition()
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, data)
+
+    async def run(
+        self,
+        manifests: list[Manifest],
+        baseline: Baseline,
+        source: str | None,
+        run_id: str,
+        driver: str,
+        options: RunOptions | None,
+    ) -> RunResult:
+        opts = options or RunOptions()
+        marker = shared_store.mark(self.store)
+        try:
+            await self._start_nodes(driver, opts, marker)
+            ref = BaselineRef.of(baseline, source)
+            dumped = [m.model_dump(mode="json") for m in manifests]
+            await self._on_nodes(lambda h: h.open_run.remote(run_id, ref, dumped))
+            return await self._run(manifests, baseline, run_id, driver)
+        finally:
+            await self._stop_nodes(run_id)
+            shared_store.unmark(self.store, marker)
+
+    async def _run(
+        self, manifests: list[Manifest], baseline: Baseline, run_id: str, driver: str
+    ) -> RunResult:
+        self.ledger.start_run(
+            run_id,
+            controller_id=self.controller_id,
+            baseline=baseline.digest,
+            driver=f"ray:{driver}",
+            parallel=sum(n.slots for n in self.nodes),
+            meta={"episodes": len(manifests), "nodes": {n.node_id: n.slots for n in self.nodes}},
+        )
+        result, status = RunResult(run_id), "failed"
+        try:
+            todo = []
+            for m in manifests:
+                durable = self.store.get_record(run_id, m.episode_id)
+                if durable is None:
+                    todo.append(m)
+                else:
+                    reconcile_durable(self.ledger, durable)
+                    result.skipped.append(m.episode_id)
+            self.emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
+            async with asyncio.TaskGroup() as group:
+                for m in todo:
+                    group.create_task(self._episode(run_id, m, result))
+            status = "completed"
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        finally:
+            result.leaked_envs += [
+                e.episode_id
+                for e in result.episodes
+                if e.destroy and not e.destroy.confirmed_absent
+            ]
+            self.ledger.finish_run(run_id, status)
+            self.emit("run_finished", run_id=run_id, status=status)
+        return result
+
+    # -- one episode: its attempts, each on the least-loaded node ----------------------------
+
+    async def _episode(self, run_id: str, manifest: Manifest, result: RunResult) -> None:
+        import ray
+
+        eid, dumped = manifest.episode_id, manifest.model_dump(mode="json")
+        done: EpisodeResult | None = None
+        for _ in range(self.cluster.max_attempts):
+            attempt = self.ledger.next_attempt(run_id, eid)
+            node = await self._acquire()
+            if node is None:
+                break
+            self.ledger.episode_queued(run_id, eid, attempt)
+            self.ledger.episode_state(run_id, eid, attempt, EpisodeState.PROVISIONING)
+            self.ledger.event(
+                "episode_routed", run_id=run_id, episode_id=eid, attempt=attempt, node=node.node_id
+            )
+            self.emit("episode_started", episode_id=eid, attempt=attempt, env_id=node.node_id)
+            try:
+                done = await node.handle.episode.remote(run_id, dumped, attempt)
+            except ray.exceptions.RayActorError as exc:
+                done = self._node_lost(run_id, eid, attempt, node, exc)
+                if done is None:
+                    continue  # nothing durable: attempt n+1, elsewhere
+            except ray.exceptions.RayError as exc:  # the node's call failed, not the node
+                done = EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=str(_cause(exc)))
+            finally:
+                await self._release(node)
+            break
+        if done is None:
+            attempt = self.ledger.next_attempt(run_id, eid) - 1
+            done = EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error="no node left to run it")
+        self._finished(run_id, done)
+        result.episodes.append(done)
+
+    def _node_lost(
+        self, run_id: str, eid: str, attempt: int, node: Node, exc: Exception
+    ) -> EpisodeResult | None:
+        """The node died under this attempt: the durable record if one got out, else None
+        (this attempt ends ``infra_error`` in the driver's ledger)."""
+        if node.alive:
+            node.alive = False
+            self.ledger.event("node_lost", run_id=run_id, node=node.node_id, error=str(exc)[:500])
+            self.emit("alert", message=f"node {node.node_id} lost: {type(exc).__name__}")
+        record = self.store.get_record(run_id, eid)
+        if record is not None:
+            reconcile_durable(self.ledger, record)
+            error = (record.get("error") or {}).get("message")
+            return EpisodeResult(
+                eid,
+                record["attempt"],
+                Outcome(record["outcome"]),
+                record.get("reward"),
+                error,
+                record,
+            )
+        error = NODE_LOST.format(node=node.node_id, error=type(exc).__name__)
+        self.ledger.episode_finished(
+            run_id, eid, attempt, outcome=Outcome.INFRA_ERROR.value, error=error
+        )
+        return None
+
+    def _finished(self, run_id: str, done: EpisodeResult) -> None:
+        self.ledger.episode_finished(
+            run_id,
+            done.episode_id,
+            done.attempt,
+            outcome=done.outcome.value,
+            reward=done.reward,
+            error=done.error,
+            verdict=verdict_label((done.record or {}).get("verdict")),
+        )
+        destroy = done.destroy
+        self.emit(
+            "episode_finished",
+            episode_id=done.episode_id,
+            attempt=done.attempt,
+            outcome=done.outcome.value,
+            reward=done.reward,
+            error=done.error,
+            cleanup_ms=destroy.elapsed_ms if destroy else None,
+            confirmed_absent=destroy.confirmed_absent if destroy else None,
+        )
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    async def _acquire(self) -> Node | None:
+        """The alive node with a free slot and the least load (waits for one); None if every
+        node is dead."""
+        async with self._free:
+            while True:
+                alive = [n for n in self.nodes if n.alive]
+                if not alive:
+                    return None
+                free = [n for n in alive if n.running < n.slots]
+                if free:
+                    node = min(free, key=lambda n: (n.load, n.node_id))
+                    node.running += 1
+                    return node
+                await self._free.wait()
+
+    async def _release(self, node: Node) -> None:
+        async with self._free:
+            node.running -= 1
+            self._free.notify_all()
+
+    async def _start_nodes(self, driver: str, opts: RunOptions, marker: str | None) -> None:
+        slots = actor.discover(self.cluster.resource, self.cluster.slots)
+        if not slots:
+            raise ConfigError("the Ray cluster has no alive node to run episodes on")
+        for slot in slots:
+            handle = actor.start_actor(slot, self.cluster.resource, driver, self.url, opts)
+            self.nodes.append(Node(slot, handle))
+        infos = await self._on_nodes(lambda h: h.start.remote(marker))
+        for info in infos:
+            self.emit("node_ready", node=info.node, home=info.home, reaped=list(info.reaped))
+
+    async def _on_nodes(self, call: Callable[[Any], Any]) -> list[Any]:
+        """``call`` on every node at once; the first node's refusal refuses the run."""
+        import ray
+
+        try:
+            return list(await asyncio.gather(*(call(n.handle) for n in self.nodes)))
+        except ray.exceptions.RayError as exc:
+            cause = _cause(exc)
+            raise cause if isinstance(cause, CleanroomError) else ConfigError(str(cause)) from exc
+
+    async def _stop_nodes(self, run_id: str) -> None:
+        import ray
+
+        for node in self.nodes:
+            if node.alive:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    await node.handle.close_run.remote(run_id)
+            with contextlib.suppress(Exception):
+                ray.kill(node.handle, no_restart=True)
+        self.nodes = []
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The node's own exception inside a Ray task error."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
