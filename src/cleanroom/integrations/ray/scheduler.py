@@ -197,6 +197,10 @@ class Scheduler:
         if done is None:
             attempt = self.ledger.next_attempt(run_id, eid) - 1
             done = EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error="no node left to run it")
+        if done.outcome is Outcome.SUPERSEDED:  # a lost node's attempt got out after all
+            self._finished(run_id, done)
+            record = self.store.get_record(run_id, eid)
+            done = _from_record(record) if record is not None else done
         self._finished(run_id, done)
         result.episodes.append(done)
 
@@ -211,16 +215,7 @@ class Scheduler:
             self.emit("alert", message=f"node {node.node_id} lost: {type(exc).__name__}")
         record = self.store.get_record(run_id, eid)
         if record is not None:
-            reconcile_durable(self.ledger, record)
-            error = (record.get("error") or {}).get("message")
-            return EpisodeResult(
-                eid,
-                record["attempt"],
-                Outcome(record["outcome"]),
-                record.get("reward"),
-                error,
-                record,
-            )
+            return _from_record(record)
         error = NODE_LOST.format(node=node.node_id, error=type(exc).__name__)
         self.ledger.episode_finished(
             run_id, eid, attempt, outcome=Outcome.INFRA_ERROR.value, error=error
@@ -302,6 +297,15 @@ class Scheduler:
             with contextlib.suppress(Exception):
                 ray.kill(node.handle, no_restart=True)
         self.nodes = []
+
+
+def _from_record(record: dict[str, Any]) -> EpisodeResult:
+    """The result a durable record stands for (whichever attempt, on whichever node)."""
+    error = (record.get("error") or {}).get("message")
+    outcome = Outcome(record["outcome"])
+    return EpisodeResult(
+        record["episode_id"], record["attempt"], outcome, record.get("reward"), error, record
+    )
 
 
 def _cause(exc: BaseException) -> BaseException:
