@@ -300,3 +300,56 @@ async def _until(check: Any, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {check}")
         await asyncio.sleep(0.1)
+
+
+def test_cli_run_on_the_cluster_then_status_report_inspect(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """``cleanroom run --ray ADDRESS``: the same manifests file and records as a local run, and
+    ``status``, ``report`` and ``inspect`` read the cluster run from the driver's ledger."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cleanroom.cli import app
+
+    baseline = make_fake_baseline(tmp_path / "driver")  # in the driver's baseline store
+    lines = [manifest(f"c{i}", seed=i).model_dump_json() for i in range(3)]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    store = str(tmp_path / "store")
+    cli = CliRunner()
+    args = ["run", str(tmp_path / "m.jsonl"), "--baseline", baseline.digest, "--driver", "fake"]
+    args += ["--ray", cluster.cluster.address, "--parallel-per-node", "1", "--store", store]
+    done = cli.invoke(app, [*args, "--run-id", "cli", "--cleanup-window", "5"])
+    assert done.exit_code == 0, done.output
+    assert len(open_store(store).list_records("cli")) == 3
+    status = cli.invoke(app, ["status", "cli", "--store", store])
+    assert status.exit_code == 0 and "c2" in status.output, status.output
+    report = cli.invoke(app, ["report", "cli", "--store", store, "--json", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
+    assert json.loads((tmp_path / "r").read_text())
+    shown = cli.invoke(app, ["inspect", "c1", "--run-id", "cli", "--store", store])
+    assert shown.exit_code == 0 and "completed" in shown.output, shown.output
+
+
+@pytest.mark.vm
+async def test_qemu_smoke_across_two_nodes(
+    cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
+) -> None:
+    """Real microVMs: one episode on each node of the cluster, each durable, each VM confirmed
+    gone in the ledger of the node that ran it."""
+    ms = [manifest(f"q{i}", seed=i) for i in range(2)]
+    result = await run_on_cluster(
+        RayCluster(parallel_per_node=1),
+        ms,
+        tiny_baseline,
+        store=tmp_path / "store",
+        run_id="qemu",
+        driver="qemu",
+        options=RunOptions(parallel=1, spares=0),
+    )
+    assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
+    for name in ("a", "b"):
+        with cluster.ledger(name) as ledger:
+            envs = ledger.envs("qemu")
+            assert len(envs) == 1 and envs[0].confirmed_absent_at is not None
