@@ -353,3 +353,41 @@ async def test_qemu_smoke_across_two_nodes(
         with cluster.ledger(name) as ledger:
             envs = ledger.envs("qemu")
             assert len(envs) == 1 and envs[0].confirmed_absent_at is not None
+
+
+async def test_a_killed_driver_resumed_with_its_run_id_makes_no_duplicates(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The driver ``kill -9``'d mid-run (its node actors die with it), then the same run id
+    resumed: the durable episodes are skipped, the rest run again with the next attempt number
+    (never one the dead driver used), and every episode has exactly one record."""
+    import subprocess
+    import sys
+
+    baseline = make_fake_baseline(tmp_path / "driver")
+    ms = [manifest(f"r{i}", seed=i, mode="sleep", seconds=0.2 + 2 * (i % 2)) for i in range(6)]
+    (tmp_path / "m.jsonl").write_text("".join(m.model_dump_json() + "\n" for m in ms))
+    store = tmp_path / "store"
+    argv = [sys.executable, "-m", "cleanroom", "run", str(tmp_path / "m.jsonl")]
+    argv += ["--baseline", baseline.digest, "--driver", "fake", "--store", str(store)]
+    argv += ["--ray", cluster.cluster.address, "--run-id", "resume", "--log-format", "json"]
+    driver = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        opened = open_store(store)
+        await _until(lambda: len(opened.list_records("resume")) >= 2, 60)
+    finally:
+        driver.kill()
+        driver.wait()
+    first = {r["episode_id"] for r in opened.list_records("resume")}
+    assert len(first) < 6, "the driver finished before it was killed"
+    with Ledger() as ledger:  # the dead driver's aggregate: which attempts it had started
+        before = {r.episode_id: r.attempt for r in ledger.episodes("resume")}
+    result = await run_on_cluster(
+        RayCluster(), ms, baseline, store=store, run_id="resume", driver="fake", options=OPTS
+    )
+    assert set(result.skipped) >= first
+    assert result.counts() == {"completed": 6 - len(result.skipped)}
+    records = opened.list_records("resume")
+    assert sorted(r["episode_id"] for r in records) == sorted(m.episode_id for m in ms)
+    for e in result.episodes:  # an attempt number is never used twice
+        assert e.attempt == before.get(e.episode_id, 0) + 1
