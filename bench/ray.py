@@ -67,6 +67,7 @@ async def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--driver", default="qemu")
+    ap.add_argument("--keep-nodes", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     import ray
     from ray.cluster_utils import Cluster
@@ -132,7 +133,7 @@ async def main() -> None:
                 driver=args.driver,
                 options=opts,
                 on_event=mark,
-                cluster=RayCluster(address=cluster.address),
+                cluster=RayCluster(address=cluster.address, keep_nodes=args.keep_nodes),
             )
         )
         assert res.ok, res.counts()  # type: ignore[attr-defined]

@@ -391,3 +391,38 @@ async def test_a_killed_driver_resumed_with_its_run_id_makes_no_duplicates(
     assert sorted(r["episode_id"] for r in records) == sorted(m.episode_id for m in ms)
     for e in result.episodes:  # an attempt number is never used twice
         assert e.attempt == before.get(e.episode_id, 0) + 1
+
+
+async def test_kept_node_actors_serve_the_next_run_and_are_replaced_after(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """``keep_nodes``: two runs reuse each node's actor (same pid); a following run that keeps
+    none replaces them (they hold the nodes' slots: it would wait forever otherwise)."""
+    baseline = make_fake_baseline(tmp_path)
+    pids: list[set[int]] = []
+
+    async def one(run_id: str, keep: bool) -> None:
+        seen: set[int] = set()
+
+        def hook(kind: str, data: dict[str, Any]) -> None:
+            if kind == "node_ready":
+                seen.add(data["pid"])
+
+        result = await run_on_cluster(
+            RayCluster(keep_nodes=keep),
+            [manifest(f"{run_id}-{i}", seed=i) for i in range(2)],
+            baseline,
+            store=tmp_path / "store",
+            run_id=run_id,
+            driver="fake",
+            options=OPTS,
+            on_event=hook,
+        )
+        assert result.counts() == {"completed": 2}
+        pids.append(seen)
+
+    await one("keep1", True)
+    await one("keep2", True)
+    await asyncio.wait_for(one("nokeep", False), 60)
+    assert pids[0] == pids[1] and len(pids[0]) == 2
+    assert not pids[2] & pids[0]

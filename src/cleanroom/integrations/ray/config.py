@@ -21,13 +21,17 @@ class RayCluster:
     takes N (capped by ``parallel_per_node`` when given), and then only such nodes are used;
     with no node declaring it every alive node takes ``parallel_per_node`` (default 2).
     ``max_attempts``: attempts of one episode across node deaths before it ends
-    ``infra_error``. ``init``: more ``ray.init`` keyword arguments."""
+    ``infra_error``. ``keep_nodes``: leave the node actors running for this process's next run
+    (their templates and re-hashed baseline kept; they hold their nodes' slots meanwhile, so no
+    other driver can run there) — only when the caller connected to Ray itself. ``init``: more
+    ``ray.init`` keyword arguments."""
 
     address: str | None = "auto"
     parallel_per_node: int | None = None
     resource: str = RESOURCE
     max_attempts: int = 3
     namespace: str = "cleanroom"
+    keep_nodes: bool = False
     init: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from cleanroom.errors import CleanroomError, ConfigError, ManifestError
 from cleanroom.integrations.ray import actor, shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.config import RayCluster
+from cleanroom.integrations.ray.pool import Node, NodePool
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.manifest import Manifest
@@ -37,18 +38,6 @@ from cleanroom.verify import verdict_label
 
 EventHook = Callable[[str, dict[str, Any]], None]
 NODE_LOST = "node {node} lost: {error}"
-
-
-class Node:
-    """A node as the scheduler sees it: its actor, its slots, what runs there now."""
-
-    def __init__(self, slot: actor.NodeSlot, handle: Any) -> None:
-        self.node_id, self.slots, self.handle = slot.node_id, slot.slots, handle
-        self.running, self.alive = 0, True
-
-    @property
-    def load(self) -> float:
-        return self.running / self.slots
 
 
 async def run_on_cluster(
@@ -75,7 +64,9 @@ async def run_on_cluster(
         with Ledger() as ledger:
             opened = open_store(store)
             url = str(opened.root) if isinstance(opened, LocalStore) else str(store)
-            sched = Scheduler(cluster, ledger, opened, url, on_event)
+            sched = Scheduler(
+                cluster, ledger, opened, url, on_event, keep=cluster.keep_nodes and not owned
+            )
             return await sched.run(
                 manifests, baseline, source, run_id or new_run_id(), driver, options
             )
@@ -94,8 +85,12 @@ class Scheduler:
         store: Store,
         url: str,
         on_event: EventHook | None,
+        *,
+        keep: bool = False,
     ) -> None:
         self.cluster, self.ledger, self.store, self.url = cluster, ledger, store, url
+        self.keep = keep  # the node actors outlive the run (``pool``)
+        self.pool: NodePool | None = None
         self.controller_id = "ray-" + secrets.token_hex(6)
         self._on_event = on_event
         self.nodes: list[Node] = []
@@ -267,15 +262,29 @@ class Scheduler:
             self._free.notify_all()
 
     async def _start_nodes(self, driver: str, opts: RunOptions, marker: str | None) -> None:
+        """Every node's actor, started (or kept from the last run) and ready: the store
+        checked and a predecessor's leftovers reaped there."""
+        import ray
+
         slots = actor.discover(self.cluster.resource, self.cluster.slots)
         if not slots:
             raise ConfigError("the Ray cluster has no alive node to run episodes on")
-        for slot in slots:
-            handle = actor.start_actor(slot, self.cluster.resource, driver, self.url, opts)
-            self.nodes.append(Node(slot, handle))
-        infos = await self._on_nodes(lambda h: h.start.remote(marker))
-        for info in infos:
-            self.emit("node_ready", node=info.node, home=info.home, reaped=list(info.reaped))
+        pool = self.pool = NodePool(driver, self.url, opts, self.cluster.resource, self.keep)
+
+        async def ready(node: Node) -> Node:
+            try:
+                info = await node.handle.start.remote(marker)
+            except ray.exceptions.RayActorError:  # a kept actor that died since: a new one
+                node = pool.fresh(node.slot)
+                info = await node.handle.start.remote(marker)
+            reaped = list(info.reaped)
+            self.emit("node_ready", node=info.node, home=info.home, pid=info.pid, reaped=reaped)
+            return node
+
+        try:
+            self.nodes = list(await asyncio.gather(*(ready(n) for n in pool.nodes(slots))))
+        except ray.exceptions.RayError as exc:
+            raise _refusal(exc) from exc
 
     async def _on_nodes(self, call: Callable[[Any], Any]) -> list[Any]:
         """``call`` on every node at once; the first node's refusal refuses the run."""
@@ -284,8 +293,7 @@ class Scheduler:
         try:
             return list(await asyncio.gather(*(call(n.handle) for n in self.nodes)))
         except ray.exceptions.RayError as exc:
-            cause = _cause(exc)
-            raise cause if isinstance(cause, CleanroomError) else ConfigError(str(cause)) from exc
+            raise _refusal(exc) from exc
 
     async def _stop_nodes(self, run_id: str) -> None:
         import ray
@@ -294,8 +302,8 @@ class Scheduler:
             if node.alive:
                 with contextlib.suppress(ray.exceptions.RayError):
                     await node.handle.close_run.remote(run_id)
-            with contextlib.suppress(Exception):
-                ray.kill(node.handle, no_restart=True)
+        if self.pool is not None:
+            self.pool.release(self.nodes)
         self.nodes = []
 
 
@@ -306,6 +314,12 @@ def _from_record(record: dict[str, Any]) -> EpisodeResult:
     return EpisodeResult(
         record["episode_id"], record["attempt"], outcome, record.get("reward"), error, record
     )
+
+
+def _refusal(exc: BaseException) -> CleanroomError:
+    """A node's refusal as the run's error: its own CleanroomError, or a ConfigError."""
+    cause = _cause(exc)
+    return cause if isinstance(cause, CleanroomError) else ConfigError(f"a node failed: {cause}")
 
 
 def _cause(exc: BaseException) -> BaseException:
