@@ -163,12 +163,28 @@ class Scheduler:
     # -- one episode: its attempts, each on the least-loaded node ----------------------------
 
     async def _episode(self, run_id: str, manifest: Manifest, result: RunResult) -> None:
+        """One episode to its result; never raises but CancelledError (one episode's trouble,
+        the ledger's included, is that episode's ``infra_error``, never the run's)."""
+        try:
+            done = await self._attempts(run_id, manifest)
+            if done.outcome is Outcome.SUPERSEDED:  # a lost node's attempt got out after all
+                self._finished(run_id, done)
+                record = self.store.get_record(run_id, manifest.episode_id)
+                done = _from_record(record) if record is not None else done
+            self._finished(run_id, done)
+        except Exception as exc:
+            error = f"unexpected {type(exc).__name__} scheduling the episode: {exc}"
+            self.emit("alert", message=f"episode {manifest.episode_id}: {error}")
+            done = EpisodeResult(manifest.episode_id, 0, Outcome.INFRA_ERROR, error=error)
+        result.episodes.append(done)
+
+    async def _attempts(self, run_id: str, manifest: Manifest) -> EpisodeResult:
+        """Attempts on the least-loaded node until one ends or a durable record is found."""
         import ray
 
         eid, dumped = manifest.episode_id, manifest.model_dump(mode="json")
-        done: EpisodeResult | None = None
+        attempt = self.ledger.next_attempt(run_id, eid)
         for _ in range(self.cluster.max_attempts):
-            attempt = self.ledger.next_attempt(run_id, eid)
             node = await self._acquire()
             if node is None:
                 break
@@ -179,25 +195,21 @@ class Scheduler:
             )
             self.emit("episode_started", episode_id=eid, attempt=attempt, env_id=node.node_id)
             try:
-                done = await node.handle.episode.remote(run_id, dumped, attempt)
+                done: EpisodeResult = await node.handle.episode.remote(run_id, dumped, attempt)
             except ray.exceptions.RayActorError as exc:
-                done = self._node_lost(run_id, eid, attempt, node, exc)
-                if done is None:
-                    continue  # nothing durable: attempt n+1, elsewhere
+                lost = self._node_lost(run_id, eid, attempt, node, exc)
+                if lost is not None:
+                    return lost
+                attempt += 1  # nothing durable: attempt n+1, elsewhere
+                continue
             except ray.exceptions.RayError as exc:  # the node's call failed, not the node
-                done = EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=str(_cause(exc)))
+                return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=str(_cause(exc)))
             finally:
                 await self._release(node)
-            break
-        if done is None:
-            attempt = self.ledger.next_attempt(run_id, eid) - 1
-            done = EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error="no node left to run it")
-        if done.outcome is Outcome.SUPERSEDED:  # a lost node's attempt got out after all
-            self._finished(run_id, done)
-            record = self.store.get_record(run_id, eid)
-            done = _from_record(record) if record is not None else done
-        self._finished(run_id, done)
-        result.episodes.append(done)
+            return done
+        self.ledger.episode_queued(run_id, eid, attempt)  # the attempt no node was left for
+        error = f"no node left to run it ({self.cluster.max_attempts} attempts at most)"
+        return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=error)
 
     def _node_lost(
         self, run_id: str, eid: str, attempt: int, node: Node, exc: Exception
@@ -218,6 +230,7 @@ class Scheduler:
         return None
 
     def _finished(self, run_id: str, done: EpisodeResult) -> None:
+        self.ledger.episode_queued(run_id, done.episode_id, done.attempt)  # a winner from before
         self.ledger.episode_finished(
             run_id,
             done.episode_id,
