@@ -27,7 +27,7 @@ from cleanroom import logs, paths
 from cleanroom.baseline.cli import baseline_app
 from cleanroom.check_cli import check_app
 from cleanroom.controller import EventHook, RunOptions, RunResult
-from cleanroom.errors import CleanroomError
+from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.progress import RunProgress
 from cleanroom.store import open_store
@@ -91,6 +91,8 @@ def run(
 
     try:
         logs.setup(log_format, file=log_file, level=log_level)
+        if parallel_per_node is not None and ray is None:
+            raise ConfigError("--parallel-per-node is for a cluster run: give --ray too")
         items = load_manifests(manifests)
         progress = RunProgress(err, lines=False)  # the logs carry one line per step
         resolved = resolve_or_build(baseline, progress=progress.build_step)

@@ -100,3 +100,15 @@ print(r.counts(), "ray" in sys.modules, cleanroom.RayCluster.__name__, "ray" in 
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-4:] == ["1}", "False", "RayCluster", "False"], out.stdout
+
+
+def test_parallel_per_node_without_ray_is_refused(tmp_path: Path) -> None:
+    """``--parallel-per-node`` alone would be silently ignored: a clear error (exit 2)."""
+    from typer.testing import CliRunner
+
+    from cleanroom.cli import app
+
+    (tmp_path / "m.jsonl").write_text("")
+    args = ["run", str(tmp_path / "m.jsonl"), "--baseline", "x", "--parallel-per-node", "2"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2 and "--ray" in done.output, done.output

@@ -55,7 +55,10 @@ async def run_on_cluster(
     """Run ``manifests`` across the cluster's nodes; the same records as a local run."""
     if any(m.group is not None for m in manifests):
         raise ManifestError("groups are not supported on a Ray cluster yet: run them locally")
-    import ray
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"a Ray cluster run needs pip install 'cleanroom[ray]' ({exc})") from exc
 
     owned = not ray.is_initialized()
     if owned:
