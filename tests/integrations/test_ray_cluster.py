@@ -391,6 +391,11 @@ async def test_a_killed_driver_resumed_with_its_run_id_makes_no_duplicates(
     assert sorted(r["episode_id"] for r in records) == sorted(m.episode_id for m in ms)
     for e in result.episodes:  # an attempt number is never used twice
         assert e.attempt == before.get(e.episode_id, 0) + 1
+    for name in ("a", "b"):  # the dead driver's envs: reaped by the next actor, or confirmed
+        with cluster.ledger(name) as ledger:
+            rows = ledger.envs("resume")
+            assert all(e.confirmed_absent_at for e in rows), [e.env_id for e in rows]
+            assert not any(e.pid and _alive(e.pid) for e in rows)
 
 
 async def test_kept_node_actors_serve_the_next_run_and_are_replaced_after(
