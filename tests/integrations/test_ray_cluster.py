@@ -431,3 +431,41 @@ async def test_kept_node_actors_serve_the_next_run_and_are_replaced_after(
     await asyncio.wait_for(one("nokeep", False), 60)
     assert pids[0] == pids[1] and len(pids[0]) == 2
     assert not pids[2] & pids[0]
+
+
+async def test_a_nodes_reaper_confirms_what_its_dead_controller_left(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The node's controller actor SIGKILLed mid-episode (the node itself lives): its envs die
+    with it, and the node's detached reaper, not any run, destroys and confirms their ledger
+    rows and marks the lost attempts; the episodes run again elsewhere."""
+    cluster.add("e")
+    baseline = make_fake_baseline(tmp_path)
+    ms = [manifest(f"p{i}", seed=i, mode="sleep", seconds=2) for i in range(6)]
+    run = asyncio.ensure_future(
+        run_on_cluster(
+            RayCluster(reap_every_s=0.5),
+            ms,
+            baseline,
+            store=tmp_path / "store",
+            run_id="reaper",
+            driver="fake",
+            options=OPTS,
+        )
+    )
+    ledger_e = cluster.ledger("e")
+    await _until(lambda: run.done() or any(e.ready_at for e in ledger_e.envs("reaper")), 30)
+    assert not run.done(), run.result()
+    os.kill(ledger_e.envs("reaper")[0].owner_pid, signal.SIGKILL)  # the node's controller
+    result = await asyncio.wait_for(run, 90)
+    assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
+
+    def confirmed() -> bool:
+        rows = ledger_e.envs("reaper")
+        return bool(rows) and all(e.confirmed_absent_at for e in rows)
+
+    await _until(confirmed, 30)
+    assert any(e.kind == "env_reaped" for e in ledger_e.events("reaper"))
+    assert not any(e.pid and _alive(e.pid) for e in ledger_e.envs("reaper"))
+    ledger_e.close()
+    cluster.remove("e")

@@ -23,7 +23,8 @@ class RayCluster:
     ``max_attempts``: attempts of one episode across node deaths before it ends
     ``infra_error``. ``keep_nodes``: leave the node actors running for this process's next run
     (their templates and re-hashed baseline kept; they hold their nodes' slots meanwhile, so no
-    other driver can run there) — only when the caller connected to Ray itself. ``init``: more
+    other driver can run there) — only when the caller connected to Ray itself.
+    ``reap_every_s``: the period of each node's detached reaper (``reaper``). ``init``: more
     ``ray.init`` keyword arguments."""
 
     address: str | None = "auto"
@@ -32,6 +33,7 @@ class RayCluster:
     max_attempts: int = 3
     namespace: str = "cleanroom"
     keep_nodes: bool = False
+    reap_every_s: float | None = 30.0  # each node's detached reaper (None: none started)
     init: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.batch.runner import new_run_id
 from cleanroom.core.states import EpisodeState
 from cleanroom.errors import CleanroomError, ConfigError, ManifestError
-from cleanroom.integrations.ray import actor, shared_store
+from cleanroom.integrations.ray import actor, reaper, shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.config import RayCluster
 from cleanroom.integrations.ray.pool import Node, NodePool
@@ -286,6 +286,9 @@ class Scheduler:
         if not slots:
             raise ConfigError("the Ray cluster has no alive node to run episodes on")
         pool = self.pool = NodePool(driver, self.url, opts, self.cluster.resource, self.keep)
+        if self.cluster.reap_every_s is not None:
+            for slot in slots:
+                reaper.ensure_reaper(slot.node_id, driver, self.url, self.cluster.reap_every_s)
 
         async def ready(node: Node) -> Node:
             try:
