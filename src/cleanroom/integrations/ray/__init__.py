@@ -7,19 +7,13 @@ as a local run, on every node of a Ray cluster.
 One controller actor per node (``node.NodeController``: its own driver, ledger and reaper, the
 run's store shared) runs each episode it is sent as the local lifecycle does; the driver-side
 ``scheduler`` routes episodes to the least-loaded node, alone numbers attempts, and after a
-node's death asks the store before it runs attempt n+1 elsewhere. Ray itself is imported only
-by ``scheduler`` and ``actor``, inside the calls that need it: a local run never imports it.
+node's death asks the store before it runs attempt n+1 elsewhere (``aggregate``: the run's
+rows in the driver's ledger). Ray itself is imported only inside the calls that need it (in
+``scheduler``, ``actor``, ``pool``, ``reaper``): a local run never imports it.
 """
 
 from __future__ import annotations
 
 from cleanroom.integrations.ray.config import RayCluster
 
-__all__ = ["RayCluster", "run_on_cluster"]
-
-
-async def run_on_cluster(*args: object, **kwargs: object) -> object:
-    """``scheduler.run_on_cluster`` (imports Ray)."""
-    from cleanroom.integrations.ray.scheduler import run_on_cluster as run
-
-    return await run(*args, **kwargs)  # type: ignore[arg-type]
+__all__ = ["RayCluster"]  # the run itself: scheduler.run_on_cluster (imports Ray)

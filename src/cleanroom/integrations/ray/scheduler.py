@@ -23,8 +23,9 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.batch.runner import new_run_id
 from cleanroom.core.states import EpisodeState
-from cleanroom.errors import CleanroomError, ConfigError, ManifestError
+from cleanroom.errors import ConfigError, ManifestError
 from cleanroom.integrations.ray import actor, reaper, shared_store
+from cleanroom.integrations.ray.aggregate import Aggregate, cause_of, from_record, refusal
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.config import RayCluster
 from cleanroom.integrations.ray.pool import Node, NodePool
@@ -34,10 +35,8 @@ from cleanroom.manifest import Manifest
 from cleanroom.reaper import reconcile_durable
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore, Store, open_store
-from cleanroom.verify import verdict_label
 
 EventHook = Callable[[str, dict[str, Any]], None]
-NODE_LOST = "node {node} lost: {error}"
 
 
 async def run_on_cluster(
@@ -97,6 +96,7 @@ class Scheduler:
         self.controller_id = "ray-" + secrets.token_hex(6)
         self._on_event = on_event
         self.nodes: list[Node] = []
+        self.agg = Aggregate(ledger, store, self.emit)
         self._free = asyncio.Condition()
 
     def emit(self, kind: str, **data: Any) -> None:
@@ -171,10 +171,10 @@ class Scheduler:
         try:
             done = await self._attempts(run_id, manifest)
             if done.outcome is Outcome.SUPERSEDED:  # a lost node's attempt got out after all
-                self._finished(run_id, done)
+                self.agg.finished(run_id, done)
                 record = self.store.get_record(run_id, manifest.episode_id)
-                done = _from_record(record) if record is not None else done
-            self._finished(run_id, done)
+                done = from_record(record) if record is not None else done
+            self.agg.finished(run_id, done)
         except Exception as exc:
             error = f"unexpected {type(exc).__name__} scheduling the episode: {exc}"
             self.emit("alert", message=f"episode {manifest.episode_id}: {error}")
@@ -200,60 +200,19 @@ class Scheduler:
             try:
                 done: EpisodeResult = await node.handle.episode.remote(run_id, dumped, attempt)
             except ray.exceptions.RayActorError as exc:
-                lost = self._node_lost(run_id, eid, attempt, node, exc)
+                lost = self.agg.node_lost(run_id, eid, attempt, node, exc)
                 if lost is not None:
                     return lost
                 attempt += 1  # nothing durable: attempt n+1, elsewhere
                 continue
             except ray.exceptions.RayError as exc:  # the node's call failed, not the node
-                return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=str(_cause(exc)))
+                return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=str(cause_of(exc)))
             finally:
                 await self._release(node)
             return done
         self.ledger.episode_queued(run_id, eid, attempt)  # the attempt no node was left for
         error = f"no node left to run it ({self.cluster.max_attempts} attempts at most)"
         return EpisodeResult(eid, attempt, Outcome.INFRA_ERROR, error=error)
-
-    def _node_lost(
-        self, run_id: str, eid: str, attempt: int, node: Node, exc: Exception
-    ) -> EpisodeResult | None:
-        """The node died under this attempt: the durable record if one got out, else None
-        (this attempt ends ``infra_error`` in the driver's ledger)."""
-        if node.alive:
-            node.alive = False
-            self.ledger.event("node_lost", run_id=run_id, node=node.node_id, error=str(exc)[:500])
-            self.emit("alert", message=f"node {node.node_id} lost: {type(exc).__name__}")
-        record = self.store.get_record(run_id, eid)
-        if record is not None:
-            return _from_record(record)
-        error = NODE_LOST.format(node=node.node_id, error=type(exc).__name__)
-        self.ledger.episode_finished(
-            run_id, eid, attempt, outcome=Outcome.INFRA_ERROR.value, error=error
-        )
-        return None
-
-    def _finished(self, run_id: str, done: EpisodeResult) -> None:
-        self.ledger.episode_queued(run_id, done.episode_id, done.attempt)  # a winner from before
-        self.ledger.episode_finished(
-            run_id,
-            done.episode_id,
-            done.attempt,
-            outcome=done.outcome.value,
-            reward=done.reward,
-            error=done.error,
-            verdict=verdict_label((done.record or {}).get("verdict")),
-        )
-        destroy = done.destroy
-        self.emit(
-            "episode_finished",
-            episode_id=done.episode_id,
-            attempt=done.attempt,
-            outcome=done.outcome.value,
-            reward=done.reward,
-            error=done.error,
-            cleanup_ms=destroy.elapsed_ms if destroy else None,
-            confirmed_absent=destroy.confirmed_absent if destroy else None,
-        )
 
     # -- nodes ---------------------------------------------------------------------------
 
@@ -303,7 +262,7 @@ class Scheduler:
         try:
             self.nodes = list(await asyncio.gather(*(ready(n) for n in pool.nodes(slots))))
         except ray.exceptions.RayError as exc:
-            raise _refusal(exc) from exc
+            raise refusal(exc) from exc
 
     async def _on_nodes(self, call: Callable[[Any], Any]) -> list[Any]:
         """``call`` on every node at once; the first node's refusal refuses the run."""
@@ -312,7 +271,7 @@ class Scheduler:
         try:
             return list(await asyncio.gather(*(call(n.handle) for n in self.nodes)))
         except ray.exceptions.RayError as exc:
-            raise _refusal(exc) from exc
+            raise refusal(exc) from exc
 
     async def _stop_nodes(self, run_id: str) -> None:
         import ray
@@ -324,24 +283,3 @@ class Scheduler:
         if self.pool is not None:
             self.pool.release(self.nodes)
         self.nodes = []
-
-
-def _from_record(record: dict[str, Any]) -> EpisodeResult:
-    """The result a durable record stands for (whichever attempt, on whichever node)."""
-    error = (record.get("error") or {}).get("message")
-    outcome = Outcome(record["outcome"])
-    return EpisodeResult(
-        record["episode_id"], record["attempt"], outcome, record.get("reward"), error, record
-    )
-
-
-def _refusal(exc: BaseException) -> CleanroomError:
-    """A node's refusal as the run's error: its own CleanroomError, or a ConfigError."""
-    cause = _cause(exc)
-    return cause if isinstance(cause, CleanroomError) else ConfigError(f"a node failed: {cause}")
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The node's own exception inside a Ray task error."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
