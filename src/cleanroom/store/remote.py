@@ -37,7 +37,10 @@ class FsspecStore(BaseStore[str]):
                 f"the store {url!r} needs fsspec: pip install 'cleanroom[fsspec]'"
             ) from exc
         try:
-            self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+            # its own filesystem object: a cached one may hold another endpoint (AWS_ENDPOINT_URL
+            # and credentials are read when it is made)
+            options = {"skip_instance_cache": True, **storage_options}
+            self.fs, root = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open the store {url!r}: {exc}") from exc
         self.url = url
