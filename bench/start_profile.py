@@ -200,7 +200,7 @@ def floor(boots: int) -> list[str]:
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
-    from cleanroom.drivers.qemu_cmdline import machine_args
+    from cleanroom.drivers.qemu.cmdline import machine_args
     from cleanroom.manifest import Limits
 
     baseline = resolve_or_build(str(TINY))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cleanroom.drivers.base import DestroyReport, EnvRequest, Owner
-from cleanroom.drivers.qemu_spares import MAX_AGE_S, Spare, Spares
+from cleanroom.drivers.qemu.spares import MAX_AGE_S, Spare, Spares
 from cleanroom.manifest import ResolvedLimits
 
 BASELINE: Any = SimpleNamespace(digest="sha256:base")

@@ -33,13 +33,13 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
-from cleanroom.drivers.qemu_clone import load_accepted, reseed, spawn_restoring
-from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.drivers.qemu.clone import load_accepted, reseed, spawn_restoring
+from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
-    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qemu.driver import QemuDriver
 
 MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
 Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve

@@ -22,11 +22,11 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import EnvRequest, new_env_id
-from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.errors import CleanroomError, DriftError, DriverError, LaunchError
 
 if TYPE_CHECKING:
-    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qemu.driver import QemuDriver
 
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
 TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)

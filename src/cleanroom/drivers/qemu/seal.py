@@ -38,7 +38,7 @@ from cleanroom.drivers.base import ForkSnapshot
 from cleanroom.errors import DriverError, LaunchError
 
 if TYPE_CHECKING:
-    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qemu.driver import QemuDriver
 
 META_FILE = "snapshot.json"
 CHUNK = 1 << 20

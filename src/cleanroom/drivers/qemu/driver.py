@@ -41,16 +41,7 @@ from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import (
-    hostproc,
-    qemu_clone,
-    qemu_cmdline,
-    qemu_fork,
-    qemu_seal,
-    qemu_spares,
-    qemu_template,
-    snapshot,
-)
+from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -62,7 +53,13 @@ from cleanroom.drivers.base import (
     new_env_id,
     write_owner,
 )
-from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.drivers.qemu import clone as qemu_clone
+from cleanroom.drivers.qemu import cmdline as qemu_cmdline
+from cleanroom.drivers.qemu import fork as qemu_fork
+from cleanroom.drivers.qemu import seal as qemu_seal
+from cleanroom.drivers.qemu import spares as qemu_spares
+from cleanroom.drivers.qemu import templates as qemu_template
+from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.errors import CleanroomError, ConfigError, LaunchError
 from cleanroom.manifest import ResolvedLimits
 

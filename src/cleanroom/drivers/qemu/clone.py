@@ -23,11 +23,11 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import Env, EnvRequest
-from cleanroom.drivers.qemu_live import Live
+from cleanroom.drivers.qemu.live import Live
 from cleanroom.errors import DriverError
 
 if TYPE_CHECKING:
-    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qemu.driver import QemuDriver
 
 RESEED_BYTES = 64
 

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from cleanroom import paths
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, qemu_seal, snapshot
+from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
+from cleanroom.drivers.qemu import seal as qemu_seal
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
 
 if TYPE_CHECKING:
-    from cleanroom.drivers.qemu import QemuDriver
+    from cleanroom.drivers.qemu.driver import QemuDriver
 
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
