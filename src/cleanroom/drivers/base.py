@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -295,14 +295,14 @@ class RunFolderDriver(Driver):
 
 
 async def fail_launch(
-    driver: Driver,
+    destroy: Callable[[str], Awaitable[DestroyReport]],
     env_id: str,
     console_tail: bytes,
     exc: BaseException,
     timeout_s: float,
     what: str,
 ) -> NoReturn:
-    """A create() went wrong after the env existed: destroy it (shielded), then raise.
+    """A create() went wrong after the env existed: ``destroy`` it (shielded), then raise.
 
     A timeout or a driver error becomes a ``LaunchError`` carrying the console tail; anything
     else (cancellation included) propagates unchanged.
@@ -310,7 +310,7 @@ async def fail_launch(
     from cleanroom.errors import LaunchError
 
     tail = console_tail.decode(errors="replace")[-800:]
-    await asyncio.shield(driver.destroy(env_id))
+    await asyncio.shield(destroy(env_id))
     if isinstance(exc, TimeoutError):
         raise LaunchError(
             f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"

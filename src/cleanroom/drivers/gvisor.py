@@ -185,7 +185,12 @@ class GvisorDriver(RunFolderDriver):
             if connected.done() and not connected.cancelled():
                 connected.result()[1].close()  # a connection that came too late
             await fail_launch(
-                self, env_id, live.console_tail(), exc, self.ready_timeout_s, "sandbox start"
+                self.destroy,
+                env_id,
+                live.console_tail(),
+                exc,
+                self.ready_timeout_s,
+                "sandbox start",
             )
         finally:
             server.close()

@@ -16,96 +16,98 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import Env, EnvRequest
+from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live
 from cleanroom.errors import DriverError
-
-if TYPE_CHECKING:
-    from cleanroom.drivers.qemu.driver import QemuDriver
 
 RESEED_BYTES = 64
 
 
-async def clone(
-    driver: QemuDriver,
-    request: EnvRequest,
-    accel: accel_mod.Accel,
-    template: snapshot.Template,
-    started: float,
-    note: str | None,
-    *,
-    ram: Path | None = None,
-    shared: bool = False,
-) -> Env:
-    """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
-    live, monitor = await spawn_restoring(driver, request, accel, template, ram=ram, shared=shared)
-    try:
-        session = await driver._ready_or_destroy(
-            request.env_id,
-            live,
-            restore(request.env_id, live, monitor),
-            driver.restore_timeout_s,
-            "restore",
-        )
-    finally:
-        monitor.close()
-    driver._restore_failures.pop(template.key, None)
-    info = driver._info(
-        request,
-        accel,
-        live,
-        started,
-        start_kind="snapshot",
-        template=template.digest,
-        start_note=note,
-    )
-    return Env(driver, info, session)
+class Cloner:
+    """Restores clones of a template (or of a fork snapshot) for one driver."""
 
+    def __init__(self, ctx: QemuContext) -> None:
+        self.ctx = ctx
 
-async def spawn_restoring(
-    driver: QemuDriver,
-    request: EnvRequest,
-    accel: accel_mod.Accel,
-    template: snapshot.Template,
-    *,
-    ram: Path | None = None,
-    shared: bool = False,
-    paused: bool = False,
-) -> tuple[Live, socket.socket]:
-    """Start the QEMU process of a clone of ``template``: its monitor (returned) already holds
-    the commands loading the device state. It runs once loaded, unless ``paused`` (``-S``:
-    its vCPU then waits for ``cont``, and no guest code runs before)."""
-    state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
-    monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
-    try:
-        monitor.sendall(snapshot.restore_script(state_fd))
-        memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
-        mon = [
-            "-chardev",
-            f"socket,id=load,fd={guest_end.fileno()}",
-            "-mon",
-            "chardev=load,mode=control",
-        ]
-        live = await driver._spawn(
+    async def clone(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        template: snapshot.Template,
+        started: float,
+        note: str | None,
+        *,
+        ram: Path | None = None,
+        shared: bool = False,
+    ) -> Env:
+        """Restore ``template`` (a fork parent maps its own copy of the RAM ``shared``)."""
+        launcher = self.ctx.launcher
+        live, monitor = await self.spawn_restoring(request, accel, template, ram=ram, shared=shared)
+        try:
+            session = await launcher.ready_or_destroy(
+                request.env_id,
+                live,
+                restore(request.env_id, live, monitor),
+                self.ctx.config.restore_timeout_s,
+                "restore",
+            )
+        finally:
+            monitor.close()
+        return launcher.env(
             request,
             accel,
-            [*memory, "-incoming", "defer", *mon, *(["-S"] if paused else [])],
-            pass_fds=(state_fd, guest_end.fileno()),
-            memory_backend=True,
+            live,
+            started,
+            session,
+            start_kind="snapshot",
+            template=template.digest,
+            start_note=note,
         )
-    except BaseException:
-        monitor.close()
-        raise
-    finally:
-        os.close(state_fd)
-        guest_end.close()
-    return live, monitor
+
+    async def spawn_restoring(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        template: snapshot.Template,
+        *,
+        ram: Path | None = None,
+        shared: bool = False,
+        paused: bool = False,
+    ) -> tuple[Live, socket.socket]:
+        """Start the QEMU process of a clone of ``template``: its monitor (returned) already
+        holds the commands loading the device state. It runs once loaded, unless ``paused``
+        (``-S``: its vCPU then waits for ``cont``, and no guest code runs before)."""
+        state_fd = os.open(template.state, os.O_RDONLY | os.O_CLOEXEC)
+        monitor, guest_end = socket.socketpair()  # QEMU reads its load commands from it
+        try:
+            monitor.sendall(snapshot.restore_script(state_fd))
+            memory = snapshot.memory_args(ram or template.ram, template.memory_mib, shared=shared)
+            mon = [
+                "-chardev",
+                f"socket,id=load,fd={guest_end.fileno()}",
+                "-mon",
+                "chardev=load,mode=control",
+            ]
+            live = await self.ctx.launcher.spawn(
+                request,
+                accel,
+                [*memory, "-incoming", "defer", *mon, *(["-S"] if paused else [])],
+                pass_fds=(state_fd, guest_end.fileno()),
+                memory_backend=True,
+            )
+        except BaseException:
+            monitor.close()
+            raise
+        finally:
+            os.close(state_fd)
+            guest_end.close()
+        return live, monitor
 
 
 async def restore(env_id: str, live: Live, monitor: socket.socket) -> AgentSession:

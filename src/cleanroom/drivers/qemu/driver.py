@@ -11,18 +11,21 @@ controller and at its hard deadline. destroy = SIGKILL the process group, reap, 
 folder, then confirm (one /proc scan) that neither a process nor the folder remains.
 
 Starts (``QemuDriver(start=...)``, default ``$CLEANROOM_QEMU_START`` or ``auto``): ``cold``
-boots the kernel every time; ``snapshot`` restores a clone (``qemu_clone.py``) of the
-baseline's template (``qemu_template.py``, files in ``snapshot.py``: built on first use by
+boots the kernel every time; ``snapshot`` restores a clone (``clone.py``) of the
+baseline's template (``templates.py``, files in ``snapshot.py``: built on first use by
 booting the baseline once with its RAM in a file and saving it); ``auto`` is ``snapshot``,
 falling back to a cold boot, with the reason recorded in ``EnvInfo.start_note``, if the
 template cannot be built or a clone cannot be restored (after a failed build, or 3 failed
 restores in a row, it boots cold for 5 minutes before trying again). Clones and the template's
 build VM carry the same ``cleanroom-<env_id>`` marker and run folder as a cold VM, so destroy,
-confirm and reap treat them alike. The command line is in ``qemu_cmdline.py``, the live process
-and its agent channel in ``qemu_live.py``; fork (a warm env saved, clones restored from it, for
-groups) in ``qemu_fork.py``; spares (clones started ahead, paused before their first guest
-instruction, resumed by ``create`` under the id ``next_env_id`` handed out) in
-``qemu_spares.py``.
+confirm and reap treat them alike.
+
+This module only composes the parts, each given a ``context.QemuContext`` (never the driver):
+``launch.py`` (spawn a QEMU process, wait for its agent; its command line in ``cmdline.py``,
+the live process and its agent channel in ``live.py``), ``templates.py``, ``clone.py``, fork (a
+warm env saved, clones restored from it, for groups) in ``fork.py`` and ``seal.py``, spares
+(clones started ahead, paused before their first guest instruction, resumed by ``create``
+under the id ``next_env_id`` handed out) in ``spares.py``.
 """
 
 from __future__ import annotations
@@ -31,9 +34,7 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +50,20 @@ from cleanroom.drivers.base import (
     EnvRequest,
     ForkSnapshot,
     RunFolderDriver,
-    fail_launch,
     new_env_id,
-    write_owner,
 )
-from cleanroom.drivers.qemu import clone as qemu_clone
-from cleanroom.drivers.qemu import cmdline as qemu_cmdline
-from cleanroom.drivers.qemu import fork as qemu_fork
-from cleanroom.drivers.qemu import seal as qemu_seal
-from cleanroom.drivers.qemu import spares as qemu_spares
-from cleanroom.drivers.qemu import templates as qemu_template
+from cleanroom.drivers.qemu import fork, seal
+from cleanroom.drivers.qemu.clone import Cloner
+from cleanroom.drivers.qemu.config import START_ENV, STARTS, QemuConfig
+from cleanroom.drivers.qemu.context import QemuContext
+from cleanroom.drivers.qemu.launch import Launcher
 from cleanroom.drivers.qemu.live import Live, first_line
-from cleanroom.errors import CleanroomError, ConfigError, LaunchError
+from cleanroom.drivers.qemu.spares import Spares
+from cleanroom.drivers.qemu.templates import Templates
+from cleanroom.errors import CleanroomError, LaunchError
 from cleanroom.manifest import ResolvedLimits
 
-STARTS = ("auto", "cold", "snapshot")
-START_ENV = "CLEANROOM_QEMU_START"  # the default of ``QemuDriver(start=...)``
+__all__ = ["STARTS", "START_ENV", "QemuDriver"]
 
 
 class QemuDriver(RunFolderDriver):
@@ -81,23 +80,35 @@ class QemuDriver(RunFolderDriver):
         start: str | None = None,
         restore_timeout_s: float = 30.0,
     ) -> None:
-        start = start or os.environ.get(START_ENV, "auto").strip().lower() or "auto"
-        if start not in STARTS:
-            raise ConfigError(f"start must be one of {', '.join(STARTS)} (not {start!r})")
-        self.boot_timeout_s = boot_timeout_s
-        self.restore_timeout_s = restore_timeout_s
-        self.start = start
-        self.run_root = run_root or paths.run_dir() / self.name
+        self.config = QemuConfig(
+            boot_timeout_s=boot_timeout_s,
+            restore_timeout_s=restore_timeout_s,
+            start=start or os.environ.get(START_ENV, "auto").strip().lower() or "auto",
+            run_root=run_root or paths.run_dir() / self.name,
+            name=self.name,
+        )
         self._live: dict[str, Live] = {}
         self.accel: accel_mod.Accel | None = None
-        self._template_locks: dict[str, asyncio.Lock] = {}
-        self._template_failed: dict[str, tuple[float, str]] = {}  # key -> (when, why)
-        self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
-        self._sealing: dict[str, asyncio.Future[dict[str, Any]]] = {}  # fork snapshots hashing
-        self.spares = qemu_spares.Spares(self)
+        launcher = Launcher(self.config, self._live, self.destroy, self._env)
+        self.ctx = QemuContext(self.config, self._live, launcher, self.destroy)
+        self.templates = Templates(self.ctx)
+        self.cloner = Cloner(self.ctx)
+        self.spares = Spares(self.ctx, self.templates, self.cloner)
+        self.forks = fork.Forks(self.ctx, self.templates, self.cloner, seal.Seals())
+
+    @property
+    def start(self) -> str:
+        return self.config.start
+
+    @property
+    def run_root(self) -> Path:
+        return self.config.run_root
+
+    def _env(self, info: EnvInfo, session: AgentSession) -> Env:
+        return Env(self, info, session)
 
     def run_dir(self, env_id: str) -> Path:
-        return self.run_root / env_id
+        return self.config.run_dir(env_id)
 
     def describe(self) -> dict[str, str]:
         if self.accel is None:
@@ -109,17 +120,20 @@ class QemuDriver(RunFolderDriver):
             "isolation": self.accel.isolation,
         }
 
-    machine_args = staticmethod(qemu_cmdline.machine_args)
-    command = staticmethod(qemu_cmdline.command)
+    async def _accel(self, request: EnvRequest) -> accel_mod.Accel:
+        if self.accel is None:
+            self.accel = await accel_mod.choose(request.baseline)
+        return self.accel
+
+    def template_key(self, request: EnvRequest, accel: accel_mod.Accel) -> str:
+        return self.templates.key(request, accel)
 
     async def create(self, request: EnvRequest) -> Env:
         with self.spares.create_in_flight():
             return await self._create(request)
 
     async def _create(self, request: EnvRequest) -> Env:
-        if self.accel is None:
-            self.accel = await accel_mod.choose(request.baseline)
-        accel = self.accel
+        accel = await self._accel(request)
         started = time.monotonic()
         note: str | None = None
         if request.network is not None and self.spares.claim(request.env_id) is not None:
@@ -128,20 +142,21 @@ class QemuDriver(RunFolderDriver):
             note = "egress needs a NIC and snapshot templates have none: booted cold"
         elif self.start != "cold":
             try:
-                template, note = await self.template_for(request, accel)
+                template, note = await self.templates.template_for(request, accel)
                 env, unused = await self._from_spare(request, accel, template, started)
                 if env is None:
-                    env = await self._clone(request, accel, template, started, note or unused)
+                    env = await self.cloner.clone(request, accel, template, started, note or unused)
+                    self.templates.restored(template.key)
                 self.spares.top_up(request, accel)
                 return env
             except (CleanroomError, OSError) as exc:  # OSError: e.g. template removed under us
-                qemu_template.count_restore_failure(self, request, accel, exc)
+                self.templates.count_restore_failure(request, accel, exc)
                 if self.start == "snapshot":
                     if isinstance(exc, LaunchError):
                         raise
                     raise LaunchError(f"snapshot start failed: {exc}") from exc
                 note = f"snapshot start failed, booted cold: {first_line(exc)}"
-        return await self._cold(request, accel, started, note)
+        return await self.ctx.launcher.cold(request, accel, started, note)
 
     async def _from_spare(
         self,
@@ -158,7 +173,7 @@ class QemuDriver(RunFolderDriver):
         why = spare.fits(request, template, time.monotonic())
         if why is None:
             try:
-                return await qemu_spares.resume(self, spare, request, accel, started), None
+                return await self.spares.resume(spare, request, accel, started), None
             except LaunchError as exc:  # destroyed already
                 why = first_line(exc)
         else:
@@ -174,131 +189,29 @@ class QemuDriver(RunFolderDriver):
     async def release_spares(self) -> list[DestroyReport]:
         return await self.spares.release()
 
-    async def _spawn(
-        self,
-        request: EnvRequest,
-        accel: accel_mod.Accel,
-        extra: list[str] | None = None,
-        *,
-        pass_fds: tuple[int, ...] = (),
-        memory_backend: bool = False,
-    ) -> Live:
-        """Start the env's QEMU process (run folder first: owner, then the process, its pid)."""
-        run_dir = self.run_dir(request.env_id)
-        run_dir.mkdir(parents=True, mode=0o700)
-        write_owner(run_dir, request, self.name)
-        channel, guest_end = socket.socketpair()
-        monitor, qemu_monitor = socket.socketpair()
-        fds = (guest_end.fileno(), qemu_monitor.fileno())
-        argv = self.command(
-            request, accel, extra, ctl_fd=fds[0], qmp_fd=fds[1], memory_backend=memory_backend
-        )
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=(*pass_fds, *fds),
-            )
-        except OSError as exc:
-            channel.close()
-            monitor.close()
-            hostproc.remove_tree(run_dir)
-            raise LaunchError(f"cannot start QEMU: {exc}") from exc
-        finally:
-            guest_end.close()
-            qemu_monitor.close()
-        live = Live(proc, run_dir, channel, monitor)
-        self._live[request.env_id] = live
-        live.pump = asyncio.create_task(live.read_console())
-        (run_dir / "pid").write_text(str(proc.pid))
-        return live
-
-    async def _ready_or_destroy(
-        self,
-        env_id: str,
-        live: Live,
-        ready: Awaitable[AgentSession],
-        timeout_s: float,
-        what: str,
-    ) -> AgentSession:
-        """Await ``ready`` within ``timeout_s``; on any failure destroy the env, then raise."""
-        try:
-            return await asyncio.wait_for(ready, timeout_s)
-        except BaseException as exc:
-            await fail_launch(self, env_id, live.console_tail(), exc, timeout_s, what)
-
-    async def _cold(
-        self,
-        request: EnvRequest,
-        accel: accel_mod.Accel,
-        started: float,
-        note: str | None,
-        extra: list[str] | None = None,
-        *,
-        memory_backend: bool = False,
-    ) -> Env:
-        live = await self._spawn(request, accel, extra, memory_backend=memory_backend)
-        session = await self._ready_or_destroy(
-            request.env_id, live, live.connect(), self.boot_timeout_s, "boot"
-        )
-        return Env(self, self._info(request, accel, live, started, start_note=note), session)
-
-    def _info(
-        self,
-        request: EnvRequest,
-        accel: accel_mod.Accel,
-        live: Live,
-        started: float,
-        **start: Any,
-    ) -> EnvInfo:
-        return EnvInfo(
-            env_id=request.env_id,
-            driver=self.name,
-            accelerator=accel.name,
-            isolation=accel.isolation,
-            pid=live.proc.pid,
-            run_dir=live.run_dir,
-            created_at=time.time(),
-            ready_s=time.monotonic() - started,
-            **start,
-        )
-
-    # -- snapshot starts (qemu_template.py, qemu_clone.py) ------------------------------------
-
-    def template_key(self, request: EnvRequest, accel: accel_mod.Accel) -> str:
-        machine = self.machine_args(request, accel, memory_backend=True)
-        return snapshot.template_key(request.baseline, accel.qemu_version, accel.name, machine)
-
-    template_for = qemu_template.template_for  # built on first use
-    _build_template = qemu_template.build_template
-    _clone = qemu_clone.clone  # restore a template (a fork parent: its own RAM copy, shared)
-
-    # -- fork (qemu_fork.py) --------------------------------------------------------------------
+    # -- fork (fork.py, seal.py) ----------------------------------------------------------------
 
     async def fork_parent(self, request: EnvRequest, snapshot_id: str) -> Env:
-        return await qemu_fork.start_parent(self, request, snapshot_id)
+        return await self.forks.start_parent(request, await self._accel(request), snapshot_id)
 
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
-        return await qemu_fork.save(self, env, snapshot_id)
+        return await self.forks.save(env, snapshot_id)
 
     async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
-        return await qemu_seal.sealed(self, snap)
+        return await self.forks.seals.sealed(snap)
 
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
-        return await qemu_fork.clone(self, request, snap)
+        return await self.forks.clone(request, self.accel, snap)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
-        self._sealing.pop(snapshot_id, None)
-        return await asyncio.to_thread(qemu_fork.delete, snapshot_id)
+        self.forks.seals.forget(snapshot_id)
+        return await asyncio.to_thread(fork.delete, snapshot_id)
 
     def list_snapshots(self) -> list[str]:
-        return qemu_fork.list_ids()
+        return fork.list_ids()
 
     def snapshot_owner(self, snapshot_id: str) -> dict[str, Any] | None:
-        return qemu_fork.owner(snapshot_id)
+        return fork.owner(snapshot_id)
 
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()

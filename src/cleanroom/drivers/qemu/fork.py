@@ -13,7 +13,7 @@ Files: ``$CLEANROOM_HOME/forks/<snapshot_id>/`` holds ``owner.json`` (written fi
 reaper), ``ram``, ``state`` and, once sealed, ``snapshot.json``. Clones map ``ram`` privately,
 so the folder may go once the last is restored.
 
-Sealing (``qemu_seal.py``) comes after the parent was destroyed and confirmed absent: the
+Sealing (``seal.py``) comes after the parent was destroyed and confirmed absent: the
 files are frozen at once and hashed while the clones restore; a clone is handed over only once
 the digest is known and its files were unchanged from the freeze through its own restore.
 """
@@ -27,17 +27,17 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cleanroom import paths
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
-from cleanroom.drivers.qemu import seal as qemu_seal
+from cleanroom.drivers.qemu import seal
+from cleanroom.drivers.qemu.clone import Cloner
+from cleanroom.drivers.qemu.context import QemuContext
+from cleanroom.drivers.qemu.templates import Templates
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
-
-if TYPE_CHECKING:
-    from cleanroom.drivers.qemu.driver import QemuDriver
 
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
@@ -83,68 +83,115 @@ def _machine(request: EnvRequest) -> dict[str, Any]:
     return {"baseline": request.baseline.digest, "memory_mib": lim.memory_mib, "vcpus": lim.vcpus}
 
 
-async def start_parent(driver: QemuDriver, request: EnvRequest, snapshot_id: str) -> Env:
-    """The group's warm parent: restored from the template with RAM in a shared copy."""
-    if driver.accel is None:
-        driver.accel = await accel_mod.choose(request.baseline)
-    accel, started = driver.accel, time.monotonic()
-    try:
-        path = await asyncio.to_thread(_make_folder, snapshot_id, request)
-    except OSError as exc:
-        raise LaunchError(f"cannot make the snapshot folder: {exc}") from exc
-    ram = path / snapshot.RAM_FILE
-    template, note = None, None
-    if driver.start != "cold":
+class Forks:
+    """Fork parents, their saves and their clones, for one driver."""
+
+    def __init__(
+        self, ctx: QemuContext, templates: Templates, cloner: Cloner, seals: seal.Seals
+    ) -> None:
+        self.ctx = ctx
+        self.templates = templates
+        self.cloner = cloner
+        self.seals = seals
+
+    async def start_parent(
+        self, request: EnvRequest, accel: accel_mod.Accel, snapshot_id: str
+    ) -> Env:
+        """The group's warm parent: restored from the template with RAM in a shared copy."""
+        started, start = time.monotonic(), self.ctx.config.start
         try:
-            template, note = await driver.template_for(request, accel)
-        except (CleanroomError, OSError) as exc:
-            if driver.start == "snapshot":
-                raise LaunchError(f"no template for the fork parent: {exc}") from exc
-            note = f"no template, parent booted cold: {type(exc).__name__}: {exc}"[:300]
-    if template is None:
-        memory = snapshot.memory_args(ram, request.limits.memory_mib, shared=True)
-        return await driver._cold(request, accel, started, note, memory, memory_backend=True)
-    try:
-        await asyncio.to_thread(sparse_copy, template.ram, ram)
-    except OSError as exc:
-        raise LaunchError(f"cannot copy the template's RAM for the fork parent: {exc}") from exc
-    return await driver._clone(request, accel, template, started, note, ram=ram, shared=True)
+            path = await asyncio.to_thread(_make_folder, snapshot_id, request)
+        except OSError as exc:
+            raise LaunchError(f"cannot make the snapshot folder: {exc}") from exc
+        ram = path / snapshot.RAM_FILE
+        template, note = None, None
+        if start != "cold":
+            try:
+                template, note = await self.templates.template_for(request, accel)
+            except (CleanroomError, OSError) as exc:
+                if start == "snapshot":
+                    raise LaunchError(f"no template for the fork parent: {exc}") from exc
+                note = f"no template, parent booted cold: {type(exc).__name__}: {exc}"[:300]
+        if template is None:
+            memory = snapshot.memory_args(ram, request.limits.memory_mib, shared=True)
+            return await self.ctx.launcher.cold(
+                request, accel, started, note, memory, memory_backend=True
+            )
+        try:
+            await asyncio.to_thread(sparse_copy, template.ram, ram)
+        except OSError as exc:
+            raise LaunchError(f"cannot copy the template's RAM for the fork parent: {exc}") from exc
+        env = await self.cloner.clone(request, accel, template, started, note, ram=ram, shared=True)
+        self.templates.restored(template.key)
+        return env
 
+    async def save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        """SNAPSHOT_PREPARE, pause and save the parent, destroy it, freeze its files; their
+        hash runs on meanwhile (``seal.Seals``)."""
+        path, live = folder(snapshot_id), self.ctx.live.get(env.env_id)
+        if live is None or not (path / snapshot.RAM_FILE).is_file():
+            raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
+        version = str(env.hello.get("agent_version", "0"))
+        if _version(version) < MIN_AGENT:
+            raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
+        started = time.monotonic()
+        await env.session.snapshot_prepare()
+        qmp = await live.open_qmp()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
+        try:
+            save_s = await snapshot.save(qmp, state_fd)
+        finally:
+            os.close(state_fd)
+        report = await env.aclose()  # the parent must be gone before its RAM file is sealed
+        if not report.confirmed_absent:
+            raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
+        destroyed = time.monotonic()
+        frozen = await asyncio.to_thread(seal.freeze, path)
+        self.seals.start(snapshot_id, path, frozen, destroyed)
+        facts = {
+            "parent_env": env.env_id,
+            "parent_start": env.info.start_kind,
+            "template": env.info.template,
+            "machine": json.loads((path / MACHINE_FILE).read_text()),
+            "save_s": round(save_s, 4),
+            "prepare_save_destroy_s": round(destroyed - started, 4),
+            **frozen,
+        }
+        return ForkSnapshot(snapshot_id, self.ctx.config.name, None, path, facts)
 
-async def save(driver: QemuDriver, env: Env, snapshot_id: str) -> ForkSnapshot:
-    """SNAPSHOT_PREPARE, pause and save the parent, destroy it, freeze its files; their hash
-    runs on meanwhile (``qemu_seal``)."""
-    path, live = folder(snapshot_id), driver._live.get(env.env_id)
-    if live is None or not (path / snapshot.RAM_FILE).is_file():
-        raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
-    version = str(env.hello.get("agent_version", "0"))
-    if _version(version) < MIN_AGENT:
-        raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
-    started = time.monotonic()
-    await env.session.snapshot_prepare()
-    qmp = await live.open_qmp()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
-    try:
-        save_s = await snapshot.save(qmp, state_fd)
-    finally:
-        os.close(state_fd)
-    report = await env.aclose()  # the parent must be gone before its RAM file is sealed
-    if not report.confirmed_absent:
-        raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
-    destroyed = time.monotonic()
-    frozen = await asyncio.to_thread(qemu_seal.freeze, path)
-    qemu_seal.start(driver, snapshot_id, path, frozen, destroyed)
-    facts = {
-        "parent_env": env.env_id,
-        "parent_start": env.info.start_kind,
-        "template": env.info.template,
-        "machine": json.loads((path / MACHINE_FILE).read_text()),
-        "save_s": round(save_s, 4),
-        "prepare_save_destroy_s": round(destroyed - started, 4),
-        **frozen,
-    }
-    return ForkSnapshot(snapshot_id, driver.name, None, path, facts)
+    async def clone(
+        self, request: EnvRequest, accel: accel_mod.Accel | None, snap: ForkSnapshot
+    ) -> Env:
+        """A new QEMU process restored from the snapshot (RESEED: entropy, clone id, clock),
+        returned once the snapshot is sealed and its files were unchanged throughout."""
+        if snap.path is None or accel is None:
+            raise LaunchError(f"snapshot {snap.snapshot_id} was not made by this driver")
+        machine = snap.facts["machine"]
+        if _machine(request) != machine:
+            raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
+        if not self.seals.sealing(snap):
+            raise LaunchError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
+        await seal.check_unchanged(snap)
+        template = snapshot.Template(
+            key=snap.snapshot_id,
+            path=snap.path,
+            digest=snap.digest or "",  # not recorded: the env's template is the parent's (below)
+            memory_mib=machine["memory_mib"],
+            files={},
+            facts={},
+        )
+        env = await self.cloner.clone(request, accel, template, time.monotonic(), None)
+        try:
+            await self.seals.sealed(snap)
+            await seal.check_unchanged(snap)  # since the freeze: through hash and restore
+        except BaseException as exc:
+            await asyncio.shield(env.aclose())
+            if isinstance(exc, DriverError) and not isinstance(exc, LaunchError):
+                raise LaunchError(str(exc)) from exc
+            raise
+        env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
+        return env
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -152,38 +199,6 @@ def _version(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split("."))
     except ValueError:
         return (0,)
-
-
-async def clone(driver: QemuDriver, request: EnvRequest, snap: ForkSnapshot) -> Env:
-    """A new QEMU process restored from the snapshot (RESEED: entropy, clone id, clock),
-    returned once the snapshot is sealed and its files were unchanged throughout."""
-    if snap.path is None or driver.accel is None:
-        raise LaunchError(f"snapshot {snap.snapshot_id} was not made by this driver")
-    machine = snap.facts["machine"]
-    if _machine(request) != machine:
-        raise LaunchError(f"a clone of {snap.snapshot_id} needs its machine {machine}")
-    if not qemu_seal.sealing(driver, snap):
-        raise LaunchError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
-    await qemu_seal.check_unchanged(snap)
-    template = snapshot.Template(
-        key=snap.snapshot_id,
-        path=snap.path,
-        digest=snap.digest or "",  # not recorded: the env's template is the parent's (below)
-        memory_mib=machine["memory_mib"],
-        files={},
-        facts={},
-    )
-    env = await driver._clone(request, driver.accel, template, time.monotonic(), None)
-    try:
-        await qemu_seal.sealed(driver, snap)
-        await qemu_seal.check_unchanged(snap)  # since the freeze: through hash and restore
-    except BaseException as exc:
-        await asyncio.shield(env.aclose())
-        if isinstance(exc, DriverError) and not isinstance(exc, LaunchError):
-            raise LaunchError(str(exc)) from exc
-        raise
-    env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
-    return env
 
 
 def delete(snapshot_id: str) -> bool:
