@@ -24,7 +24,13 @@ from cleanroom.errors import CheckError
 from cleanroom.manifest import Manifest
 from cleanroom.store import Store
 
-IDENTITY = ("run_id", "attempt", "provenance.env_id", "verdict.verifier.env_id")
+IDENTITY = (
+    "run_id",
+    "attempt",
+    "provenance.env_id",
+    "provenance.jail.cgroup",  # the env's own cgroup: its path names the env
+    "verdict.verifier.env_id",
+)
 """Names this run gave: a new run, attempt and env every time."""
 DURATIONS = (
     "timings",

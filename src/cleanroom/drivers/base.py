@@ -89,6 +89,7 @@ class EnvInfo:
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
+    jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
 
     @property
     def started_as(self) -> str:
@@ -97,14 +98,17 @@ class EnvInfo:
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
-        ``group``, ``spare_s``)."""
-        return {
+        ``group``, ``spare_s``, and ``jail`` where the driver records one)."""
+        facts: dict[str, Any] = {
             "start": self.start_kind,
             "template": self.template,
             "start_note": self.start_note,
             "group": self.group,
             "spare_s": self.spare_s,
         }
+        if self.jail is not None:
+            facts["jail"] = self.jail
+        return facts
 
     def ledger_fields(self) -> dict[str, Any]:
         """The columns ``Ledger.env_created(env_id, **fields)`` records once the env exists."""

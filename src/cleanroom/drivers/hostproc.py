@@ -79,21 +79,31 @@ def pids_with_marker(env_id: str) -> list[int]:
     return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
 
 
-def env_ids_running(*needles: bytes) -> set[str]:
+def env_ids_running(*needles: bytes, uid: int | None = None) -> set[str]:
     """Env ids of every cleanroom env process on this host.
 
     ``needles`` keep only command lines that contain all of them (e.g. ``b"qemu-system"`` and
     the driver's run folder), so a driver lists its own envs, never another driver's or those
-    of a controller configured with another run folder.
+    of a controller configured with another run folder; ``uid`` only processes of that user.
     """
     found: set[str] = set()
     for pid, cmd in _cmdlines():
         if pid == os.getpid() or not all(needle in cmd for needle in needles):
             continue
+        if uid is not None and uid_of(pid) != uid:
+            continue
         match = ENV_ID_RE.search(cmd)
         if match:
             found.add(match.group(1).decode())
     return found
+
+
+def uid_of(pid: int) -> int | None:
+    """The uid a process runs as (None: it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def descendants(root: int) -> list[int]:

@@ -3,7 +3,8 @@ to each part (templates, clones, spares, fork), so no part imports or reaches in
 
 ``QemuConfig`` is the driver's settings, fixed at construction; ``live`` the envs this process
 holds (shared, mutable: the launcher adds, ``destroy`` removes); ``launcher`` starts a QEMU
-process and waits for its agent; ``destroy`` is the driver's (kill, remove, confirm absent).
+process (inside its env's cgroup, ``launcher.groups``) and waits for its agent; ``destroy`` is
+the driver's (kill, remove, confirm absent).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import cgroups, hostproc, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -89,7 +89,10 @@ class QemuDriver(RunFolderDriver):
         )
         self._live: dict[str, Live] = {}
         self.accel: accel_mod.Accel | None = None
-        launcher = Launcher(self.config, self._live, self.destroy, self._env)
+        self.groups = cgroups.EnvGroups(
+            cgroups.detect(), cgroups.scope_of(self.name, self.config.run_root)
+        )
+        launcher = Launcher(self.config, self._live, self.destroy, self._env, self.groups)
         self.ctx = QemuContext(self.config, self._live, launcher, self.destroy)
         self.templates = Templates(self.ctx)
         self.cloner = Cloner(self.ctx)
@@ -233,31 +236,49 @@ class QemuDriver(RunFolderDriver):
         return DestroyReport(env_id, gone, attempts, (time.perf_counter() - start) * 1000)
 
     async def _kill_and_confirm(self, env_id: str, live: Live | None) -> bool:
-        """SIGKILL the env's process group, remove its run folder, then one /proc scan.
+        """Kill the env's cgroup, remove its run folder and the emptied cgroup, then one
+        /proc scan for processes of an older version's env (no cgroup: marker and our uid).
 
         No graceful SIGTERM first: the guest's state is disposable (read-only disk, RAM
         overlay) and a dying QEMU needs no CPU time to die on SIGKILL, whereas on SIGTERM it
-        must be scheduled, which with dozens of busy VMs on two cores costs tens of ms. The
-        scan is the proof: True only if no process carries the env's marker and no folder is
-        left; strays it finds (an env another controller made) are SIGKILLed for the next try.
+        must be scheduled, which with dozens of busy VMs on two cores costs tens of ms. True
+        only if the cgroup is empty and gone, no process of ours carries the env's marker and
+        no folder is left; strays the scan finds are SIGKILLed (by pidfd) for the next try.
         """
         if live is not None and live.proc.returncode is None:
             hostproc.kill_group(live.proc.pid, signal.SIGKILL)
+        self.groups.kill(env_id)
+        if live is not None:
             await live.proc.wait()
         hostproc.remove_tree(self.run_dir(env_id))
-        strays = hostproc.pids_with_marker(env_id)
+        removed = await self.groups.remove(env_id)
+        strays = cgroups.own_pids_with_marker(env_id)
         if strays:
-            hostproc.kill_pids(strays, signal.SIGKILL)
+            cgroups.pidfd_kill(strays)
             await hostproc.wait_gone(strays, 2.0)
             return False
-        return not self.run_dir(env_id).exists()
+        return removed and not self.run_dir(env_id).exists()
 
     def exists(self, env_id: str) -> bool:
-        return self.run_dir(env_id).exists() or bool(hostproc.pids_with_marker(env_id))
+        return (
+            self.run_dir(env_id).exists()
+            or self.groups.exists(env_id)
+            or bool(cgroups.own_pids_with_marker(env_id))
+        )
+
+    def alive(self, env_id: str) -> bool:
+        live = self._live.get(env_id)
+        if live is not None:
+            return live.proc.returncode is None
+        return bool(self.groups.pids(env_id) or cgroups.own_pids_with_marker(env_id))
 
     def list_owned(self) -> list[str]:
-        # only this driver's VMs under this run folder (not gvisor's, not another config's)
-        found = hostproc.env_ids_running(b"qemu-system", str(self.run_root).encode())
+        """This driver's envs under this run folder (not gvisor's, not another home's): by
+        their cgroups and run folders, and an older version's by marker, our uid and the run
+        folder in their command line. Another user's process named like an env is none."""
+        found = self.groups.listed()
+        needles = (b"qemu-system", str(self.run_root).encode())
+        found |= hostproc.env_ids_running(*needles, uid=os.geteuid())
         if self.run_root.is_dir():
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)

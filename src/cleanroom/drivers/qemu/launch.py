@@ -19,6 +19,7 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, fail_launch, write_owner
+from cleanroom.drivers.cgroups import EnvGroups
 from cleanroom.drivers.qemu import cmdline
 from cleanroom.drivers.qemu.config import QemuConfig
 from cleanroom.drivers.qemu.live import Live
@@ -36,9 +37,11 @@ class Launcher:
         live: dict[str, Live],
         destroy: Callable[[str], Awaitable[DestroyReport]],
         make_env: MakeEnv,
+        groups: EnvGroups,
     ) -> None:
         self.config = config
         self.live = live
+        self.groups = groups
         self.destroy = destroy
         self.make_env = make_env
 
@@ -51,16 +54,23 @@ class Launcher:
         pass_fds: tuple[int, ...] = (),
         memory_backend: bool = False,
     ) -> Live:
-        """Start the env's QEMU process (run folder first: owner, then the process, its pid)."""
+        """Start the env's QEMU process (run folder first: owner, its cgroup, then the process
+        inside that cgroup, its pid)."""
         run_dir = self.config.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.config.name)
+        try:
+            self.groups.create(request.env_id)
+        except OSError as exc:
+            hostproc.remove_tree(run_dir)
+            raise LaunchError(f"cannot make the env's cgroup: {exc}") from exc
         channel, guest_end = socket.socketpair()
         monitor, qemu_monitor = socket.socketpair()
         fds = (guest_end.fileno(), qemu_monitor.fileno())
         argv = cmdline.command(
             request, accel, extra, ctl_fd=fds[0], qmp_fd=fds[1], memory_backend=memory_backend
         )
+        argv = self.groups.wrap(request.env_id, argv)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -74,6 +84,7 @@ class Launcher:
             channel.close()
             monitor.close()
             hostproc.remove_tree(run_dir)
+            await self.groups.remove(request.env_id)
             raise LaunchError(f"cannot start QEMU: {exc}") from exc
         finally:
             guest_end.close()
@@ -134,6 +145,7 @@ class Launcher:
             run_dir=live.run_dir,
             created_at=time.time(),
             ready_s=time.monotonic() - started,
+            jail=self.groups.jail(request.env_id),
             **start,
         )
         return self.make_env(info, session)
