@@ -46,6 +46,7 @@ STARTS = (
     "provenance.start_note",
     "provenance.template",
     "provenance.worker",  # a spare's or template's worker is warm, a cold boot's is started
+    "provenance.console_bytes",  # a cold boot prints its kernel's messages, a clone does not
     "provenance.group.snapshot",  # a group's warm state is made anew each run (its RAM differs)
     "provenance.group.snapshot_id",
     "provenance.group.digest",

@@ -90,6 +90,7 @@ class EnvInfo:
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
     jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
+    console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
 
     @property
     def started_as(self) -> str:
@@ -98,7 +99,8 @@ class EnvInfo:
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
-        ``group``, ``spare_s``, and ``jail`` where the driver records one)."""
+        ``group``, ``spare_s``, and ``jail`` where the driver records one), and
+        ``console_bytes``: what its console printed so far, where the driver reads one."""
         facts: dict[str, Any] = {
             "start": self.start_kind,
             "template": self.template,
@@ -108,6 +110,8 @@ class EnvInfo:
         }
         if self.jail is not None:
             facts["jail"] = self.jail
+        if self.console is not None:
+            facts["console_bytes"] = self.console.total
         return facts
 
     def ledger_fields(self) -> dict[str, Any]:

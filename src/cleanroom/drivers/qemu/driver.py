@@ -6,9 +6,12 @@ allowlist: a restricted user-mode network whose only exits lead to the env's egr
 ``cleanroom.network.qemu_args``; such VMs always boot cold); the agent on a virtio-serial port
 whose host side is one end of a socket pair the driver made (connected before QEMU starts:
 nothing to wait for or poll); the serial console piped to the driver, which keeps a bounded
-tail for diagnostics. The process runs under ``hostproc.supervised`` so it dies with its
-controller and at its hard deadline. destroy = SIGKILL the process group, reap, remove the run
-folder, then confirm (one /proc scan) that neither a process nor the folder remains.
+tail for diagnostics (a fixed ring, read at a capped rate: ``hostproc.ConsoleProcess``). The
+process runs in the env's own cgroup (``cgroups.py``: how envs are found and counted) and
+under ``hostproc.supervised``, so it dies with its controller and at its hard deadline.
+destroy = kill the cgroup and the process group, reap, remove the run folder and the emptied
+cgroup, then confirm that neither the cgroup, a process of ours with the env's marker (an older
+version's env) nor the folder remains.
 
 Starts (``QemuDriver(start=...)``, default ``$CLEANROOM_QEMU_START`` or ``auto``): ``cold``
 boots the kernel every time; ``snapshot`` restores a clone (``clone.py``) of the

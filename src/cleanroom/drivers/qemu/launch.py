@@ -72,14 +72,7 @@ class Launcher:
         )
         argv = self.groups.wrap(request.env_id, argv)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=(*pass_fds, *fds),
-            )
+            proc, console_fd = await hostproc.spawn_with_console(argv, pass_fds=(*pass_fds, *fds))
         except OSError as exc:
             channel.close()
             monitor.close()
@@ -89,7 +82,7 @@ class Launcher:
         finally:
             guest_end.close()
             qemu_monitor.close()
-        live = Live(proc, run_dir, channel, monitor)
+        live = Live(proc, console_fd, run_dir, channel, monitor)
         self.live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
@@ -146,6 +139,7 @@ class Launcher:
             created_at=time.time(),
             ready_s=time.monotonic() - started,
             jail=self.groups.jail(request.env_id),
+            console=live.console,
             **start,
         )
         return self.make_env(info, session)
