@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint bench mutation clean distclean
+.PHONY: all setup demo test lint bench fuzz mutation clean distclean
 
 all: test
 
@@ -20,6 +20,17 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# Coverage-guided fuzzing (atheris) of every target in tests/fuzz/targets.py, FUZZ_RUNS inputs
+# each (the stream and spec targets take ~10-30 min each here); new corpus entries go to
+# .cache/fuzz/, a crash's input to tests/fuzz/crashes/. `make test` runs each target briefly.
+FUZZ_RUNS ?= 1000000
+fuzz: setup
+	@set -e; for t in $$($(PY) tests/fuzz/fuzz.py --list); do \
+	  mkdir -p .cache/fuzz/$$t; echo "fuzz: $$t ($(FUZZ_RUNS) inputs)"; \
+	  $(PY) tests/fuzz/fuzz.py $$t -runs=$(FUZZ_RUNS) -rss_limit_mb=2048 -max_len=65536 \
+	    -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/$$t- .cache/fuzz/$$t tests/fuzz/corpus/$$t; \
+	done
 
 lint: setup
 	$(VENV)/bin/ruff check
