@@ -24,7 +24,7 @@ def spoofer(env_id: str, *extra: str, user: str = "nobody") -> subprocess.Popen[
         ids = [f"--reuid={who.pw_uid}", f"--regid={who.pw_gid}", "--clear-groups"]
         argv = ["setpriv", *ids, *argv]
     proc = subprocess.Popen(argv, start_new_session=True)
-    for _ in range(200):  # until the exec -a happened
+    for _ in range(1000):  # until the exec -a happened (up to 10 s on a loaded machine)
         if proc.pid in hostproc.pids_with_marker(env_id):
             return proc
         time.sleep(0.01)
