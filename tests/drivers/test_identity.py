@@ -57,13 +57,10 @@ async def test_another_users_process_named_like_an_env_is_neither_counted_nor_si
     SIGKILLed, destroy needed a second try, and the made-up id 'existed')."""
     env = await driver.create(request(tiny_baseline))
     fake_id = new_env_id()
+    spoofers: list[subprocess.Popen[bytes]] = []
     try:
-        same = spoofer(env.env_id, str(driver.run_root))
-    except BaseException:
-        await env.aclose()
-        raise
-    made_up = spoofer(fake_id, str(driver.run_root))
-    try:
+        spoofers.append(spoofer(env.env_id, str(driver.run_root)))
+        spoofers.append(spoofer(fake_id, str(driver.run_root)))
         assert fake_id not in driver.list_owned()
         assert not driver.exists(fake_id) and not driver.alive(fake_id)
         report = await env.aclose()
@@ -73,9 +70,10 @@ async def test_another_users_process_named_like_an_env_is_neither_counted_nor_si
         again = await driver.destroy(fake_id)
         assert again.confirmed_absent
         await asyncio.sleep(0.05)
-        assert same.poll() is None and made_up.poll() is None  # never signalled
+        assert all(proc.poll() is None for proc in spoofers)  # never signalled
     finally:
-        for proc in (same, made_up):
+        await env.aclose()  # idempotent
+        for proc in spoofers:
             proc.kill()
             proc.wait()
 

@@ -106,7 +106,11 @@ class EnvGroups:
     def create(self, env_id: str) -> None:
         """Make the env's (empty) cgroup; OSError if it cannot be made."""
         path = self.path(env_id)
-        if path is not None:
+        if path is None:
+            return
+        try:
+            path.mkdir(parents=True)
+        except FileNotFoundError:  # the scope went with its last env meanwhile: make it again
             path.mkdir(parents=True)
 
     def wrap(self, env_id: str, argv: list[str]) -> list[str]:
@@ -160,14 +164,17 @@ class EnvGroups:
         while True:
             try:
                 path.rmdir()
-                return True
+                break
             except FileNotFoundError:
-                return True
+                break
             except OSError:  # EBUSY: a process (or a dying one) is still inside
                 if time.monotonic() > end:
                     return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.02)
+        with contextlib.suppress(OSError):  # the scope goes with its last env (EBUSY if not)
+            path.parent.rmdir()
+        return True
 
     def listed(self) -> set[str]:
         """Env ids that have a cgroup under this scope."""
