@@ -6,7 +6,7 @@ Measures, on the tiny test baseline, ``--runs`` times (each a new parent):
   setup-snapshot               SNAPSHOT_PREPARE + save + parent destroyed/confirmed + files frozen
   seal                         the snapshot's hash, in a thread while the clones restore
   8 clones ready               parent-snapshot-done -> all 8 clones ready (restored, and the
-                               snapshot sealed and checked unchanged: ``qemu_fork.clone``)
+                               snapshot sealed and checked unchanged: ``fork.Forks.clone``)
   setup done -> 8 clones ready the two above: what the group waits for after its setup
   reference: 8 template clones ready at once (bench/start.py's burst), same run
   alternative, not used: saving a plain clone (RAM private, share=off) - its RAM goes into the
@@ -134,7 +134,7 @@ async def alternative_run(driver: QemuDriver, baseline: Baseline, work: Path) ->
     t1 = time.perf_counter()
     clones = await asyncio.gather(
         *(
-            driver._clone(request(baseline), driver.accel, fake, time.monotonic(), None)
+            driver.cloner.clone(request(baseline), driver.accel, fake, time.monotonic(), None)
             for _ in range(CLONES)
         )
     )

@@ -32,13 +32,13 @@ import ab
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
 STEPS = {  # (module, owner, attribute) -> label; missing ones (older trees) are skipped
-    ("cleanroom.drivers.qemu", "QemuDriver", "template_for"): "template checked",
-    ("cleanroom.drivers.qemu", "QemuDriver", "_spawn"): "QEMU spawned",
+    ("cleanroom.drivers.qemu.templates", "Templates", "template_for"): "template checked",
+    ("cleanroom.drivers.qemu.launch", "Launcher", "spawn"): "QEMU spawned",
     ("cleanroom.drivers.qmp", None, "read_answers"): "monitor answered the load",
     ("cleanroom.drivers.qmp", "QmpClient", "connect"): "QMP connected",
     ("cleanroom.drivers.qmp", "QmpClient", "execute"): "QMP {1}",
     ("cleanroom.drivers.qmp", "QmpClient", "wait_event"): "QMP event {1}",
-    ("cleanroom.drivers.qemu", "QemuDriver", "_open_channel"): "agent channel open",
+    ("cleanroom.drivers.qemu.live", "Live", "open_channel"): "agent channel open",
     ("cleanroom.agent.session", "AgentSession", "wait_hello"): "HELLO received",
 }
 _marks: list[tuple[str, float]] = []
@@ -200,7 +200,7 @@ def floor(boots: int) -> list[str]:
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
-    from cleanroom.drivers.qemu_cmdline import machine_args
+    from cleanroom.drivers.qemu.cmdline import machine_args
     from cleanroom.manifest import Limits
 
     baseline = resolve_or_build(str(TINY))

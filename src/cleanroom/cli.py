@@ -363,7 +363,7 @@ def _print_live_snapshots() -> None:
 
     from rich.table import Table
 
-    from cleanroom.drivers.qemu_fork import folder
+    from cleanroom.drivers.qemu.fork import folder
 
     with Ledger() as ledger:
         rows = ledger.snapshots(live_only=True)

@@ -24,7 +24,13 @@ from cleanroom.errors import CheckError
 from cleanroom.manifest import Manifest
 from cleanroom.store import Store
 
-IDENTITY = ("run_id", "attempt", "provenance.env_id", "verdict.verifier.env_id")
+IDENTITY = (
+    "run_id",
+    "attempt",
+    "provenance.env_id",
+    "provenance.jail.cgroup",  # the env's own cgroup: its path names the env
+    "verdict.verifier.env_id",
+)
 """Names this run gave: a new run, attempt and env every time."""
 DURATIONS = (
     "timings",
@@ -40,6 +46,7 @@ STARTS = (
     "provenance.start_note",
     "provenance.template",
     "provenance.worker",  # a spare's or template's worker is warm, a cold boot's is started
+    "provenance.console_bytes",  # a cold boot prints its kernel's messages, a clone does not
     "provenance.group.snapshot",  # a group's warm state is made anew each run (its RAM differs)
     "provenance.group.snapshot_id",
     "provenance.group.digest",

@@ -31,6 +31,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
+from ..drivers.spoof import spoofer
 from ..vmkit import assert_records_match
 from .conftest import record_fault
 
@@ -169,6 +170,39 @@ async def test_qemu_sigkilled_mid_episode(rig: Rig, tiny_baseline: Baseline) -> 
     record_fault("SIGKILL of QEMU", "env_crashed", result.episodes[0].outcome.value)
     assert result.episodes[0].outcome.value == "env_crashed"
     rig.invariants("chaos-kill")
+
+
+async def test_another_users_process_named_like_an_env(rig: Rig, tiny_baseline: Baseline) -> None:
+    """Protects (real VMs, issue 15 §6): a ``nobody`` process named like each env of a run
+    (``exec -a cleanroom-env-<id>``, from the env's intent on) neither fails nor leaks the run,
+    nor is signalled (before: destroy SIGKILLed it and needed a second try)."""
+    spoofers: list[subprocess.Popen[bytes]] = []
+
+    async def spoof() -> None:
+        seen: set[str] = set()
+        while True:
+            await asyncio.sleep(0.02)
+            for env in rig.ledger.envs(run_id="chaos-spoof"):
+                if env.env_id not in seen:
+                    seen.add(env.env_id)
+                    spoofers.append(spoofer(env.env_id, str(rig.driver.run_root)))
+
+    task = asyncio.create_task(spoof())
+    try:
+        batch = [manifest("a", mode="ok"), manifest("b", mode="sleep", seconds=1)]
+        result = await rig.ctl.run(batch, tiny_baseline, run_id="chaos-spoof")
+        task.cancel()
+        outcomes = sorted(e.outcome.value for e in result.episodes)
+        record_fault("another user's process named like an env", "completed", outcomes[0])
+        assert outcomes == ["completed", "completed"]
+        rig.invariants("chaos-spoof")
+        assert rig.driver.list_owned() == []
+        assert spoofers and all(p.poll() is None for p in spoofers)  # never signalled
+    finally:
+        task.cancel()
+        for proc in spoofers:
+            proc.kill()
+            proc.wait()
 
 
 async def test_store_that_raises(rig: Rig, tiny_baseline: Baseline) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from cleanroom.drivers.base import DestroyReport, EnvRequest, Owner
-from cleanroom.drivers.qemu_spares import MAX_AGE_S, Spare, Spares
+from cleanroom.drivers.qemu.config import QemuConfig
+from cleanroom.drivers.qemu.context import QemuContext
+from cleanroom.drivers.qemu.spares import MAX_AGE_S, Spare, Spares
 from cleanroom.manifest import ResolvedLimits
 
 BASELINE: Any = SimpleNamespace(digest="sha256:base")
@@ -21,7 +24,7 @@ TEMPLATE: Any = SimpleNamespace(digest="sha256:template")
 
 
 class Driver:
-    """What ``Spares`` uses of a driver: ``destroy``."""
+    """What ``Spares`` uses of its context: ``destroy`` (it records what was destroyed)."""
 
     def __init__(self) -> None:
         self.destroyed: list[str] = []
@@ -29,6 +32,13 @@ class Driver:
     async def destroy(self, env_id: str) -> DestroyReport:
         self.destroyed.append(env_id)
         return DestroyReport(env_id, True, 1, 0.1)
+
+
+def spares_of(driver: Driver) -> Spares:
+    """``Spares`` over a context whose only live part is ``driver.destroy`` (no VM)."""
+    config = QemuConfig(boot_timeout_s=1, restore_timeout_s=1, start="snapshot", run_root=Path())
+    ctx = QemuContext(config, {}, None, driver.destroy)  # type: ignore[arg-type]
+    return Spares(ctx, None, None)  # type: ignore[arg-type]
 
 
 def spare(env_id: str, *, age_s: float = 1.0, exited: int | None = None) -> Spare:
@@ -75,7 +85,7 @@ def test_a_spare_that_does_not_fit_says_why(
 
 async def test_take_id_hands_out_the_oldest_live_spare_and_destroys_stale_ones() -> None:
     driver = Driver()
-    spares = Spares(driver)  # type: ignore[arg-type]
+    spares = spares_of(driver)
     shape = (BASELINE.digest, LIMITS)
     spares.ready[shape] = [
         spare("env-old", age_s=MAX_AGE_S + 5),
@@ -102,7 +112,7 @@ async def test_top_up_starts_only_what_is_missing_of_a_shape_asked_for(
         self.starting.pop(req.env_id, None)
 
     monkeypatch.setattr(Spares, "_start", start)
-    spares = Spares(Driver())  # type: ignore[arg-type]
+    spares = spares_of(Driver())
     spares.target = 3
     spares.top_up(request(), accel=None)  # type: ignore[arg-type]
     assert spares.starting == {}  # nobody asked for an id of this shape
@@ -121,7 +131,7 @@ async def test_top_up_starts_only_what_is_missing_of_a_shape_asked_for(
 
 async def test_release_destroys_every_ready_spare_and_stops_topping_up() -> None:
     driver = Driver()
-    spares = Spares(driver)  # type: ignore[arg-type]
+    spares = spares_of(driver)
     spares.target = 2
     spares.take_id(BASELINE, LIMITS)
     spares.ready[(BASELINE.digest, LIMITS)] = [spare("env-1"), spare("env-2")]
@@ -132,7 +142,7 @@ async def test_release_destroys_every_ready_spare_and_stops_topping_up() -> None
 
 
 async def test_spares_wait_for_the_creates_in_flight() -> None:
-    spares = Spares(Driver())  # type: ignore[arg-type]
+    spares = spares_of(Driver())
     with spares.create_in_flight():
         with spares.create_in_flight():
             assert not spares.quiet.is_set()

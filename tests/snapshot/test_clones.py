@@ -130,16 +130,19 @@ async def test_a_modified_template_is_named_and_rebuilt(
     assert rebuilt is not None and rebuilt.facts["build_env"] != template.facts["build_env"]
 
 
+class NoTemplates:
+    """A template builder that always fails (the sibling part ``Templates`` asks)."""
+
+    async def build(self, *args: Any) -> snapshot.Template:
+        raise DriverError("no template today")
+
+
 async def test_auto_falls_back_to_a_cold_boot_and_says_why(
     tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(snapshot, "templates_dir", lambda: tmp_path / "templates")
-
-    async def broken(*args: Any) -> snapshot.Template:
-        raise DriverError("no template today")
-
     driver = QemuDriver(start="auto")
-    monkeypatch.setattr(driver, "_build_template", broken)
+    driver.templates.builder = NoTemplates()
     env = await driver.create(request(tiny_baseline))
     try:
         assert env.info.start_kind == "cold" and env.info.template is None

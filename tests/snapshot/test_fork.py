@@ -23,9 +23,9 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import qemu_fork
 from cleanroom.drivers.base import Env, EnvRequest, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.drivers.qemu import fork as qemu_fork
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.provenance import missing

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.drivers import qemu_seal, snapshot
+from cleanroom.drivers import snapshot
+from cleanroom.drivers.qemu import seal as qemu_seal
 from cleanroom.errors import DriverError
 
 PAST = 1_600_000_000  # file times set before the freeze, so any change moves them

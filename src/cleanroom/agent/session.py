@@ -3,7 +3,8 @@
 Whatever the guest sends is checked before it touches the host: frame sizes (``max_body``),
 headers and names through the one boundary ``wire`` (bounded JSON, validated names), the
 episode's output quota (stdout + stderr + artifacts + result together), no links followed, and
-the artifact count. Anything malformed raises a ``ProtocolError`` subclass; the caller then
+the artifact count and how many are open at once (``MAX_OPEN_ARTIFACTS``: each holds a host
+file descriptor). Anything malformed raises a ``ProtocolError`` subclass; the caller then
 destroys the environment. Transfers of any size are chunked (``protocol.CHUNK`` per frame).
 """
 
@@ -22,6 +23,7 @@ from cleanroom.agent import protocol, wire
 from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
 from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, QuotaExceeded, UnsafePath
 
+MAX_OPEN_ARTIFACTS = 8  # begun and not finished at once (the agent sends them one at a time)
 safe_relpath = wire.guest_name  # the name other modules know the artifact-name check by
 
 
@@ -371,6 +373,8 @@ class _EpisodeCollector:
                 raise ProtocolError(f"artifact {name!r} does not start at offset 0")
             if len(self.sizes) >= MAX_ARTIFACTS:
                 raise QuotaExceeded(f"more than {MAX_ARTIFACTS} artifacts")
+            if len(self.files) >= MAX_OPEN_ARTIFACTS:  # each holds a host file descriptor
+                raise QuotaExceeded(f"more than {MAX_OPEN_ARTIFACTS} artifacts open at once")
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 self._make_parents(rel)

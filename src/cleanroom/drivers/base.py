@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -89,6 +89,8 @@ class EnvInfo:
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
+    jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
+    console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
 
     @property
     def started_as(self) -> str:
@@ -97,14 +99,20 @@ class EnvInfo:
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
-        ``group``, ``spare_s``)."""
-        return {
+        ``group``, ``spare_s``, and ``jail`` where the driver records one), and
+        ``console_bytes``: what its console printed so far, where the driver reads one."""
+        facts: dict[str, Any] = {
             "start": self.start_kind,
             "template": self.template,
             "start_note": self.start_note,
             "group": self.group,
             "spare_s": self.spare_s,
         }
+        if self.jail is not None:
+            facts["jail"] = self.jail
+        if self.console is not None:
+            facts["console_bytes"] = self.console.total
+        return facts
 
     def ledger_fields(self) -> dict[str, Any]:
         """The columns ``Ledger.env_created(env_id, **fields)`` records once the env exists."""
@@ -295,14 +303,14 @@ class RunFolderDriver(Driver):
 
 
 async def fail_launch(
-    driver: Driver,
+    destroy: Callable[[str], Awaitable[DestroyReport]],
     env_id: str,
     console_tail: bytes,
     exc: BaseException,
     timeout_s: float,
     what: str,
 ) -> NoReturn:
-    """A create() went wrong after the env existed: destroy it (shielded), then raise.
+    """A create() went wrong after the env existed: ``destroy`` it (shielded), then raise.
 
     A timeout or a driver error becomes a ``LaunchError`` carrying the console tail; anything
     else (cancellation included) propagates unchanged.
@@ -310,7 +318,7 @@ async def fail_launch(
     from cleanroom.errors import LaunchError
 
     tail = console_tail.decode(errors="replace")[-800:]
-    await asyncio.shield(driver.destroy(env_id))
+    await asyncio.shield(destroy(env_id))
     if isinstance(exc, TimeoutError):
         raise LaunchError(
             f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"

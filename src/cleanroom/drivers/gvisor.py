@@ -161,13 +161,7 @@ class GvisorDriver(RunFolderDriver):
             sock = str(ctl_dir / bundle_mod.SOCKET_NAME)
             server = await asyncio.start_unix_server(on_connect, sock, limit=1 << 22)
             started = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *self.command(request, bundle),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc, console_fd = await hostproc.spawn_with_console(self.command(request, bundle))
         except BaseException as exc:
             if server is not None:
                 server.close()
@@ -175,7 +169,7 @@ class GvisorDriver(RunFolderDriver):
             if isinstance(exc, OSError):
                 raise LaunchError(f"cannot start runsc: {exc}") from exc
             raise
-        live = _Live(proc)
+        live = _Live(proc, console_fd)
         self._live[env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         try:
@@ -185,7 +179,12 @@ class GvisorDriver(RunFolderDriver):
             if connected.done() and not connected.cancelled():
                 connected.result()[1].close()  # a connection that came too late
             await fail_launch(
-                self, env_id, live.console_tail(), exc, self.ready_timeout_s, "sandbox start"
+                self.destroy,
+                env_id,
+                live.console_tail(),
+                exc,
+                self.ready_timeout_s,
+                "sandbox start",
             )
         finally:
             server.close()

@@ -7,7 +7,6 @@ itself, not the controller's memory, answers "is anything of this env still runn
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
 import re
@@ -19,28 +18,121 @@ MARKER_PREFIX = "cleanroom-"
 ENV_ID_RE = re.compile(rb"cleanroom-(env-[0-9a-f]{16})")
 
 
-CONSOLE_TAIL_BYTES = 64 * 1024
+CONSOLE_TAIL_BYTES = 64 * 1024  # the console kept for diagnostics: its last 64 KiB
+CONSOLE_RATE = 32 * 1024  # bytes/s read from a console at most, once its burst is spent
+CONSOLE_BURST = 256 * 1024  # read at once: a boot's messages, a panic's trace
+CONSOLE_TICK_S = 0.05  # the console is read this often (never per write of the guest)
+_PIPE_READ = 64 * 1024
+
+
+class Ring:
+    """The last ``size`` bytes written to it, in a buffer of that fixed size, and how many
+    bytes were written in all (``total``)."""
+
+    def __init__(self, size: int) -> None:
+        self.buf = bytearray(size)
+        self.size = size
+        self.total = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)[-self.size :]
+        pos = (self.total + len(data) - len(view)) % self.size
+        first = min(len(view), self.size - pos)
+        self.buf[pos : pos + first] = view[:first]
+        self.buf[: len(view) - first] = view[first:]
+        self.total += len(data)
+
+    def tail(self) -> bytes:
+        if self.total <= self.size:
+            return bytes(self.buf[: self.total])
+        pos = self.total % self.size
+        return bytes(self.buf[pos:] + self.buf[:pos])
+
+
+async def spawn_with_console(
+    argv: list[str], *, pass_fds: tuple[int, ...] = ()
+) -> tuple[asyncio.subprocess.Process, int]:
+    """Start ``argv`` in a new session (stdin /dev/null), its stdout and stderr into a pipe;
+    the pipe's read end (non-blocking, for ``ConsoleProcess``) is returned with the process."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(read_end, False)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=write_end,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return proc, read_end
 
 
 class ConsoleProcess:
-    """A driver's child process whose console output is kept as a bounded tail (diagnostics)."""
+    """A driver's child process whose console output is kept in a fixed ring (diagnostics).
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    ``read_console`` (the pump) reads the console pipe every ``CONSOLE_TICK_S``, as much as a
+    budget of ``CONSOLE_RATE`` bytes/s allows once ``CONSOLE_BURST`` is spent: a guest flooding
+    its console finds the pipe full and waits (its own slowdown), and the controller wakes at
+    the tick, never per byte the guest writes. Once the process has exited, what is left is
+    read at once. ``console_bytes`` counts every byte
+    read (recorded in provenance as ``console_bytes``).
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, console_fd: int) -> None:
         self.proc = proc
-        self.console: collections.deque[bytes] = collections.deque()
-        self.console_size = 0
+        self.console = Ring(CONSOLE_TAIL_BYTES)
         self.pump: asyncio.Task[None] | None = None
+        self._fd = console_fd
+
+    @property
+    def console_bytes(self) -> int:
+        return self.console.total
+
+    def _read(self, limit: int) -> bool:
+        """Read up to ``limit`` bytes of what the pipe holds now; False at its end."""
+        while limit > 0 and self._fd >= 0:
+            try:
+                data = os.read(self._fd, min(limit, _PIPE_READ))
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self.console.write(data)
+            limit -= len(data)
+        return self._fd >= 0
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     async def read_console(self) -> None:
-        assert self.proc.stdout is not None
-        while chunk := await self.proc.stdout.read(4096):
-            self.console.append(chunk)
-            self.console_size += len(chunk)
-            while self.console_size > CONSOLE_TAIL_BYTES and len(self.console) > 1:
-                self.console_size -= len(self.console.popleft())
+        rate, burst = CONSOLE_RATE, CONSOLE_BURST
+        budget, last = float(burst), time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                budget, last = min(burst, budget + (now - last) * rate), now
+                exited = self.proc.returncode is not None
+                before = self.console.total
+                if not self._read(1 << 30 if exited else int(budget)):
+                    return
+                budget -= self.console.total - before
+                await asyncio.sleep(CONSOLE_TICK_S)
+        finally:
+            self._close()
 
     def console_tail(self) -> bytes:
-        return b"".join(self.console)[-CONSOLE_TAIL_BYTES:]
+        """The ring, after reading what the pipe holds now (at most a ring's worth: a panic's
+        last words are there before the crash is noticed, the pump may not have woken yet)."""
+        self._read(CONSOLE_TAIL_BYTES)
+        return self.console.tail()
 
 
 def marker(env_id: str) -> str:
@@ -79,21 +171,31 @@ def pids_with_marker(env_id: str) -> list[int]:
     return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
 
 
-def env_ids_running(*needles: bytes) -> set[str]:
+def env_ids_running(*needles: bytes, uid: int | None = None) -> set[str]:
     """Env ids of every cleanroom env process on this host.
 
     ``needles`` keep only command lines that contain all of them (e.g. ``b"qemu-system"`` and
     the driver's run folder), so a driver lists its own envs, never another driver's or those
-    of a controller configured with another run folder.
+    of a controller configured with another run folder; ``uid`` only processes of that user.
     """
     found: set[str] = set()
     for pid, cmd in _cmdlines():
         if pid == os.getpid() or not all(needle in cmd for needle in needles):
             continue
+        if uid is not None and uid_of(pid) != uid:
+            continue
         match = ENV_ID_RE.search(cmd)
         if match:
             found.add(match.group(1).decode())
     return found
+
+
+def uid_of(pid: int) -> int | None:
+    """The uid a process runs as (None: it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def descendants(root: int) -> list[int]:

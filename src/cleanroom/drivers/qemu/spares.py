@@ -27,19 +27,19 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
-from cleanroom.drivers.qemu_clone import load_accepted, reseed, spawn_restoring
-from cleanroom.drivers.qemu_live import Live, first_line
+from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed
+from cleanroom.drivers.qemu.context import QemuContext
+from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
-    from cleanroom.drivers.qemu import QemuDriver
 
 MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
 Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve
@@ -80,11 +80,21 @@ class Spare:
         return None
 
 
+class TemplateSource(Protocol):
+    """What spares use of ``templates.Templates``: the checked template of a request."""
+
+    async def template_for(
+        self, request: EnvRequest, accel: accel_mod.Accel
+    ) -> tuple[snapshot.Template, str | None]: ...
+
+
 class Spares:
     """The spares of one driver: ready ones by shape, taken ones by env id, starting ones."""
 
-    def __init__(self, driver: QemuDriver) -> None:
-        self.driver = driver
+    def __init__(self, ctx: QemuContext, templates: TemplateSource, cloner: Cloner) -> None:
+        self.ctx = ctx
+        self.templates = templates
+        self.cloner = cloner
         self.target = 0
         self.wanted: set[Shape] = set()  # shapes ``take_id`` was asked for
         self.ready: dict[Shape, list[Spare]] = {}
@@ -130,7 +140,7 @@ class Spares:
 
     def discard(self, spare: Spare) -> None:
         """Destroy a spare in the background (``release`` waits for it)."""
-        task = asyncio.ensure_future(self.driver.destroy(spare.env_id))
+        task = asyncio.ensure_future(self.ctx.destroy(spare.env_id))
         self.chores.add(task)
         task.add_done_callback(self.chores.discard)
 
@@ -152,20 +162,21 @@ class Spares:
             self.starting[env_id] = (shape, task)
 
     async def _start(self, request: EnvRequest, accel: accel_mod.Accel, shape: Shape) -> None:
-        driver, env_id = self.driver, request.env_id
+        env_id = request.env_id
         monitor: socket.socket | None = None
         try:
             await self.quiet.wait()
-            template, _ = await driver.template_for(request, accel)
+            template, _ = await self.templates.template_for(request, accel)
             started = time.monotonic()
-            live, monitor = await spawn_restoring(driver, request, accel, template, paused=True)
+            live, monitor = await self.cloner.spawn_restoring(request, accel, template, paused=True)
             reader, writer = await asyncio.open_unix_connection(sock=monitor)
             monitor = None  # the streams own it now
-            await asyncio.wait_for(load_accepted(live, reader), driver.restore_timeout_s)
+            timeout_s = self.ctx.config.restore_timeout_s
+            await asyncio.wait_for(load_accepted(live, reader), timeout_s)
         except BaseException as exc:
             if monitor is not None:
                 monitor.close()
-            await asyncio.shield(driver.destroy(env_id))
+            await asyncio.shield(self.ctx.destroy(env_id))
             if not isinstance(exc, Exception):
                 raise  # cancelled (release): nothing to report
             self.last_error = first_line(exc)
@@ -192,7 +203,7 @@ class Spares:
         await asyncio.gather(*self.chores, return_exceptions=True)
         spares = [s for queue in self.ready.values() for s in queue]
         self.ready.clear()
-        return [await self.driver.destroy(s.env_id) for s in spares]
+        return [await self.ctx.destroy(s.env_id) for s in spares]
 
     def forget(self, env_id: str) -> None:
         """``env_id`` is being destroyed: no longer a spare anyone can take."""
@@ -202,38 +213,38 @@ class Spares:
         if spare is not None:
             _close_monitor(spare)
 
+    async def resume(
+        self, spare: Spare, request: EnvRequest, accel: accel_mod.Accel, started: float
+    ) -> Env:
+        """Run the spare for ``request`` (its env id): ``cont``, RESEED, HELLO."""
+        write_owner(spare.live.run_dir, request, self.ctx.config.name)  # the episode's labels
+        reader, writer = spare.monitor
 
-async def resume(
-    driver: QemuDriver,
-    spare: Spare,
-    request: EnvRequest,
-    accel: accel_mod.Accel,
-    started: float,
-) -> Env:
-    """Run the spare for ``request`` (its env id): ``cont``, RESEED, HELLO."""
-    write_owner(spare.live.run_dir, request, driver.name)  # the episode's labels now
-    reader, writer = spare.monitor
+        async def resumed() -> AgentSession:
+            await spare.live.while_running(qmp.command(reader, writer, "cont"))
+            return await reseed(request.env_id, spare.live)
 
-    async def resumed() -> AgentSession:
-        await spare.live.while_running(qmp.command(reader, writer, "cont"))
-        return await reseed(request.env_id, spare.live)
-
-    try:
-        session = await driver._ready_or_destroy(
-            request.env_id, spare.live, resumed(), driver.restore_timeout_s, "resume"
+        launcher = self.ctx.launcher
+        try:
+            session = await launcher.ready_or_destroy(
+                request.env_id,
+                spare.live,
+                resumed(),
+                self.ctx.config.restore_timeout_s,
+                "resume",
+            )
+        finally:
+            _close_monitor(spare)
+        return launcher.env(
+            request,
+            accel,
+            spare.live,
+            started,
+            session,
+            start_kind="snapshot",
+            template=spare.template.digest,
+            spare_s=round(started - spare.started, 3),
         )
-    finally:
-        _close_monitor(spare)
-    info = driver._info(
-        request,
-        accel,
-        spare.live,
-        started,
-        start_kind="snapshot",
-        template=spare.template.digest,
-        spare_s=round(started - spare.started, 3),
-    )
-    return Env(driver, info, session)
 
 
 def _close_monitor(spare: Spare) -> None:

@@ -12,8 +12,8 @@ was, that every clone's digest names the bytes it was restored from:
   - ``hash_files`` stats the files again once hashed: if the signature moved, the hash may mix
     old and new bytes, so the seal fails and no digest is recorded (before, a change during
     the hash went unnoticed: the signature was taken after it);
-  - ``qemu_fork.clone`` checks the signature before restoring, then, once restored, waits for
-    the seal (``sealed``) and checks it again (``check_unchanged``): the files were the frozen
+  - ``fork.Forks.clone`` checks the signature before restoring, then, once restored, waits for
+    the seal (``Seals.sealed``) and checks it again (``check_unchanged``): the files were the frozen
     ones from the freeze to the end of both the hash and this clone's load, so it loaded the
     hashed bytes (and the pages it reads later come from the same unchanged file). Only then
     is the env returned; if the seal failed or a file changed, the clone is destroyed and
@@ -29,16 +29,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cleanroom import digests
 from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import ForkSnapshot
 from cleanroom.errors import DriverError, LaunchError
-
-if TYPE_CHECKING:
-    from cleanroom.drivers.qemu import QemuDriver
 
 META_FILE = "snapshot.json"
 CHUNK = 1 << 20
@@ -86,20 +83,6 @@ def freeze(path: Path) -> dict[str, Any]:
     }
 
 
-def start(
-    driver: QemuDriver, snapshot_id: str, path: Path, frozen: dict[str, Any], since: float
-) -> None:
-    """Hash the frozen files in a thread; ``sealed`` waits for it (``seal_s``: from ``since``)."""
-
-    async def seal() -> dict[str, Any]:
-        meta = await asyncio.to_thread(hash_files, path, frozen)
-        return {**meta, "seal_s": round(time.monotonic() - since, 4)}
-
-    hashing = asyncio.ensure_future(seal())
-    hashing.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved
-    driver._sealing[snapshot_id] = hashing
-
-
 def hash_files(path: Path, frozen: dict[str, Any]) -> dict[str, Any]:
     """Hash the frozen files, check they did not change meanwhile, write ``snapshot.json``."""
     files = {
@@ -118,21 +101,41 @@ def hash_files(path: Path, frozen: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def sealing(driver: QemuDriver, snap: ForkSnapshot) -> bool:
-    """Whether ``snap`` is sealed or being sealed by ``driver`` (else it can never be)."""
-    return snap.digest is not None or snap.snapshot_id in driver._sealing
+class Seals:
+    """The fork snapshots one driver is sealing (or sealed): their hash, by snapshot id."""
 
+    def __init__(self) -> None:
+        self.hashing: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
-async def sealed(driver: QemuDriver, snap: ForkSnapshot) -> ForkSnapshot:
-    """``snap`` once hashed: its digest, file digests and ``seal_s`` (DriverError if the
-    files changed while they were hashed)."""
-    if snap.digest is not None:
-        return snap
-    hashing = driver._sealing.get(snap.snapshot_id)
-    if hashing is None:
-        raise DriverError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
-    meta = await asyncio.shield(hashing)  # shared by every clone: one cancelled cancels none
-    return dataclasses.replace(snap, digest=meta["digest"], facts={**snap.facts, **meta})
+    def start(self, snapshot_id: str, path: Path, frozen: dict[str, Any], since: float) -> None:
+        """Hash the frozen files in a thread; ``sealed`` waits for it (``seal_s``: from
+        ``since``)."""
+
+        async def seal() -> dict[str, Any]:
+            meta = await asyncio.to_thread(hash_files, path, frozen)
+            return {**meta, "seal_s": round(time.monotonic() - since, 4)}
+
+        hashing = asyncio.ensure_future(seal())
+        hashing.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved
+        self.hashing[snapshot_id] = hashing
+
+    def forget(self, snapshot_id: str) -> None:
+        self.hashing.pop(snapshot_id, None)
+
+    def sealing(self, snap: ForkSnapshot) -> bool:
+        """Whether ``snap`` is sealed or being sealed here (else it can never be)."""
+        return snap.digest is not None or snap.snapshot_id in self.hashing
+
+    async def sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
+        """``snap`` once hashed: its digest, file digests and ``seal_s`` (DriverError if the
+        files changed while they were hashed)."""
+        if snap.digest is not None:
+            return snap
+        hashing = self.hashing.get(snap.snapshot_id)
+        if hashing is None:
+            raise DriverError(f"snapshot {snap.snapshot_id} is not being sealed by this driver")
+        meta = await asyncio.shield(hashing)  # shared by every clone: one cancelled cancels none
+        return dataclasses.replace(snap, digest=meta["digest"], facts={**snap.facts, **meta})
 
 
 async def check_unchanged(snap: ForkSnapshot) -> None:

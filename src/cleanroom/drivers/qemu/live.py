@@ -27,11 +27,12 @@ class Live(hostproc.ConsoleProcess):
     def __init__(
         self,
         proc: asyncio.subprocess.Process,
+        console_fd: int,
         run_dir: Path,
         channel: socket.socket,
         monitor: socket.socket,
     ) -> None:
-        super().__init__(proc)
+        super().__init__(proc, console_fd)
         self.run_dir = run_dir
         self.channel: socket.socket | None = channel  # the agent channel until it is opened
         self.monitor: socket.socket | None = monitor  # the QMP monitor until it is opened

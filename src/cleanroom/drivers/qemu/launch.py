@@ -1,0 +1,145 @@
+"""Starting one env's QEMU process and waiting for its agent (cold boots, and the spawn that
+clones share).
+
+``spawn`` makes the run folder (owner record first), the agent channel's and the QMP monitor's
+socket pairs, then the supervised process, and records it in ``live``; ``ready_or_destroy``
+waits for a readiness step and destroys the env on any failure; ``cold`` is both, for a kernel
+boot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cleanroom.agent.session import AgentSession
+from cleanroom.drivers import accel as accel_mod
+from cleanroom.drivers import hostproc
+from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, fail_launch, write_owner
+from cleanroom.drivers.cgroups import EnvGroups
+from cleanroom.drivers.qemu import cmdline
+from cleanroom.drivers.qemu.config import QemuConfig
+from cleanroom.drivers.qemu.live import Live
+from cleanroom.errors import LaunchError
+
+MakeEnv = Callable[[EnvInfo, AgentSession], Env]  # the driver's Env around a ready session
+
+
+class Launcher:
+    """Spawns QEMU processes for one driver and turns ready ones into ``Env``s."""
+
+    def __init__(
+        self,
+        config: QemuConfig,
+        live: dict[str, Live],
+        destroy: Callable[[str], Awaitable[DestroyReport]],
+        make_env: MakeEnv,
+        groups: EnvGroups,
+    ) -> None:
+        self.config = config
+        self.live = live
+        self.groups = groups
+        self.destroy = destroy
+        self.make_env = make_env
+
+    async def spawn(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        extra: list[str] | None = None,
+        *,
+        pass_fds: tuple[int, ...] = (),
+        memory_backend: bool = False,
+    ) -> Live:
+        """Start the env's QEMU process (run folder first: owner, its cgroup, then the process
+        inside that cgroup, its pid)."""
+        run_dir = self.config.run_dir(request.env_id)
+        run_dir.mkdir(parents=True, mode=0o700)
+        write_owner(run_dir, request, self.config.name)
+        try:
+            self.groups.create(request.env_id)
+        except OSError as exc:
+            hostproc.remove_tree(run_dir)
+            raise LaunchError(f"cannot make the env's cgroup: {exc}") from exc
+        channel, guest_end = socket.socketpair()
+        monitor, qemu_monitor = socket.socketpair()
+        fds = (guest_end.fileno(), qemu_monitor.fileno())
+        argv = cmdline.command(
+            request, accel, extra, ctl_fd=fds[0], qmp_fd=fds[1], memory_backend=memory_backend
+        )
+        argv = self.groups.wrap(request.env_id, argv)
+        try:
+            proc, console_fd = await hostproc.spawn_with_console(argv, pass_fds=(*pass_fds, *fds))
+        except OSError as exc:
+            channel.close()
+            monitor.close()
+            hostproc.remove_tree(run_dir)
+            await self.groups.remove(request.env_id)
+            raise LaunchError(f"cannot start QEMU: {exc}") from exc
+        finally:
+            guest_end.close()
+            qemu_monitor.close()
+        live = Live(proc, console_fd, run_dir, channel, monitor)
+        self.live[request.env_id] = live
+        live.pump = asyncio.create_task(live.read_console())
+        (run_dir / "pid").write_text(str(proc.pid))
+        return live
+
+    async def ready_or_destroy(
+        self,
+        env_id: str,
+        live: Live,
+        ready: Awaitable[AgentSession],
+        timeout_s: float,
+        what: str,
+    ) -> AgentSession:
+        """Await ``ready`` within ``timeout_s``; on any failure destroy the env, then raise."""
+        try:
+            return await asyncio.wait_for(ready, timeout_s)
+        except BaseException as exc:
+            await fail_launch(self.destroy, env_id, live.console_tail(), exc, timeout_s, what)
+
+    async def cold(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        started: float,
+        note: str | None,
+        extra: list[str] | None = None,
+        *,
+        memory_backend: bool = False,
+    ) -> Env:
+        """Boot the kernel; the env once its agent said HELLO."""
+        live = await self.spawn(request, accel, extra, memory_backend=memory_backend)
+        session = await self.ready_or_destroy(
+            request.env_id, live, live.connect(), self.config.boot_timeout_s, "boot"
+        )
+        return self.env(request, accel, live, started, session, start_note=note)
+
+    def env(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel,
+        live: Live,
+        started: float,
+        session: AgentSession,
+        **start: Any,
+    ) -> Env:
+        """The ready env: its ``EnvInfo`` (``start``: how it started) around ``session``."""
+        info = EnvInfo(
+            env_id=request.env_id,
+            driver=self.config.name,
+            accelerator=accel.name,
+            isolation=accel.isolation,
+            pid=live.proc.pid,
+            run_dir=live.run_dir,
+            created_at=time.time(),
+            ready_s=time.monotonic() - started,
+            jail=self.groups.jail(request.env_id),
+            console=live.console,
+            **start,
+        )
+        return self.make_env(info, session)
