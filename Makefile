@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint bench mutation clean distclean
+.PHONY: all setup demo test lint bench mutation fuzz-native clean distclean
 
 all: test
 
@@ -25,6 +25,10 @@ lint: setup
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
+
+# libFuzzer (ASan, UBSan) over the native agent's frame reader: 1,000,000 inputs
+fuzz-native: setup
+	$(PY) scripts/fuzz_native.py --runs 1000000
 
 bench: setup
 	$(PY) bench/lifecycle.py
