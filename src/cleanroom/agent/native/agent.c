@@ -113,8 +113,9 @@ static uint64_t micros(clockid_t clock) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* HELLO: who this agent is, plus `extra` (",key:value..." of a clone's reseed facts) */
-static void hello(const char *extra) {
+/* HELLO: who this agent is, plus `extra` (",key:value..." of a clone's reseed facts); only
+ * encoded, not sent, when `send` is 0 (the rehearsal before a snapshot) */
+static void hello(const char *extra, int send) {
     struct utsname u;
     jbuf h = {0};
     uname(&u);
@@ -128,7 +129,8 @@ static void hello(const char *extra) {
     if (extra)
         jb_lit(&h, extra);
     jb_lit(&h, "}");
-    send_frame(K_HELLO, h.failed ? NULL : h.p, NULL, 0);
+    if (send)
+        send_frame(K_HELLO, h.failed ? NULL : h.p, NULL, 0);
     jb_free(&h);
 }
 
@@ -603,7 +605,10 @@ static int wait_idle(void) {
 
 /* -- snapshots ---------------------------------------------------------------------------- */
 
-static void reseed(const struct frame *f) {
+/* A clone's RESEED: the host's entropy into the pool, credited (none in the `rehearsal` before
+ * the snapshot, which only walks this path so a clone finds its pages and heap in place), a
+ * forced CRNG reseed, the clock set; then HELLO with the facts. */
+static void reseed(const struct frame *f, int rehearsal) {
     uint64_t started = micros(CLOCK_MONOTONIC);
     jbuf facts = {0};
     jb_lit(&facts, ",\"start\":\"snapshot\",\"reseeder\":\"native\",\"clone_id\":");
@@ -615,7 +620,7 @@ static void reseed(const struct frame *f) {
     struct rand_pool_info *info = malloc(sizeof *info + f->blen);
     int ok = info != NULL;
     if (ok) {
-        info->entropy_count = (int)(8 * f->blen);
+        info->entropy_count = rehearsal ? 0 : (int)(8 * f->blen);
         info->buf_size = (int)f->blen;
         memcpy(info->buf, f->body, f->blen);
         ok = write(pool, f->body, f->blen) == (ssize_t)f->blen && !ioctl(pool, RNDADDENTROPY, info) &&
@@ -630,7 +635,9 @@ static void reseed(const struct frame *f) {
         jb_str(&facts, why, strlen(why));
     }
     int64_t when;
-    if (!json_int(field(f, "time_ns"), &when)) {
+    if (rehearsal) {
+        /* the clock is left alone */
+    } else if (!json_int(field(f, "time_ns"), &when)) {
         struct timespec ts = {(time_t)(when / 1000000000), (long)(when % 1000000000)};
         if (when >= 0 && clock_settime(CLOCK_REALTIME, &ts)) {
             const char *why = strerror(errno);
@@ -640,9 +647,40 @@ static void reseed(const struct frame *f) {
     }
     jb_key(&facts, "reseed_ms");
     jb_fixed(&facts, (micros(CLOCK_MONOTONIC) - started) * 1000); /* in ms */
-    snapshotted = 0; /* a clone now: its host closing the channel ends it */
-    hello(facts.failed ? NULL : facts.p);
+    if (!rehearsal)
+        snapshotted = 0; /* a clone now: its host closing the channel ends it */
+    hello(facts.failed ? NULL : facts.p, !rehearsal);
     jb_free(&facts);
+}
+
+static void discard(int kind, const char *header, const void *body, size_t blen) {
+    (void)kind, (void)header, (void)body, (void)blen;
+}
+
+/* Before a snapshot: one EXEC of `true`, its frames dropped, so the pages a clone's first EXEC
+ * reads (the program, the loader, libc) are in the template's page cache, not on its disk. */
+/* Before a snapshot: RESEED -> HELLO walked once (nothing credited, the clock left alone,
+ * nothing sent), so a clone's RESEED finds its code, heap and page tables in place. */
+static void rehearse_reseed(void) {
+    static const char header[] = "{\"clone_id\":\"env-0000000000000000\",\"time_ns\":0}";
+    struct frame f = {0};
+    f.kind = K_RESEED;
+    f.header = strdup(header);
+    f.hlen = sizeof header - 1;
+    f.body = calloc(1, 64);
+    f.blen = 64;
+    if (f.header && f.body)
+        reseed(&f, 1);
+    frame_free(&f);
+}
+
+static void rehearse_exec(void) {
+    char *argv[] = {"true", NULL};
+    struct env env = {0};
+    jspan none = {"", 0};
+    if (env_of(&env, none) == 0)
+        run_process(discard, argv, env.items, "/", 30, NULL, 0);
+    env_free(&env);
 }
 
 /* -- serving ------------------------------------------------------------------------------ */
@@ -700,7 +738,7 @@ static void serve(void) {
     pthread_t t;
     pthread_create(&t, NULL, request_thread, NULL);
     pthread_create(&t, NULL, heartbeat_thread, NULL);
-    hello(NULL);
+    hello(NULL, 1);
     for (;;) {
         struct frame f;
         const char *why;
@@ -730,11 +768,13 @@ static void serve(void) {
         } else if (f.kind == K_SNAPSHOT_PREPARE && wait_idle()) {
             if (pool < 0)
                 pool = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+            rehearse_exec();
+            rehearse_reseed();
             mlockall(MCL_CURRENT); /* a clone reads none of these pages from disk */
             snapshotted = 1;
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
-            reseed(&f);
+            reseed(&f, 0);
         } else if (!wait_idle()) {
             send_error("busy: one request at a time");
         } else {
