@@ -8,14 +8,17 @@ be had of a non-final attempt (logs, console tail, the error) under ``attempts/<
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cleanroom import __version__
+from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput
 from cleanroom.baseline.model import Baseline
 from cleanroom.digests import digest_of, sha256_file
-from cleanroom.errors import ExportError
+from cleanroom.errors import ExportError, ProtocolError, UnsafePath
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome, cleanroom_revision, host_facts, parse_guest_result
 from cleanroom.secrets import Redactor
@@ -30,28 +33,67 @@ RECORD_VERSION = 1
 def redact_output(
     output: EpisodeOutput | None, diagnostics: dict[str, bytes], redactor: Redactor | None
 ) -> dict[str, bytes]:
-    """Replace secret values in everything staged (files in place); return clean diagnostics."""
+    """Replace secret values in everything staged (files in place, artifact names, the result
+    record as parsed JSON); return clean diagnostics."""
     if not redactor:
         return diagnostics
     if output is not None:
         for path in (output.stdout_path, output.stderr_path):
             if path is not None and path.exists():
                 redactor.file(path)
-        artifacts = []
-        for artifact in output.artifacts:
-            redactor.file(artifact.path)
-            artifacts.append(
-                Artifact(
-                    artifact.name,
-                    artifact.path.stat().st_size,
-                    sha256_file(artifact.path),
-                    artifact.path,
-                )
-            )
-        output.artifacts = artifacts
+        taken: set[str] = set()
+        output.artifacts = [_redact_artifact(a, redactor, taken) for a in output.artifacts]
         if output.result_raw is not None:
-            output.result_raw = redactor.redact(output.result_raw)
+            output.result_raw = _redact_result(output.result_raw, redactor)
     return {name: redactor.redact(data) for name, data in diagnostics.items()}
+
+
+def _redact_artifact(artifact: Artifact, redactor: Redactor, taken: set[str]) -> Artifact:
+    """The artifact with its content redacted and, if its name held a secret, moved to the
+    redacted name (made unique among ``taken``) inside the same staging folder."""
+    redactor.file(artifact.path)
+    name = redactor.redact_text(artifact.name)
+    path = artifact.path
+    if name != artifact.name:
+        root = artifact.path.parents[len(PurePosixPath(artifact.name).parts) - 1]
+        name = _unique(name, taken)
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(artifact.path, path)
+        for folder in artifact.path.parents:  # the old name's folders may spell it too
+            if folder == root or any(folder.iterdir()):
+                break
+            folder.rmdir()
+    taken.add(name)
+    return Artifact(name, path.stat().st_size, sha256_file(path), path)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in taken or not _valid_name(candidate):
+        n += 1
+        candidate = f"redacted-{n}" if n > 99 else f"{name[:200]}~{n}"
+    return candidate
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        wire.guest_name(name)
+    except UnsafePath:
+        return False
+    return True
+
+
+def _redact_result(raw: bytes, redactor: Redactor) -> bytes:
+    """result.json redacted as the JSON it means (keys, strings, escapes); bytes that are not
+    valid JSON (the episode fails on them anyway) are redacted as bytes."""
+    try:
+        value = wire.decode_json(raw, wire.RESULT, "result.json")
+    except ProtocolError:
+        return redactor.redact(raw)
+    return json.dumps(
+        redactor.redact_json(value), ensure_ascii=False, separators=(",", ":")
+    ).encode()
 
 
 def secrets_summary(manifest: Manifest, redactor: Redactor | None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ diagnostics under ``attempts/<n>/`` and are run again when the run is resumed.
 from __future__ import annotations
 
 import enum
-import json
 import math
 import platform
 import socket
@@ -19,7 +18,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-RESULT_MAX_BYTES = 4 * 1024 * 1024
+from cleanroom.agent import wire
+from cleanroom.agent.protocol import RESULT_MAX_BYTES
+from cleanroom.errors import ProtocolError
 
 
 class Outcome(enum.StrEnum):
@@ -50,7 +51,10 @@ class GuestResult:
 
 
 def parse_guest_result(raw: bytes | None) -> GuestResult:
-    """Validate what the entrypoint wrote; never raises (the guest is untrusted)."""
+    """Validate what the entrypoint wrote; never raises (the guest is untrusted).
+
+    The JSON goes through the host's boundary (``wire.decode_json``): bounded depth, size and
+    item count, finite numbers, valid strings; anything else is the ``problem``."""
 
     def bad(problem: str) -> GuestResult:
         return GuestResult(None, None, None, {}, {}, problem)
@@ -60,9 +64,9 @@ def parse_guest_result(raw: bytes | None) -> GuestResult:
     if len(raw) > RESULT_MAX_BYTES:
         return bad(f"result.json is larger than {RESULT_MAX_BYTES} bytes")
     try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return bad(f"result.json is not valid JSON: {exc}")
+        data = wire.decode_json(raw, wire.RESULT, "result.json")
+    except ProtocolError as exc:
+        return bad(str(exc))
     if not isinstance(data, dict):
         return bad("result.json must hold a JSON object")
     reward = data.get("reward")
@@ -78,10 +82,6 @@ def parse_guest_result(raw: bytes | None) -> GuestResult:
         metrics=metrics if isinstance(metrics, dict) else {"value": metrics},
         problem=None,
     )
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed (records are strict JSON)")
 
 
 @cache

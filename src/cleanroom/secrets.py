@@ -3,8 +3,10 @@
 A manifest names secrets (``"secrets": ["HF_TOKEN"]``); a ``SecretProvider`` chosen on the
 controller resolves their values when the episode starts. Values reach the guest only over the
 agent channel (entrypoint environment + files under ``/run/cleanroom/secrets/`` on tmpfs). Before
-anything is exported, every occurrence of a value in logs, artifacts and the result record is
-replaced by ``[REDACTED:NAME]`` and counted; the ledger and the record carry names and counts only.
+anything is exported, every occurrence of a value in logs, artifacts, artifact names, the parsed
+result record and error messages is replaced by ``[REDACTED:NAME]`` and counted, in each form a
+JSON or URL decoder (or base64) turns back into it; the ledger and the record carry names and
+counts only.
 
 Providers (``--secrets-from``): ``env`` (the controller's environment; ``env:PREFIX_`` reads
 ``PREFIX_NAME``), ``file:PATH`` (JSON object or ``NAME=value`` lines), ``cmd:PROGRAM`` (runs
@@ -13,14 +15,16 @@ Providers (``--secrets-from``): ``env`` (the controller's environment; ``env:PRE
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cleanroom.errors import ConfigError
 
@@ -111,34 +115,71 @@ def resolve(provider: SecretProvider, names: list[str]) -> dict[str, str]:
 
 
 class Redactor:
-    """Replaces secret values with ``[REDACTED:NAME]`` and counts each replacement."""
+    """Replaces secret values with ``[REDACTED:NAME]`` and counts each replacement.
+
+    It redacts what a reader would decode into the secret, not only its raw bytes: each
+    character of a value may also appear as a JSON escape (``\\u0068``, ``\\/``, either case)
+    or URL-encoded (``%68``, per UTF-8 byte), in any mix, and the whole value as base64
+    (standard or URL-safe, at any of the three alignments inside a longer base64 text). Parsed
+    JSON is redacted key by key and value by value (``redact_json``); ``counts`` is the number
+    of replacements really made.
+    """
 
     def __init__(self, values: Mapping[str, str]) -> None:
         # longest first, so a secret containing another is replaced whole
-        self._pairs = sorted(
-            ((v.encode(), f"[REDACTED:{n}]".encode(), n) for n, v in values.items()),
-            key=lambda p: -len(p[0]),
-        )
+        ordered = sorted(values.items(), key=lambda item: -len(item[1]))
+        self._names = [name for name, _ in ordered]
+        self._marks = [f"[REDACTED:{name}]".encode() for name in self._names]
         self.counts: dict[str, int] = dict.fromkeys(values, 0)
-        self._overlap = max((len(p[0]) for p in self._pairs), default=1) - 1
+        self._forms = [_Forms(value) for _, value in ordered]
+        self._compiled: dict[tuple[bytes, ...], re.Pattern[bytes] | None] = {}
+        self._overlap = max((_MAX_FORM * len(v.encode()) for v in values.values()), default=1)
 
     def __bool__(self) -> bool:
-        return bool(self._pairs)
+        return bool(self._forms)
+
+    def _regex(self, data: bytes) -> re.Pattern[bytes] | None:
+        """The pattern for the forms that can occur in ``data`` (a regex of every form costs
+        ~75x a plain search: most text holds no escape, no ``%`` and no base64 core)."""
+        escapes = b"\\" in data or b"%" in data or b"+" in data
+        wanted = tuple(forms.present(data, escapes) for forms in self._forms)
+        if wanted not in self._compiled:
+            groups = [b"(" + (alts or b"(?!)") + b")" for alts in wanted]  # one group per secret
+            self._compiled[wanted] = (
+                re.compile(b"|".join(groups), re.DOTALL) if any(wanted) else None
+            )
+        return self._compiled[wanted]
+
+    def _mark(self, match: re.Match[bytes]) -> bytes:
+        index = (match.lastindex or 1) - 1
+        self.counts[self._names[index]] += 1
+        return self._marks[index]
 
     def redact(self, data: bytes) -> bytes:
-        for secret, mark, name in self._pairs:
-            found = data.count(secret)
-            if found:
-                self.counts[name] += found
-                data = data.replace(secret, mark)
-        return data
+        regex = self._regex(data)
+        return regex.sub(self._mark, data) if regex is not None else data
 
     def redact_text(self, value: str) -> str:
-        return self.redact(value.encode()).decode(errors="replace")
+        return self.redact(value.encode("utf-8", "surrogatepass")).decode(errors="replace")
+
+    def redact_json(self, value: Any) -> Any:
+        """A decoded JSON document with every key and string redacted (numbers too, as text,
+        when their digits hold a secret); depth is bounded by the caller (``agent.wire``)."""
+        if isinstance(value, str):
+            return self.redact_text(value)
+        if isinstance(value, dict):
+            return {self.redact_text(k): self.redact_json(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.redact_json(v) for v in value]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            text = json.dumps(value)
+            redacted = self.redact_text(text)
+            return value if redacted == text else redacted
+        return value
 
     def file(self, path: Path) -> None:
         """Redact a file in place, streamed; a secret split across chunks is still found."""
-        if not self._pairs:
+        if not self._forms:
             return
         tmp = path.with_name(path.name + ".redacting")
         with path.open("rb") as src, tmp.open("wb") as dst:
@@ -156,18 +197,71 @@ class Redactor:
     def _redact_until(self, data: bytes, safe: int) -> tuple[bytes, bytes]:
         """Replace matches that start before ``safe`` (they end inside ``data``); keep the rest.
 
-        With ``safe = len(data) - (longest secret - 1)`` a match starting before ``safe`` is
-        complete in ``data``, and one starting at or after it is left for the next chunk.
+        With ``safe = len(data) - overlap`` (``overlap``: the longest form of any secret) a match
+        starting before ``safe`` is complete in ``data``; one starting later waits for the next.
         """
+        regex = self._regex(data)
         out, i = [], 0
-        while True:
-            hits = [(data.find(s, i), -len(s), s, m, n) for s, m, n in self._pairs]
-            hits = [h for h in hits if 0 <= h[0] < safe]
-            if not hits:
-                cut = max(i, safe)
-                out.append(data[i:cut])
-                return b"".join(out), data[cut:]
-            start, _, secret, mark, name = min(hits)
-            out += [data[i:start], mark]
-            self.counts[name] += 1
-            i = start + len(secret)
+        for match in regex.finditer(data) if regex is not None else ():
+            if match.start() >= safe:
+                break
+            out += [data[i : match.start()], self._mark(match)]
+            i = match.end()
+        cut = max(i, safe)
+        out.append(data[i:cut])
+        return b"".join(out), data[cut:]
+
+
+_MAX_FORM = 12  # bytes one character of a secret can take encoded (a surrogate pair of \\u)
+_JSON_SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f",
+               "\n": "\\n", "\r": "\\r", "\t": "\\t"}  # fmt: skip
+
+
+def _hex(value: int, digits: int) -> bytes:
+    """``value`` as hex digits matching either case."""
+    return b"".join(
+        c.encode() if c.isdigit() else f"[{c}{c.upper()}]".encode() for c in f"{value:0{digits}x}"
+    )
+
+
+def _char_forms(char: str) -> bytes:
+    """A regex for one character: itself, its JSON escapes, its URL encoding."""
+    raw = char.encode()
+    forms = [re.escape(raw)]
+    if ord(char) > 0xFFFF:
+        high, low = divmod(ord(char) - 0x10000, 0x400)
+        forms.append(b"\\\\u" + _hex(0xD800 + high, 4) + b"\\\\u" + _hex(0xDC00 + low, 4))
+    else:
+        forms.append(b"\\\\u" + _hex(ord(char), 4))
+    if char in _JSON_SHORT:
+        forms.append(re.escape(_JSON_SHORT[char].encode()))
+    forms.append(b"".join(b"%" + _hex(byte, 2) for byte in raw))
+    if char == " ":
+        forms.append(b"\\+")
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+def _base64_cores(value: bytes) -> list[bytes]:
+    """The base64 text that encodes ``value`` whatever surrounds it: for each alignment, the
+    characters whose six bits all come from ``value`` (standard and URL-safe alphabets)."""
+    cores = set()
+    for shift, skip in ((0, 0), (1, 2), (2, 3)):
+        encoded = base64.b64encode(b"\0" * shift + value)
+        core = encoded[skip : (8 * (shift + len(value))) // 6]
+        cores |= {core, core.replace(b"+", b"-").replace(b"/", b"_")}
+    return sorted(cores, key=len, reverse=True)
+
+
+class _Forms:
+    """Every form of one value that a JSON or URL decoder (or base64) turns back into it."""
+
+    def __init__(self, value: str) -> None:
+        self.raw = value.encode()
+        self.decoded = b"".join(_char_forms(char) for char in value)  # raw, escaped, mixed
+        self.cores = _base64_cores(self.raw)
+
+    def present(self, data: bytes, escapes: bool) -> bytes:
+        """The regex of the forms that may match in ``data`` (b"" if none can)."""
+        alts = [self.decoded] if escapes or self.raw in data else []
+        alts += [re.escape(core) for core in self.cores if core in data]
+        return b"|".join(alts)

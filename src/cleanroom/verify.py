@@ -25,12 +25,13 @@ import json
 import math
 from typing import Any
 
+from cleanroom.agent import wire
 from cleanroom.agent.session import EpisodeOutput, ExecResult
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.base import Driver, Env, EnvRequest, new_env_id
-from cleanroom.errors import CleanroomError, VerifierError
+from cleanroom.errors import CleanroomError, ProtocolError, VerifierError
 from cleanroom.export import redact_output
 from cleanroom.lifecycle.context import RunContext
 from cleanroom.lifecycle.lease import EnvLease
@@ -54,10 +55,10 @@ def parse_verdict(raw: bytes) -> dict[str, Any]:
     """Validate a verdict.json; VerifierError says what is wrong with it."""
     if len(raw) > VERDICT_MAX:
         raise VerifierError(f"verdict.json is larger than {VERDICT_MAX} bytes")
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise VerifierError(f"verdict.json is not valid JSON: {exc}") from exc
+    try:  # a verifier runs in a guest: its bytes cross the same boundary as an episode's
+        data = wire.decode_json(raw, wire.JsonLimits(VERDICT_MAX), "verdict.json")
+    except ProtocolError as exc:
+        raise VerifierError(str(exc)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("pass"), bool):
         raise VerifierError("verdict.json must be an object with a boolean 'pass'")
     score = data.get("score", 1.0 if data["pass"] else 0.0)

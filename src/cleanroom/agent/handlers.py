@@ -22,13 +22,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 if __package__:  # on the host, as part of the package (a failed import costs ~30 ms in a VM)
-    from cleanroom.agent.protocol import CHUNK, Kind, dumps
+    from cleanroom.agent.protocol import CHUNK, RESULT_MAX_BYTES, Kind, dumps
     from cleanroom.agent.relay import Relay
 else:  # in the guest, next to protocol.py
-    from protocol import CHUNK, Kind, dumps  # type: ignore[no-redef,import-not-found]
+    from protocol import CHUNK, RESULT_MAX_BYTES, Kind, dumps  # type: ignore[no-redef,import-not-found]
     from relay import Relay  # type: ignore[import-not-found,no-redef]
 
-RESULT_LIMIT = 4 * 1024 * 1024
 NETWORK: dict[str, Any] = {}  # guestnet.setup() at boot: the NIC's address and proxy env, if any
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -56,22 +55,34 @@ class Handlers:
         raise NotImplementedError
 
     def put(self, header: dict[str, Any], body: bytes) -> None:
+        """One chunk of a file (``offset`` 0 creates or truncates it); OK with its size so far."""
         path = header["path"]
-        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(header.get("mode", 0o644)))
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        self.send(Kind.OK, {"path": path, "size": len(body)})
+        offset = int(header.get("offset") or 0)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+        if offset == 0:
+            os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        fd = os.open(path, flags, int(header.get("mode", 0o644)))
+        try:
+            if body:
+                os.pwrite(fd, body, offset)
+        finally:
+            os.close(fd)
+        self.send(Kind.OK, {"path": path, "size": offset + len(body)})
 
-    def send_file(self, path: str, name: str, kind: str) -> None:
+    def send_file(self, path: str, name: str, kind: str, limit: int | None = None) -> None:
+        """A file as chunks: FILE frames ``{name, offset, eof, kind}`` (``kind`` "result":
+        RESULT frames ``{present, offset, eof}``); at most ``limit`` bytes of it."""
         offset = 0
         with open(path, "rb") as f:
             while True:
-                chunk = f.read(CHUNK)
-                eof = len(chunk) < CHUNK
-                self.send(
-                    Kind.FILE, {"name": name, "offset": offset, "eof": eof, "kind": kind}, chunk
-                )
+                size = CHUNK if limit is None else min(CHUNK, limit - offset)
+                chunk = f.read(size)
+                eof = len(chunk) < CHUNK or offset + len(chunk) == limit
+                if kind == "result":
+                    self.send(Kind.RESULT, {"present": True, "offset": offset, "eof": eof}, chunk)
+                else:
+                    header = {"name": name, "offset": offset, "eof": eof, "kind": kind}
+                    self.send(Kind.FILE, header, chunk)
                 offset += len(chunk)
                 if eof:
                     return
@@ -170,9 +181,8 @@ class Handlers:
                     continue
                 self.send_file(path, os.path.relpath(path, root + "/out"), "artifact")
         result = root + "/result.json"
-        if os.path.isfile(result) and not os.path.islink(result):
-            with open(result, "rb") as f:
-                self.send(Kind.RESULT, {"present": True}, f.read(RESULT_LIMIT + 1))
+        if os.path.isfile(result) and not os.path.islink(result):  # enough to say "too large"
+            self.send_file(result, "result.json", "result", RESULT_MAX_BYTES + 1)
         else:
             self.send(Kind.RESULT, {"present": False})
         self.send(Kind.DONE)

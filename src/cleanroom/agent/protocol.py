@@ -32,10 +32,22 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = 1
 MAGIC = b"CR"
 PREFIX = struct.Struct(">2sBII")
-MAX_HEADER = 256 * 1024
-DEFAULT_MAX_BODY = 1024 * 1024
-CHUNK = 256 * 1024
 HEARTBEAT_S = 1.0
+
+# The limits of what one side may send the other: the one set (README, "Limits"). The host
+# enforces each at its boundary (``cleanroom.agent.wire``, ``session``); the guest keeps to them.
+MAX_HEADER = 256 * 1024  # bytes of one frame's JSON header
+DEFAULT_MAX_BODY = 1024 * 1024  # bytes of one frame's body (a driver may negotiate another)
+CHUNK = 256 * 1024  # bytes per FILE, RESULT or PUT frame: any transfer is sent in chunks
+RESULT_MAX_BYTES = 4 * 1024 * 1024  # bytes of /run/cleanroom/result.json
+MAX_JSON_DEPTH = 64  # nesting of any JSON document the guest sends (header or result)
+MAX_JSON_ITEMS = 1_000_000  # values (keys, items, scalars) in one such document
+MAX_JSON_INT = 2**63 - 1  # magnitude of an integer in it (floats must be finite)
+MAX_NAME = 1024  # UTF-8 bytes of an artifact name (a relative path)
+MAX_NAME_PART = 255  # UTF-8 bytes of one of its components (NAME_MAX)
+MAX_NAME_PARTS = 32  # components of one artifact name
+MAX_ARTIFACTS = 10_000  # artifacts of one episode
+MAX_MESSAGE = 1000  # characters of a guest's error message kept by the host
 
 
 class Kind:
@@ -44,12 +56,12 @@ class Kind:
     HELLO = 1  # [g->h] agent is ready: {agent_version, protocol, boot_time, ...}
     RUN = 2  # [h->g] run the episode: {manifest, entrypoint, env, timeout_s, secrets}
     EXEC = 3  # [h->g] run a command: {argv, env, cwd, timeout_s}
-    PUT = 4  # [h->g] write a file: {path, mode}, body = content (whole file)
+    PUT = 4  # [h->g] write a file: {path, mode, offset, eof}, body = one chunk (OK each)
     GET = 5  # [h->g] read a file: {path}; answered by FILE frames
     STDOUT = 6  # [g->h] body = bytes the process wrote to stdout
     STDERR = 7  # [g->h] body = bytes the process wrote to stderr
     FILE = 8  # [g->h] {name, offset, eof, kind}: one chunk of an artifact or GET answer
-    RESULT = 9  # [g->h] body = raw /run/cleanroom/result.json (may be invalid JSON)
+    RESULT = 9  # [g->h] {present, offset, eof}: one chunk of raw result.json (any bytes)
     EXIT = 10  # [g->h] {code, signal, duration_s, timed_out}
     ERROR = 11  # [both] {message}
     PING = 12  # [h->g] heartbeat request
@@ -163,8 +175,8 @@ def parse_header(raw: bytes) -> dict[str, Any]:
     """Decode a frame header; it must be a JSON object."""
     try:
         header = loads(raw.decode("utf-8")) if raw else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadFrame(f"header is not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadFrame(f"header is not JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict):
         raise BadFrame("header is not a JSON object")
     return header

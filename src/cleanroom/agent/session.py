@@ -1,9 +1,10 @@
 """The host's side of the agent channel: typed requests over frames, with the guest distrusted.
 
-Whatever the guest sends is checked before it touches the host: frame sizes (``max_body``), the
-episode's output quota (stdout + stderr + artifacts + result together), artifact names (no
-absolute paths, no ``..``, no links followed) and the artifact count. Anything malformed raises a
-``ProtocolError`` subclass; the caller then destroys the environment.
+Whatever the guest sends is checked before it touches the host: frame sizes (``max_body``),
+headers and names through the one boundary ``wire`` (bounded JSON, validated names), the
+episode's output quota (stdout + stderr + artifacts + result together), no links followed, and
+the artifact count. Anything malformed raises a ``ProtocolError`` subclass; the caller then
+destroys the environment. Transfers of any size are chunked (``protocol.CHUNK`` per frame).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cleanroom.agent import protocol
-from cleanroom.agent.protocol import Frame, Kind
+from cleanroom.agent import protocol, wire
+from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
 from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, QuotaExceeded, UnsafePath
 
-MAX_ARTIFACTS = 10_000
-MAX_NAME = 1024
+safe_relpath = wire.guest_name  # the name other modules know the artifact-name check by
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,6 @@ class EpisodeOutput:
     stdout_path: Path | None = None
     stderr_path: Path | None = None
     entry: dict[str, str] = field(default_factory=dict)  # EXIT's "entry"/"worker" (guest's word)
-
-
-def safe_relpath(name: str) -> PurePosixPath:
-    """Validate a guest-chosen artifact name; raise UnsafePath unless it stays in its folder."""
-    if not name or len(name) > MAX_NAME or "\x00" in name or "\\" in name:
-        raise UnsafePath(f"artifact name refused: {name[:80]!r}")
-    path = PurePosixPath(name)
-    if path.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
-        raise UnsafePath(f"artifact name escapes its folder: {name[:80]!r}")
-    return path
 
 
 class _Quota:
@@ -128,7 +118,7 @@ class AgentSession:
         try:
             prefix = await self._reader.readexactly(protocol.PREFIX.size)
             kind, hlen, blen = protocol.parse_prefix(prefix, self._max_body)
-            header = protocol.parse_header(await self._reader.readexactly(hlen))
+            header = wire.decode_header(await self._reader.readexactly(hlen))
             body = await self._reader.readexactly(blen) if blen else b""
         except asyncio.IncompleteReadError as exc:
             raise EnvCrashed("agent channel closed") from exc
@@ -139,7 +129,7 @@ class AgentSession:
         except protocol.BadFrame as exc:
             raise ProtocolError(f"malformed frame from guest: {exc}") from exc
         if kind == Kind.ERROR:
-            raise ProtocolError(f"guest agent error: {header.get('message', '?')}")
+            raise ProtocolError(f"guest agent error: {wire.guest_text(header.get('message'))}")
         return Frame(kind, header, body)
 
     async def _send(
@@ -198,6 +188,7 @@ class AgentSession:
             )
             out, err = bytearray(), bytearray()
             quota = _Quota(max_output)
+            result: ExecResult | None = None
             while True:
                 frame = await self._read()
                 if frame.kind in (Kind.STDOUT, Kind.STDERR):
@@ -206,16 +197,30 @@ class AgentSession:
                 elif frame.kind == Kind.EXIT:
                     result = _exit_result(frame.header, bytes(out), bytes(err))
                 elif frame.kind == Kind.DONE:
+                    if result is None:  # found by make fuzz (tests/fuzz/crashes/stream-exec-*)
+                        raise ProtocolError("exec ended without an EXIT frame")
                     return result
                 else:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during exec")
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` in the guest, a chunk per frame, each answered by OK
+        with the file's size so far (an agent that cannot append is found out at once)."""
         async with self._lock:
-            await self._send(Kind.PUT, {"path": path, "mode": mode}, data)
-            frame = await self._read()
-            if frame.kind != Kind.OK:
-                raise ProtocolError(f"expected OK, got {protocol.kind_name(frame.kind)}")
+            offset = 0
+            while True:
+                chunk = data[offset : offset + protocol.CHUNK]
+                end = offset + len(chunk)
+                header = {"path": path, "mode": mode, "offset": offset, "eof": end == len(data)}
+                await self._send(Kind.PUT, header, chunk)
+                frame = await self._read()
+                if frame.kind != Kind.OK:
+                    raise ProtocolError(f"expected OK, got {protocol.kind_name(frame.kind)}")
+                if frame.header.get("size") != end:
+                    raise ProtocolError(f"PUT {path}: the guest's OK does not say {end} bytes")
+                if end == len(data):
+                    return
+                offset = end
 
     async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
         async with self._lock:
@@ -288,6 +293,8 @@ class _EpisodeCollector:
         self.files: dict[str, tuple[int, Any]] = {}  # name -> (fd, sha256 object)
         self.sizes: dict[str, int] = {}
         self.digests: dict[str, str] = {}
+        self.result: bytearray | None = None  # result.json so far (None: absent)
+        self.result_done = False
 
     async def run(self, request: dict[str, Any]) -> EpisodeOutput:
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
@@ -309,8 +316,7 @@ class _EpisodeCollector:
                     elif frame.kind == Kind.FILE:
                         self._file_chunk(frame)
                     elif frame.kind == Kind.RESULT:
-                        self.quota.take(len(frame.body))
-                        output.result_raw = frame.body if frame.header.get("present") else None
+                        self._result_chunk(frame)
                     elif frame.kind == Kind.DONE:
                         break
                     else:
@@ -323,6 +329,7 @@ class _EpisodeCollector:
         if exit_result is None:
             raise ProtocolError("episode ended without an EXIT frame")
         output.exit = exit_result
+        output.result_raw = bytes(self.result) if self.result is not None else None
         output.stdout_path, output.stderr_path = stdout_path, stderr_path
         output.artifacts = [
             Artifact(name, self.sizes[name], digest, self.artifacts_dir / name)
@@ -330,12 +337,34 @@ class _EpisodeCollector:
         ]
         return output
 
+    def _result_chunk(self, frame: Frame) -> None:
+        """One chunk of result.json (a header without ``eof``: the whole file, older agents).
+
+        The guest sends at most ``RESULT_MAX_BYTES + 1`` bytes (enough to say "too large",
+        which ``record.parse_guest_result`` reports); more, or chunks out of order, is its error.
+        """
+        header = frame.header
+        if self.result_done:
+            raise ProtocolError("a second result.json during one episode")
+        self.quota.take(len(frame.body))
+        if not header.get("present"):
+            self.result_done = True
+            return
+        data = self.result if self.result is not None else bytearray()
+        if header.get("offset", 0) != len(data):
+            raise ProtocolError("result.json chunk out of order")
+        if len(data) + len(frame.body) > RESULT_MAX_BYTES + 1:
+            raise ProtocolError(f"the guest sent more than {RESULT_MAX_BYTES + 1} bytes of result")
+        data.extend(frame.body)
+        self.result = data
+        self.result_done = header.get("eof", True) is True
+
     def _file_chunk(self, frame: Frame) -> None:
         header = frame.header
         name = header.get("name")
         if header.get("kind") != "artifact" or not isinstance(name, str):
             raise ProtocolError("FILE frame without an artifact name")
-        rel = safe_relpath(name)
+        rel = wire.guest_name(name)
         self.quota.take(len(frame.body))
         if name not in self.files:
             if header.get("offset") != 0 or name in self.sizes:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent import wire
 from cleanroom.drivers.base import Driver, Env
-from cleanroom.errors import CheckError
+from cleanroom.errors import CheckError, ProtocolError
 from cleanroom.isolation import canary as guest
 from cleanroom.verify import guest_prefix
 
@@ -38,9 +38,9 @@ async def run_canary(driver: Driver, env: Env, command: str, token: str) -> dict
         raise CheckError(
             f"canary {command} failed in {env.env_id} (exit {result.exit_code}): {tail}"
         )
-    try:
-        data = json.loads(result.stdout)
-    except ValueError as exc:
+    try:  # the canary runs in the guest: its output crosses the host's boundary for guest bytes
+        data = wire.decode_json(result.stdout, wire.JsonLimits(len(result.stdout)), "canary")
+    except ProtocolError as exc:
         raise CheckError(f"canary {command} in {env.env_id} printed no JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise CheckError(f"canary {command} in {env.env_id} printed no JSON object")

@@ -1,0 +1,104 @@
+"""Transfers of any documented size work end to end: the real guest agent (``guest.Agent``, as a
+host thread) talks to the real host session over a socket pair, both with the default frame
+limit (``DEFAULT_MAX_BODY``, 1 MiB). On the old code a 2 MiB result.json was one RESULT frame
+(``FrameTooLarge``) and a PUT over 1 MiB one frame the agent refused."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.agent import guest, protocol
+from cleanroom.agent.session import AgentSession
+from cleanroom.errors import ProtocolError
+from cleanroom.record import parse_guest_result
+
+pytestmark = pytest.mark.timeout(60)  # on the old code a multi-chunk PUT hung the agent
+
+WRITE_RESULT = """
+import os, sys
+size = int(sys.argv[1])
+head = b'{"reward": 1, "pad": "'
+with open(os.environ["CLEANROOM_DIR"] + "/result.json", "wb") as f:
+    f.write(head + b"x" * (size - len(head) - 2) + b'"}')
+"""
+
+
+@pytest.fixture
+async def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AgentSession]:
+    monkeypatch.setenv("CLEANROOM_GUEST_ROOT", str(tmp_path / "guest"))
+    host_sock, guest_sock = socket.socketpair()
+    agent = guest.Agent(guest_sock.makefile("rwb", buffering=0))
+    threading.Thread(target=agent.serve, daemon=True).start()
+    reader, writer = await asyncio.open_unix_connection(sock=host_sock)
+    session = AgentSession(reader, writer)
+    await session.wait_hello()
+    yield session
+    await session.aclose()
+    guest_sock.close()
+
+
+async def run_with_result(session: AgentSession, staging: Path, size: int) -> bytes | None:
+    request = {
+        "manifest": {},
+        "entrypoint": [sys.executable, "-c", WRITE_RESULT, str(size)],
+        "timeout_s": 60,
+    }
+    out = await session.run_episode(request, staging, quota_bytes=64 << 20)
+    assert out.exit.exit_code == 0, out.stderr_path and out.stderr_path.read_text()
+    return out.result_raw
+
+
+async def test_a_2_mib_result_arrives_whole(session: AgentSession, tmp_path: Path) -> None:
+    raw = await run_with_result(session, tmp_path / "s", 2 << 20)
+    assert raw is not None and len(raw) == 2 << 20
+    assert parse_guest_result(raw).problem is None
+
+
+async def test_result_limit_at_its_edge(session: AgentSession, tmp_path: Path) -> None:
+    limit = protocol.RESULT_MAX_BYTES
+    raw = await run_with_result(session, tmp_path / "a", limit)
+    assert raw is not None and len(raw) == limit and parse_guest_result(raw).problem is None
+    raw = await run_with_result(session, tmp_path / "b", limit + 1000)
+    assert raw is not None and len(raw) == limit + 1  # enough to say "too large", no more
+    problem = parse_guest_result(raw).problem
+    assert problem is not None and "larger than" in problem
+
+
+async def test_put_of_several_chunks_and_get_back(session: AgentSession, tmp_path: Path) -> None:
+    data = bytes(range(256)) * (3 * protocol.DEFAULT_MAX_BODY // 256 + 7)
+    path = str(tmp_path / "put" / "file.bin")
+    await session.put(path, data)
+    assert Path(path).read_bytes() == data
+    assert await session.get(path) == data
+    await session.put(path, b"")  # an empty file truncates, as before
+    assert Path(path).read_bytes() == b""
+
+
+async def test_a_guest_that_lies_about_a_put_is_refused(tmp_path: Path) -> None:
+    """An agent that answers each chunk's OK with only that chunk's size (today's older agent,
+    which truncated the file at every chunk) is found out at the second chunk."""
+    host_sock, guest_sock = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=host_sock)
+    session = AgentSession(reader, writer)
+
+    def old_agent() -> None:
+        stream = guest_sock.makefile("rwb", buffering=0)
+        try:
+            while True:
+                frame = protocol.read_frame(stream)
+                stream.write(protocol.encode(protocol.Kind.OK, {"size": len(frame.body)}))
+        except (EOFError, OSError):
+            return
+
+    threading.Thread(target=old_agent, daemon=True).start()
+    with pytest.raises(ProtocolError, match="does not say"):
+        await session.put(str(tmp_path / "x"), b"y" * (protocol.CHUNK + 1))
+    await session.aclose()
+    guest_sock.close()
