@@ -189,3 +189,38 @@ def test_a_bad_frame_ends_the_agent_instead_of_desynchronizing(
         return await asyncio.wait_for(session._reader.read(), 10)
 
     assert drive(agent_binary, root, body) == b""
+
+
+def test_the_c_constants_are_the_protocols() -> None:
+    """frame.h and agent.c restate protocol.py's kinds and limits: they must not drift."""
+    import re
+
+    text = "".join((native.NATIVE_DIR / n).read_text() for n in ("frame.h", "agent.c"))
+    found = {
+        name: eval(value)  # simple integer expressions such as 256 * 1024
+        for name, value in re.findall(r"^\s*(K_[A-Z_]+|[A-Z_]+) = ([0-9 *]+),", text, re.M)
+    }
+    for name, value in vars(protocol.Kind).items():
+        if isinstance(value, int):
+            assert found[f"K_{name}"] == value, name
+    assert found["KIND_MAX"] == max(protocol.NAMES)
+    for name in ("MAX_HEADER", "CHUNK", "RESULT_MAX_BYTES", "MAX_NAME", "MAX_NAME_PARTS"):
+        assert found[name] == getattr(protocol, name), name
+    assert found["MAX_BODY"] == protocol.DEFAULT_MAX_BODY
+
+
+def test_a_result_larger_than_one_chunk_arrives_whole(agent_binary: Path, root: Path) -> None:
+    """result.json goes in RESULT chunks (protocol.CHUNK each): 300 KB is two frames, joined
+    by the host in order."""
+    script = (
+        'f="$CLEANROOM_DIR/result.json"; printf \'{"reward": 1, "info": {"pad": "\' > "$f"; '
+        'head -c 300000 /dev/zero | tr \'\\0\' x >> "$f"; printf \'"}}\' >> "$f"'
+    )
+    request = {"manifest": {}, "entrypoint": ["sh", "-c", script], "timeout_s": 20}
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 24)
+
+    output = drive(agent_binary, root, body)
+    assert output.result_raw is not None and len(output.result_raw) > protocol.CHUNK
+    assert json.loads(output.result_raw)["info"]["pad"] == "x" * 300000
