@@ -48,6 +48,7 @@ enum {
     MAX_NAME = 1024,     /* protocol.MAX_NAME: bytes of an artifact name */
     MAX_NAME_PARTS = 32, /* protocol.MAX_NAME_PARTS */
     MAX_SECRETS = 256,
+    THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
 };
 
 static int port = -1;
@@ -736,8 +737,12 @@ static void serve(void) {
     rd.read = fd_read;
     rd.ctx = &port;
     pthread_t t;
-    pthread_create(&t, NULL, request_thread, NULL);
-    pthread_create(&t, NULL, heartbeat_thread, NULL);
+    pthread_attr_t small; /* mlockall at a snapshot locks every stack: keep them small */
+    pthread_attr_init(&small);
+    pthread_attr_setstacksize(&small, THREAD_STACK);
+    pthread_create(&t, &small, request_thread, NULL);
+    pthread_create(&t, &small, heartbeat_thread, NULL);
+    pthread_attr_destroy(&small);
     hello(NULL, 1);
     for (;;) {
         struct frame f;
