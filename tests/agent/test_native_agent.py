@@ -75,6 +75,16 @@ def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
+def test_the_binary_is_the_same_bytes_wherever_it_is_built(
+    agent_binary: Path, tmp_path: Path
+) -> None:
+    """Reproducible: fixed flags, relative sources, no timestamps (baseline digests hold)."""
+    again = tmp_path / "elsewhere" / native.BINARY
+    again.parent.mkdir()
+    subprocess.run(native.gcc_argv(again), cwd=native.NATIVE_DIR, check=True)
+    assert again.read_bytes() == agent_binary.read_bytes()
+
+
 def test_hello_names_a_native_agent_the_snapshot_driver_accepts(
     agent_binary: Path, root: Path
 ) -> None:

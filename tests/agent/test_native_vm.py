@@ -22,6 +22,7 @@ from tests.vmkit import Harness, assert_nothing_left, manifest
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
 from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import BuildError
 from cleanroom.record import Outcome
@@ -145,6 +146,34 @@ async def test_exec_put_get_on_a_booted_and_a_snapshot_clone(busybox_baseline: B
         a = (await envs[0].exec(["head", "-c", "16", "/dev/urandom"], timeout_s=30)).stdout
         b = (await envs[1].exec(["head", "-c", "16", "/dev/urandom"], timeout_s=30)).stdout
         assert a != b
+        boot_id = ["cat", "/proc/sys/kernel/random/boot_id"]  # never read before the snapshot
+        ids = {(await env.exec(boot_id, timeout_s=30)).check().stdout for env in envs}
+        assert len(ids) == 2
     finally:
         for env in envs:
             await env.aclose()
+
+
+async def test_a_spare_clone_of_a_native_baseline_is_handed_out_ready(
+    busybox_baseline: Baseline,
+) -> None:
+    """A spare (started ahead, paused) resumes under the id it was handed out as."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    limits = vmkit.request(busybox_baseline).limits
+
+    def request_for(env_id: str) -> EnvRequest:
+        return EnvRequest(env_id, busybox_baseline, limits, Owner("vm-tests"), hard_deadline_s=300)
+
+    first = await driver.create(request_for(driver.next_env_id(busybox_baseline, limits)))
+    await first.aclose()  # the template is built, then a spare of this shape starts
+    await driver.spares.settled()
+    env_id = driver.next_env_id(busybox_baseline, limits)
+    env = await driver.create(request_for(env_id))
+    try:
+        assert env.info.spare_s is not None, driver.spares.last_error
+        assert env.hello["clone_id"] == env_id and env.hello["agent"] == "native"
+        assert (await env.exec(["true"], timeout_s=30)).exit_code == 0
+    finally:
+        assert (await env.aclose()).confirmed_absent
+        await driver.release_spares()
