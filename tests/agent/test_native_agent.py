@@ -234,3 +234,18 @@ def test_a_result_larger_than_one_chunk_arrives_whole(agent_binary: Path, root: 
     output = drive(agent_binary, root, body)
     assert output.result_raw is not None and len(output.result_raw) > protocol.CHUNK
     assert json.loads(output.result_raw)["info"]["pad"] == "x" * 300000
+
+
+def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, root: Path) -> None:
+    """As a subreaper the agent adopts what a request leaves running; once it exits it must
+    not stay a zombie under the agent."""
+
+    async def body(session: AgentSession) -> Any:
+        await session.exec(["sh", "-c", "sleep 0.2 &"], timeout_s=10)
+        await asyncio.sleep(0.6)  # the orphan has exited; the next request reaps it
+        await session.exec(["true"], timeout_s=10)
+        ps = await session.exec(["sh", "-c", "cat /proc/$PPID/task/*/children"], timeout_s=10)
+        return ps.stdout.split()
+
+    children = drive(agent_binary, root, body)
+    assert len(children) == 1  # only the shell asking

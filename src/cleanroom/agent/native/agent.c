@@ -556,6 +556,8 @@ static void *request_thread(void *arg) {
         pthread_mutex_unlock(&state);
         handle(&f);
         frame_free(&f);
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ; /* outside a VM (a subreaper): the orphans the request left behind */
         pthread_mutex_lock(&state);
         busy = 0;
         pthread_cond_broadcast(&idle);
