@@ -18,7 +18,9 @@ demo: setup
 	$(PY) -m cleanroom run examples/cartpole/manifests.jsonl --baseline examples/cartpole/baseline.toml --parallel 2
 	@echo "The cleanroom command lives in $(VENV): run '. $(VENV)/bin/activate' to use it (or $(VENV)/bin/cleanroom)."
 
+# The Harbor tests (tests/integrations, -m harbor) need Python >= 3.12: built once, then cached.
 test: setup
+	@bash scripts/harbor-python.sh >/dev/null
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # Coverage-guided fuzzing (atheris) of every target in tests/fuzz/targets.py, FUZZ_RUNS inputs

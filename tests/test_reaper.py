@@ -85,3 +85,62 @@ async def test_reused_pid_does_not_count_as_the_owner(tmp_path: Path, ledger: Le
     # pid was reused by us after the real owner died
     assert not owner_alive(None, os.getpid(), time.time() - 86400 * 365)
     assert not owner_alive(None, dead_pid(), time.time())
+
+
+def _durable(eid: str, attempt: int, outcome: str = "completed") -> dict[str, object]:
+    return {
+        "run_id": "r",
+        "episode_id": eid,
+        "attempt": attempt,
+        "outcome": outcome,
+        "reward": 2.5,
+        "error": {"message": "why"} if outcome != "completed" else None,
+    }
+
+
+def test_reconcile_durable_gives_the_ledger_the_records_outcome(ledger: Ledger) -> None:
+    """A controller killed after the record was durable but before the ledger heard: the ledger
+    takes the record's outcome, reward and error once, with an event; a known outcome, another
+    attempt or an unknown attempt are left as they are (issue 21 §2)."""
+    from cleanroom.reaper import reconcile_durable
+
+    ledger.start_run("r", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
+    for eid in ("open", "closed"):
+        ledger.episode_queued("r", eid, 1)
+    ledger.episode_finished("r", "closed", 1, outcome="timeout", error="slow")
+
+    assert reconcile_durable(ledger, _durable("open", 1, "episode_error")) is True
+    rows = {(r.episode_id, r.attempt): r for r in ledger.episodes("r", all_attempts=True)}
+    row = rows[("open", 1)]
+    assert (row.outcome, row.reward, row.error, row.state) == (
+        "episode_error",
+        2.5,
+        "why",
+        "CLOSED",
+    )
+    [event] = ledger.events("r", "episode_reconciled")
+    assert event.episode_id == "open" and event.data["attempt"] == 1
+
+    assert reconcile_durable(ledger, _durable("open", 1)) is False  # already has an outcome
+    assert reconcile_durable(ledger, _durable("closed", 1)) is False
+    assert {r.episode_id: r.outcome for r in ledger.episodes("r")}["closed"] == "timeout"
+    assert reconcile_durable(ledger, _durable("nobody", 1)) is False  # no such attempt
+    assert reconcile_durable(ledger, _durable("open", 2)) is False
+    assert len(ledger.events("r", "episode_reconciled")) == 1
+
+
+async def test_reap_takes_a_durable_records_outcome_for_a_dead_controllers_episode(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """reap() of a dead controller's env whose episode has a durable record: the episode gets
+    the record's outcome (not 'controller lost'), and the env is destroyed."""
+    driver = FakeDriver(run_root=tmp_path / "run")
+    store = LocalStore(tmp_path / "store")
+    owner = Owner("dead-controller", pid=dead_pid())
+    env_id = await _create(driver, ledger, tmp_path, owner, "e1")
+    store.put_record("r", "e1", _durable("e1", 1))
+    report = await reap(driver, ledger, store)
+    assert env_id in report.destroyed
+    [row] = ledger.episodes("r")
+    assert (row.outcome, row.reward) == ("completed", 2.5)
+    assert ledger.events("r", "episode_reconciled")

@@ -121,6 +121,7 @@ def test_report_json_counts_latest_attempts_and_groups_rewards(
         "env_crashed": 0,
         "infra_error": 1,
         "export_failed": 0,
+        "superseded": 0,
     }
     assert summary["rewards"] == {"p@1": {"n": 2, "mean": 0.5}, "q@1": {"n": 1, "mean": 5.0}}
     assert summary["phases"]["run_s"] == {"n": 3, "p50": 2.0, "p95": pytest.approx(2.9)}

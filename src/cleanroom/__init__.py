@@ -15,6 +15,7 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = [
     "Manifest",
+    "RayCluster",
     "RunOptions",
     "RunResult",
     "__version__",
@@ -34,6 +35,7 @@ _LAZY = {
     "RunOptions": "cleanroom.lifecycle.context",
     "RunResult": "cleanroom.batch.result",
     "session": "cleanroom.session",
+    "RayCluster": "cleanroom.integrations.ray.config",
 }
 
 

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -54,6 +54,10 @@ def manifests_of(manifests: Manifests) -> list[Manifest]:
     return coerce_manifests(manifests)
 
 
+if TYPE_CHECKING:
+    from cleanroom.integrations.ray import RayCluster
+
+
 async def arun(
     manifests: Manifests,
     *,
@@ -65,17 +69,34 @@ async def arun(
     options: RunOptions | None = None,
     on_event: EventHook | None = None,
     secrets_from: str | None = None,
+    cluster: RayCluster | None = None,
 ) -> RunResult:
     """Run manifests (a JSON Lines file, or a list of ``Manifest``s and dicts) on fresh
     environments of ``baseline``; the result lists its episodes in the input order.
 
     ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
     ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
+    ``cluster``: run across the nodes of a Ray cluster (``cleanroom[ray]``) instead of here.
     """
     private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
     items = manifests_of(manifests)
     resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
     opts = options or RunOptions(parallel=parallel)
+    if cluster is not None:
+        from cleanroom.integrations.ray.scheduler import run_on_cluster
+
+        source = None if isinstance(baseline, Baseline) else str(baseline)
+        return await run_on_cluster(
+            cluster,
+            items,
+            resolved,
+            source=source,
+            store=store,
+            run_id=run_id,
+            driver=driver,
+            options=opts,
+            on_event=on_event,
+        )
     st = open_store(store)
     with Ledger() as ledger:
         hook = _RunEvents(ledger, run_id, on_event)
@@ -120,6 +141,7 @@ def run(
     options: RunOptions | None = None,
     on_event: EventHook | None = None,
     secrets_from: str | None = None,
+    cluster: RayCluster | None = None,
 ) -> RunResult:
     """Blocking ``arun`` (the same arguments)."""
     return asyncio.run(
@@ -133,6 +155,7 @@ def run(
             options=options,
             on_event=on_event,
             secrets_from=secrets_from,
+            cluster=cluster,
         )
     )
 

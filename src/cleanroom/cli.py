@@ -28,7 +28,7 @@ from cleanroom import logs, paths, private
 from cleanroom.baseline.cli import baseline_app
 from cleanroom.check_cli import check_app
 from cleanroom.controller import EventHook, RunOptions, RunResult
-from cleanroom.errors import CleanroomError
+from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.progress import RunProgress
 from cleanroom.store import open_store
@@ -89,6 +89,12 @@ def run(
             "(default: only infra_error, env_crashed, export_failed, cancelled)"
         ),
     ] = None,
+    ray: Annotated[
+        str | None, typer.Option(help="run across a Ray cluster: auto | ADDRESS (cleanroom[ray])")
+    ] = None,
+    parallel_per_node: Annotated[
+        int | None, typer.Option(min=1, max=256, help="with --ray: episodes at once per node")
+    ] = None,
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
@@ -99,6 +105,8 @@ def run(
     try:
         failing = parse_fail_on(fail_on)
         logs.setup(log_format, file=log_file, level=log_level)
+        if parallel_per_node is not None and ray is None:
+            raise ConfigError("--parallel-per-node is for a cluster run: give --ray too")
         items = load_manifests(manifests)
         progress = RunProgress(err, lines=False)  # the logs carry one line per step
         resolved = resolve_or_build(baseline, progress=progress.build_step)
@@ -114,6 +122,21 @@ def run(
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
         with progress:
+            if ray is not None:  # scale out: the same manifests and records, on every node
+                from cleanroom.integrations.ray import RayCluster
+                from cleanroom.integrations.ray.scheduler import run_on_cluster
+
+                return await run_on_cluster(
+                    RayCluster(address=ray, parallel_per_node=parallel_per_node),
+                    items,
+                    resolved,
+                    source=baseline,
+                    store=store,
+                    run_id=run_id,
+                    driver=driver,
+                    options=options,
+                    on_event=observer.hook(progress.on_event),
+                )
             return await arun(
                 items,
                 baseline=resolved,

@@ -3,7 +3,9 @@
 An episode ends with exactly one ``Outcome``. Only *final* outcomes (the episode itself decided
 them: completed, episode_error, timeout) produce a ``result.json`` in the store; the others
 (cancelled, env_crashed, infra_error, export_failed) are recorded in the ledger with their
-diagnostics under ``attempts/<n>/`` and are run again when the run is resumed.
+diagnostics under ``attempts/<n>/`` and are run again when the run is resumed. ``superseded``:
+another attempt of the same episode (a retry on another node) was durable first; this attempt
+wrote no record and replaced none of the winner's files.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Outcome(enum.StrEnum):
     ENV_CRASHED = "env_crashed"
     INFRA_ERROR = "infra_error"
     EXPORT_FAILED = "export_failed"
+    SUPERSEDED = "superseded"  # lost the race to another attempt's durable record (a cluster)
 
     @property
     def final(self) -> bool:

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from cleanroom.controller import RunResult
 from cleanroom.htmlreport import render_html, write_html
 from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
 
 from .conftest import Observed
 from .test_metrics import NeverGone
@@ -78,7 +79,7 @@ def check_report_dom(dom: str, n_envs: int, leaked: int = 0) -> Elements:
     assert len(bars) == n_envs
     assert len({b["data-env-id"] for b in bars}) == n_envs
     assert len(page.with_class("leaked")) == leaked
-    assert len(page.with_class("bar")) == 7  # one per outcome, zeros included
+    assert len(page.with_class("bar")) == len(Outcome)  # one per outcome, zeros included
     return page
 
 

@@ -13,12 +13,13 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.errors import ManifestError, NetworkPolicyError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.session import session
 from cleanroom.store import LocalStore
 
-from ..conftest import make_fake_baseline
+from ..conftest import make_fake_baseline, with_network
 from ..vmkit import assert_nothing_left
 
 OPTIONS = RunOptions(cleanup_window_s=10)
@@ -126,3 +127,49 @@ async def test_a_session_in_a_real_vm(
     the VM confirmed absent before ``async with`` returns."""
     ledger, store = parts
     await _session_round_trip(QemuDriver(), tiny_baseline, ledger, store, lambda env_id: "")
+
+
+async def test_a_session_can_turn_the_baselines_network_off(
+    tmp_path: Path, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects: ``network=[]`` gives the session no egress even on a baseline that allows some
+    (a caller's "no network", e.g. Harbor's ``no-network``, must not inherit the baseline's)."""
+    driver = FakeDriver(run_root=tmp_path / "run")
+    ledger, store = parts
+    networked = with_network(make_fake_baseline(tmp_path), ["example.com:443"], tmp_path)
+    async with session(
+        networked, driver=driver, ledger=ledger, store=store, run_id="s4", network=[]
+    ) as sb:
+        assert sb.episode.manifest.network is not None
+        assert sb.episode.manifest.network.allow == [] and sb.episode.egress is None
+        sb.finish(reward=0.0)
+    assert_nothing_left(driver, ledger, "s4", store)
+
+
+async def test_a_session_asking_more_network_than_its_baseline_is_refused(
+    tmp_path: Path, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects: a session's allowlist only narrows its baseline's: asking for a host the
+    baseline does not allow is a NetworkPolicyError naming it, before any env is created; a bad
+    entry is a ManifestError naming the field."""
+    driver = FakeDriver(run_root=tmp_path / "run")
+    ledger, store = parts
+    baseline = make_fake_baseline(tmp_path)
+    with pytest.raises(NetworkPolicyError) as refused:
+        async with session(
+            baseline,
+            driver=driver,
+            ledger=ledger,
+            store=store,
+            run_id="s5",
+            network=["example.com:443"],
+        ):
+            pass
+    assert "example.com:443" in str(refused.value) + " ".join(refused.value.problems)
+    assert [e.created_at for e in ledger.envs(run_id="s5")] == [None]  # an intent, no VM
+    assert_nothing_left(driver, ledger, "s5")
+    with pytest.raises(ManifestError, match="network"):
+        async with session(
+            baseline, driver=driver, ledger=ledger, store=store, run_id="s6", network=["nope"]
+        ):
+            pass

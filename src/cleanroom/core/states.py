@@ -1,7 +1,10 @@
 """An episode's states, its ``Outcome`` and the one map from an exception to an outcome.
 
 ``Outcome`` is defined in ``record.py`` (which writes it into records) and re-exported here;
-everything that decides an outcome from an exception calls ``classify``.
+everything that decides an outcome from an exception calls ``classify``. ``Outcome.SUPERSEDED``
+is the one outcome no exception maps to: an attempt whose export found another attempt's durable
+record (``RecordConflict``: a retry on another node of a cluster run won the race) ends so, never
+``export_failed``; the store's first-writer-wins kept the winner's record and files.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import EpisodeState, Failure, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id
-from cleanroom.errors import CleanroomError, DriftError, StoreError
+from cleanroom.errors import CleanroomError, DriftError, RecordConflict, StoreError
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.lifecycle.context import CreateEnv, RunContext
@@ -265,6 +265,14 @@ class Episode:
                 facts["network"] = self.egress.summary()
             try:
                 await self._export(facts, diagnostics)
+            except RecordConflict as exc:  # another attempt was durable first (a cluster retry)
+                self.outcome, self.error = Outcome.SUPERSEDED, f"superseded: {exc}"
+                self.ctx.ledger.event(
+                    "episode_superseded",
+                    run_id=self.key.run_id,
+                    episode_id=self.key.episode_id,
+                    attempt=self.key.attempt,
+                )
             except StoreError as exc:
                 self.outcome, self.error = Outcome.EXPORT_FAILED, f"export failed: {exc}"
                 self.ctx.ledger.event(
@@ -292,6 +300,9 @@ class Episode:
         if not (self.outcome.final and output is not None):
             await self._keep_attempt(store, output, diagnostics)
             return
+        winner = await asyncio.to_thread(store.get_record, k.run_id, k.episode_id)
+        if winner is not None and winner.get("attempt") != k.attempt:  # write nothing of ours
+            raise RecordConflict(f"attempt {winner.get('attempt')} is durable already")
         verdict = None
         if self.verifiers is not None:
             if self.manifest.verifier is not None:

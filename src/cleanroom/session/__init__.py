@@ -27,16 +27,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from pydantic import ValidationError
+
 from cleanroom.agent.session import EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import EpisodeState
 from cleanroom.drivers.base import Driver, Owner
-from cleanroom.errors import CleanroomError
+from cleanroom.errors import CleanroomError, ManifestError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.run import result_problem
-from cleanroom.manifest import Manifest
+from cleanroom.manifest import Manifest, describe
 from cleanroom.record import Outcome
 from cleanroom.store import Store
 
@@ -128,6 +130,24 @@ class Session:
         self.episode.conclude(outcome, problem, output)
 
 
+def _manifest(
+    episode_id: str,
+    seed: int,
+    policy: dict[str, Any] | None,
+    task: dict[str, Any] | None,
+    network: list[str] | None,
+) -> Manifest:
+    return Manifest.model_validate(
+        {
+            "episode_id": episode_id,
+            "seed": seed,
+            "policy": policy or {"id": "interactive"},
+            "task": task or {},
+            **({"network": {"allow": network}} if network is not None else {}),
+        }
+    )
+
+
 def _digest(data: bytes) -> dict[str, Any]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -145,19 +165,17 @@ async def session(
     episode_id: str = "session",
     run_id: str | None = None,
     options: RunOptions | None = None,
+    network: list[str] | None = None,
 ) -> AsyncIterator[Session]:
     """One interactive episode (see the module docstring): a run of its own unless ``run_id``
-    names one this session may take (the run lock applies)."""
+    names one this session may take (the run lock applies). ``network``: the egress allowlist
+    (``HOST:PORT`` entries within the baseline's; ``[]``: none at all); None: the baseline's."""
     controller_id = "ses-" + secrets.token_hex(6)
     run_id = run_id or time.strftime("session-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    manifest = Manifest.model_validate(
-        {
-            "episode_id": episode_id,
-            "seed": seed,
-            "policy": policy or {"id": "interactive"},
-            "task": task or {},
-        }
-    )
+    try:
+        manifest = _manifest(episode_id, seed, policy, task, network)
+    except ValidationError as exc:
+        raise ManifestError(f"session {episode_id!r}: invalid", describe(exc)) from exc
     ctx = RunContext(driver, ledger, store, Owner(controller_id), options or RunOptions())
     ledger.start_run(
         run_id,

@@ -1,0 +1,120 @@
+"""``NodeController``: one node's part of a cluster run, the local lifecycle behind an actor.
+
+It owns what is node-local — its driver, its ledger (this node's ``CLEANROOM_HOME``, the truth
+about its VMs), templates and spares, its reaper — and shares only the run's store. It never
+numbers attempts: the driver's scheduler sends each episode with its attempt. Plain Python (no
+Ray here): ``actor`` makes it a Ray actor, and tests can drive it directly.
+
+    node = NodeController("fake", store_url, RunOptions(parallel=2), node="n1")
+    await node.start(marker)                       # store shared? reap what a predecessor left
+    await node.open_run(run_id, BaselineRef.of(b), [m.model_dump(mode="json") for m in ms])
+    result = await node.episode(run_id, manifest_json, attempt=1)   # one EpisodeResult
+    await node.close_run(run_id)                   # the spares nobody took
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from cleanroom import paths
+from cleanroom.batch.preflight import preflight
+from cleanroom.batch.result import RunResult
+from cleanroom.batch.runner import Batch, Controller
+from cleanroom.drivers import get_driver
+from cleanroom.errors import ConfigError
+from cleanroom.integrations.ray import shared_store
+from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunOptions
+from cleanroom.lifecycle.episode import EpisodeResult
+from cleanroom.lifecycle.lease import release_spares
+from cleanroom.manifest import Manifest
+from cleanroom.reaper import reap
+from cleanroom.store import open_store
+from cleanroom.verify import Verifiers
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node says when it starts: who it is, where its state is, what it reaped."""
+
+    node: str
+    home: str
+    pid: int
+    slots: int
+    reaped: tuple[str, ...]
+
+
+class NodeController:
+    """The local controller of one node: episodes in, ``EpisodeResult``s out."""
+
+    def __init__(
+        self,
+        driver: str,
+        store: str,
+        options: RunOptions,
+        *,
+        node: str,
+        home: str | None = None,
+    ) -> None:
+        if home:  # this process is the node's controller: its state lives here
+            os.environ["CLEANROOM_HOME"] = home
+        self.node = node
+        self.controller = Controller(
+            get_driver(driver), Ledger(), open_store(store), options=options
+        )
+        self.ctx = self.controller.context()
+        self._runs: dict[str, Batch] = {}
+
+    async def start(self, marker: str | None) -> NodeInfo:
+        """Refuse a store this node does not share; reap what a predecessor here left."""
+        shared_store.check(self.ctx.store, marker, self.node)  # type: ignore[arg-type]
+        report = await reap(self.ctx.driver, self.ctx.ledger, self.ctx.store)
+        return NodeInfo(
+            self.node,
+            str(paths.home()),
+            os.getpid(),
+            self.ctx.options.parallel,
+            tuple(report.destroyed),
+        )
+
+    async def open_run(self, run_id: str, ref: BaselineRef, manifests: list[dict[str, Any]]) -> str:
+        """Resolve and verify the run's baseline here, run the local preflight; its digest."""
+        if run_id in self._runs:
+            return self._runs[run_id].baseline.digest
+        baseline = await asyncio.to_thread(resolve_on_node, ref, self.node)
+        items = [Manifest.model_validate(m) for m in manifests]
+        verifiers = Verifiers(self.ctx)
+        await preflight(self.ctx, verifiers, items, baseline)
+        spares = self.ctx.options.spares
+        self.ctx.driver.keep_spares(self.ctx.options.parallel if spares is None else spares)
+        self._runs[run_id] = Batch(self.ctx, verifiers, run_id, baseline, RunResult(run_id))
+        return baseline.digest
+
+    async def episode(self, run_id: str, manifest: dict[str, Any], attempt: int) -> EpisodeResult:
+        """Run one attempt to its confirmed end (``Batch.episode``: never raises but cancel)."""
+        batch = self._runs.get(run_id)
+        if batch is None:
+            raise ConfigError(f"node {self.node}: run {run_id} was not opened here")
+        item = Manifest.model_validate(manifest)
+        self.ctx.ledger.episode_queued(run_id, item.episode_id, attempt)
+        await batch.episode(item, attempt)
+        for i, done in enumerate(batch.result.episodes):
+            if done.episode_id == item.episode_id and done.attempt == attempt:
+                return batch.result.episodes.pop(i)
+        raise AssertionError("Batch.episode always lands its result")  # pragma: no cover
+
+    async def close_run(self, run_id: str) -> list[str]:
+        """Destroy the spares nobody took, drop the run's staging; the ids still present."""
+        if self._runs.pop(run_id, None) is None:
+            return []
+        leaked = await release_spares(self.ctx, run_id)
+        shutil.rmtree(self.ctx.staging_root() / run_id, ignore_errors=True)
+        return leaked
+
+    async def ping(self) -> str:
+        return self.node

@@ -1,0 +1,114 @@
+"""The node side of a cluster run without Ray (fast): a losing attempt ends ``superseded``, a
+node refuses a store it does not share and a baseline whose digest it cannot reproduce, and a
+local run never imports Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cleanroom.errors import BaselineError, ConfigError
+from cleanroom.integrations.ray import shared_store
+from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
+from cleanroom.integrations.ray.node import NodeController
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunOptions
+from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
+
+from ..conftest import ROOT, make_fake_baseline
+from ..test_controller import manifest
+
+
+def _node(tmp: Path, store: Path) -> NodeController:
+    opts = RunOptions(parallel=2, cleanup_window_s=5, staging_dir=tmp / "staging")
+    return NodeController("fake", str(store), opts, node="n1", home=str(tmp / "home"))
+
+
+async def test_late_attempt_is_superseded_and_leaves_the_winner_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects first-writer-wins across attempts: attempt 1 (a node thought dead) finishing
+    after attempt 2 is durable ends ``superseded`` (was ``export_failed``), writes no record
+    and replaces none of the winner's files."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    baseline = make_fake_baseline(tmp_path)
+    node = _node(tmp_path, tmp_path / "store")
+    m = manifest("e1", seed=4)
+    await node.open_run("r", BaselineRef.of(baseline), [m.model_dump(mode="json")])
+    won = await node.episode("r", m.model_dump(mode="json"), attempt=2)
+    assert won.outcome is Outcome.COMPLETED, won.error
+    store = LocalStore(tmp_path / "store")
+    folder = tmp_path / "store" / "runs" / "r" / "episodes" / "e1"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    late = await node.episode("r", m.model_dump(mode="json"), attempt=1)
+    assert late.outcome is Outcome.SUPERSEDED, late.error
+    assert late.record is None and late.destroy is not None and late.destroy.confirmed_absent
+    assert store.get_record("r", "e1") == won.record
+    for path, data in before.items():
+        assert path.read_bytes() == data, f"{path} was replaced"
+    rows = {r.attempt: r.outcome for r in Ledger().episodes("r", all_attempts=True)}
+    assert rows == {1: "superseded", 2: "completed"}
+    await node.close_run("r")
+
+
+def test_a_node_refuses_a_store_it_does_not_share(tmp_path: Path) -> None:
+    """A folder store only the driver sees is refused by the node, naming the fix."""
+    driver_side = LocalStore(tmp_path / "driver-store")
+    marker = shared_store.mark(driver_side)
+    assert marker is not None
+    shared_store.check(driver_side, marker, "n1")  # the same folder: fine
+    with pytest.raises(ConfigError, match="not shared"):
+        shared_store.check(LocalStore(tmp_path / "node-store"), marker, "n1")
+
+
+def test_a_node_refuses_a_baseline_it_builds_differently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node verifies the run's digest before its first episode: a folder whose contents
+    say another digest is refused with both digests named."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    baseline = make_fake_baseline(tmp_path)
+    assert resolve_on_node(BaselineRef.of(baseline), "n1").digest == baseline.digest
+    wrong = dataclasses.replace(BaselineRef.of(baseline), digest="sha256:" + "1" * 64)
+    with pytest.raises(BaselineError, match="refusing"):
+        resolve_on_node(wrong, "n1")
+
+
+def test_a_local_run_never_imports_ray(tmp_path: Path) -> None:
+    """``cleanroom[ray]`` is lazy: ``import cleanroom; cleanroom.run(...)`` on the fake driver
+    leaves ``ray`` out of ``sys.modules``."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+import cleanroom
+from tests.conftest import make_fake_baseline
+from cleanroom.manifest import Manifest
+b = make_fake_baseline(Path({str(tmp_path)!r}))
+m = Manifest.model_validate({{"episode_id": "a", "seed": 2, "policy": {{"id": "p"}}}})
+r = cleanroom.run([m], baseline=b, driver="fake", store={str(tmp_path / "store")!r})
+print(r.counts(), "ray" in sys.modules, cleanroom.RayCluster.__name__, "ray" in sys.modules)
+"""
+    env = {"CLEANROOM_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-4:] == ["1}", "False", "RayCluster", "False"], out.stdout
+
+
+def test_parallel_per_node_without_ray_is_refused(tmp_path: Path) -> None:
+    """``--parallel-per-node`` alone would be silently ignored: a clear error (exit 2)."""
+    from typer.testing import CliRunner
+
+    from cleanroom.cli import app
+
+    (tmp_path / "m.jsonl").write_text("")
+    args = ["run", str(tmp_path / "m.jsonl"), "--baseline", "x", "--parallel-per-node", "2"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2 and "--ray" in done.output, done.output
