@@ -20,6 +20,7 @@
 enum { RELAY_CHUNK = 64 * 1024 };
 static const double DRAIN_S = 2.0;     /* relay.DRAIN_S: a grandchild holding a pipe open */
 static const double EXIT_POLL_S = 0.1; /* without a pidfd: how often to look for the exit */
+static const double MAX_WAIT_S = 3600.0;
 
 double monotonic_s(void) {
     struct timespec ts;
@@ -164,6 +165,8 @@ static void relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
         p[n].events = POLLIN;
         kinds[n++] = -1;
     }
+    if (timeout_s > MAX_WAIT_S) /* a far deadline: wake now and then, never overflow int */
+        timeout_s = MAX_WAIT_S;
     int ms = timeout_s < 0 ? -1 : (int)(timeout_s * 1000) + 1;
     if (poll(p, (nfds_t)n, ms) <= 0)
         return;
