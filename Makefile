@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint bench fuzz mutation clean distclean
+.PHONY: all setup demo test lint bench fuzz fuzz-native mutation clean distclean
 
 all: test
 
@@ -26,8 +26,9 @@ test: setup
 # Coverage-guided fuzzing (atheris) of every target in tests/fuzz/targets.py, FUZZ_RUNS inputs
 # each (the stream and spec targets take ~10-30 min each here); new corpus entries go to
 # .cache/fuzz/, a crash's input to tests/fuzz/crashes/. `make test` runs each target briefly.
+# The native agent's frame reader first (fuzz-native, below).
 FUZZ_RUNS ?= 1000000
-fuzz: setup
+fuzz: setup fuzz-native
 	@set -e; for t in $$($(PY) tests/fuzz/fuzz.py --list); do \
 	  mkdir -p .cache/fuzz/$$t; echo "fuzz: $$t ($(FUZZ_RUNS) inputs)"; \
 	  $(PY) tests/fuzz/fuzz.py $$t -runs=$(FUZZ_RUNS) -rss_limit_mb=2048 -max_len=65536 \
@@ -38,6 +39,10 @@ lint: setup
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
+
+# libFuzzer (ASan, UBSan) over the native agent's frame reader (agent/native), FUZZ_RUNS inputs
+fuzz-native: setup
+	$(PY) scripts/fuzz_native.py --runs $(FUZZ_RUNS)
 
 bench: setup
 	$(PY) bench/lifecycle.py

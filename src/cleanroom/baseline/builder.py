@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent import native
 from cleanroom.baseline import lock, store
 from cleanroom.baseline.initramfs import build_initramfs
 from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
@@ -78,6 +79,14 @@ def agent_version(guest: Path = AGENT_DIR / "guest.py") -> str:
         ):
             return node.value.value
     raise BuildError(f"agent: {guest} defines no AGENT_VERSION string")
+
+
+def native_agent_version() -> str:
+    """``AGENT_VERSION`` of the native agent (``agent/native/agent.c``)."""
+    version = native.agent_version()
+    if version is None:
+        raise BuildError(f"agent: {native.NATIVE_DIR / 'agent.c'} defines no AGENT_VERSION")
+    return version
 
 
 def _component(folder: Path, name: str) -> Component:
@@ -190,7 +199,7 @@ def _assemble(
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")
-    build_initramfs(kernel, out / INITRD_FILE)
+    build_initramfs(kernel, out / INITRD_FILE, agent=spec.agent.kind)
     shutil.copyfile(kernel.vmlinux, out / KERNEL_FILE)
 
     progress("digest", "hashing components")
@@ -203,7 +212,7 @@ def _assemble(
     entrypoint = _entrypoint(spec, image)
     warm = spec.warm_config()
     function = FunctionEntry.from_json(warm) if warm is not None else None
-    version = agent_version()
+    version = native_agent_version() if spec.native else agent_version()
     network = tuple(spec.network.allow) if spec.network is not None else None
     ident = identity(
         components,

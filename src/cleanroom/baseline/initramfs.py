@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from cleanroom.agent import native
 from cleanroom.baseline.kernel import Kernel, split_for_nic
+from cleanroom.baseline.pyinstall import AGENT_DEST
 from cleanroom.baseline.spec import INIT_SCRIPT
 from cleanroom.errors import BuildError
 
 BUSYBOX = Path("/bin/busybox")
+PYTHON_LAUNCHER = b"# a -c launcher, so that guest.py itself is loaded from its compiled .pyc\n"
+"""Where ``init.sh`` starts the Python agent: a native baseline's ``/init`` ends here instead."""
+NATIVE_LAUNCH = (
+    b"# the native agent (static): nothing from the image\n"
+    b"exec $B switch_root /newroot /" + f"{AGENT_DEST}/{native.BINARY}".encode() + b"\n"
+)
 DIRS = ("bin", "dev", "lib", "lib/modules", "lower", "newroot", "proc", "sys", "upper")
 TRAILER = "TRAILER!!!"
 
@@ -74,13 +82,27 @@ def write_newc(entries: list[Entry], f: BinaryIO) -> None:
     _header(f, 0, Entry(TRAILER, 0), TRAILER.encode())
 
 
-def initramfs_entries(kernel: Kernel, busybox: Path = BUSYBOX) -> list[Entry]:
+def init_script(agent: str = "python") -> bytes:
+    """``/init``: ``init.sh`` as it is for the Python agent (so those baselines keep their
+    digests); for ``native`` the same mounts, then PID 1 goes to the static agent."""
+    script = INIT_SCRIPT.read_bytes()
+    if agent == "python":
+        return script
+    head, found, _ = script.partition(PYTHON_LAUNCHER)
+    if not found:
+        raise BuildError(f"initramfs: {INIT_SCRIPT} has no agent launcher line to replace")
+    return head + NATIVE_LAUNCH
+
+
+def initramfs_entries(
+    kernel: Kernel, busybox: Path = BUSYBOX, agent: str = "python"
+) -> list[Entry]:
     """What ``init.sh`` needs: busybox, the modules and their load order, and mount points."""
     if not busybox.is_file():
         raise BuildError(f"initramfs: {busybox} not found (install busybox-static)")
     entries = [Entry.dir(d) for d in DIRS]
     entries.append(Entry.chardev("dev/console", 5, 1))
-    entries.append(Entry.file("init", INIT_SCRIPT.read_bytes(), 0o755))
+    entries.append(Entry.file("init", init_script(agent), 0o755))
     entries.append(Entry.file("bin/busybox", busybox.read_bytes(), 0o755))
     for name in kernel.order:
         entries.append(Entry.file(f"lib/modules/{name}.ko", kernel.module(name).read_bytes()))
@@ -90,8 +112,10 @@ def initramfs_entries(kernel: Kernel, busybox: Path = BUSYBOX) -> list[Entry]:
     return entries
 
 
-def build_initramfs(kernel: Kernel, out: Path, busybox: Path = BUSYBOX) -> None:
-    """Write the baseline's ``initrd.cpio`` to ``out``."""
-    entries = initramfs_entries(kernel, busybox)
+def build_initramfs(
+    kernel: Kernel, out: Path, busybox: Path = BUSYBOX, agent: str = "python"
+) -> None:
+    """Write the baseline's ``initrd.cpio`` to ``out`` (``agent``: the spec's agent kind)."""
+    entries = initramfs_entries(kernel, busybox, agent)
     with out.open("wb") as f:
         write_newc(entries, f)

@@ -14,6 +14,9 @@ Steps, each reported to the progress callback:
    (``pyinstall.byte_compile``); the agent is test-imported so a missing module fails the build.
 5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
    machine-id, logs, apt lists and caches, ``*-old`` files).
+A native-agent baseline (``[agent] kind = "native"``) gets the static ``agent/native`` binary
+instead of the Python agent in step 3, and skips step 4 and the image's Python check.
+
 6. ``erofs``: ``mkfs.erofs`` with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a fixed UUID.
    Ownership is kept as Debian set it (``/etc/shadow`` stays group ``shadow``); the tree is
    uncompressed (fastest to read under TCG).
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent import native
 from cleanroom.baseline import oci
 from cleanroom.baseline.dockerfile import build_image
 from cleanroom.baseline.layers import resolve_in_root
@@ -250,6 +254,18 @@ def build_reseed_helper(dest: Path) -> None:
     binary.chmod(0o755)
 
 
+def install_native_agent(rootfs: Path) -> None:
+    """Compile the native agent (``agent/native``, ``native.CFLAGS``: static, hardened,
+    reproducible) to ``/opt/cleanroom/agent/agent``, the only agent file of a native baseline."""
+    dest = rootfs / AGENT_DEST
+    dest.mkdir(parents=True, exist_ok=True)
+    binary = dest / native.BINARY
+    run(native.gcc_argv(binary), "files", cwd=native.NATIVE_DIR)
+    binary.chmod(0o755)
+    for folder in (dest, dest.parent):
+        folder.chmod(0o755)
+
+
 # -- scrub ----------------------------------------------------------------------------------------
 
 
@@ -323,12 +339,12 @@ def make_erofs(rootfs: Path, out: Path, progress: Progress = quiet) -> None:
 BUILDER_WRITES = ("etc", "opt", "opt/cleanroom", "root", "run", "tmp", "var", "var/log", "var/tmp")
 """Folders the build writes into after an image is unpacked: never through a symlink."""
 GUEST_PYTHON = ("usr", "bin", "python3")
-"""Where the guest agent's Python must be (until the agent is native)."""
+"""Where the Python guest agent's Python must be (a native-agent baseline needs none)."""
 
 
 def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> Image:
     """Fill ``tree`` from the spec's container image (a reference, or a Dockerfile built
-    here), which must hold the agent's Python."""
+    here), which must hold the agent's Python unless the baseline runs the native agent."""
     work = Path(tempfile.mkdtemp(prefix="cleanroom-image-", dir=scratch_parent()))
     docker = spec.dockerfile_paths()
     try:
@@ -343,11 +359,13 @@ def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> 
     for folder in BUILDER_WRITES:
         if (tree / folder).is_symlink():
             raise BuildError(f"image {source}: /{folder} is a symlink; the builder writes there")
+    if spec.native:
+        return image
     python = resolve_in_root(tree, GUEST_PYTHON, str(source), follow_last=True)
     if not python.is_file():
         raise BuildError(
             f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
-            "there (an image with only busybox or one program needs the native agent)"
+            'there (an image with only busybox or one program needs [agent] kind = "native")'
         )
     return image
 
@@ -387,8 +405,11 @@ def build_rootfs(
             spec.pip.packages, tree, progress, locked.get("pip") if locked else None
         )
         copy_files(spec, tree, progress)
-        install_agent(tree, spec.warm_config())
-        byte_compile(tree, spec, progress)
+        if spec.native:
+            install_native_agent(tree)
+        else:
+            install_agent(tree, spec.warm_config())
+            byte_compile(tree, spec, progress)
         scrub(tree)
         make_erofs(tree, out, progress)
     finally:

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from cleanroom.agent import native
 from cleanroom.baseline.oci import check_ref
 from cleanroom.errors import SpecError
 from cleanroom.manifest import Limits
@@ -222,6 +223,14 @@ class NetworkSection(_Section):
         return checked_allowlist(value)
 
 
+class AgentSection(_Section):
+    """Which guest agent the baseline runs as PID 1: ``python`` (``agent/guest.py``; the image
+    needs Python 3) or ``native`` (``agent/native``, static C: needs nothing from the image, so
+    an image of only busybox or one program works; command entrypoints only, no egress NIC yet)."""
+
+    kind: Literal["python", "native"] = "python"
+
+
 class BaselineSpec(_Section):
     """A validated ``baseline.toml``; ``folder`` is where relative ``files.src`` resolve."""
 
@@ -233,6 +242,7 @@ class BaselineSpec(_Section):
     limits: Limits = Field(default_factory=Limits)
     kernel: KernelSection = Field(default_factory=KernelSection)
     network: NetworkSection | None = None
+    agent: AgentSection = Field(default_factory=AgentSection)
 
     _folder: Path = PrivateAttr(default=Path("."))
 
@@ -241,6 +251,27 @@ class BaselineSpec(_Section):
         if self.entrypoint is None and not self.base.from_image:
             raise ValueError("entrypoint: required (only an image baseline may use its own)")
         return self
+
+    @model_validator(mode="after")
+    def _native_can_run_it(self) -> BaselineSpec:
+        if self.agent.kind != "native":
+            return self
+        if self.entrypoint is not None and self.entrypoint.function is not None:
+            raise ValueError(
+                'agent.kind: "native" runs command entrypoints only; a function entrypoint '
+                'needs kind = "python" (and Python 3 in the image)'
+            )
+        if self.network is not None:
+            raise ValueError(
+                'agent.kind: "native" does not set up an egress NIC yet; [network] '
+                'needs kind = "python"'
+            )
+        return self
+
+    @property
+    def native(self) -> bool:
+        """Whether the baseline runs the native agent (nothing Python is built for it)."""
+        return self.agent.kind == "native"
 
     @field_validator("name")
     @classmethod
@@ -256,7 +287,8 @@ class BaselineSpec(_Section):
     def canonical(self) -> dict[str, Any]:
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
-        ``network`` appears only when set, so specs without it keep their digests."""
+        ``network`` appears only when set and ``agent`` only when not the default (python), so
+        specs without them keep their digests."""
         data = {
             **self.model_dump(mode="json"),
             "base": self.base.canonical(),
@@ -264,6 +296,8 @@ class BaselineSpec(_Section):
         }
         if self.network is None:
             del data["network"]
+        if not self.native:
+            del data["agent"]
         if self.entrypoint is None:
             del data["entrypoint"]  # the image's Entrypoint + Cmd
         return data
@@ -385,8 +419,12 @@ def spec_digest(spec: BaselineSpec) -> str:
     for index, (src, entry) in enumerate(spec.sources()):
         for rel, path in walk_files(src):
             _hash_file_into(h, f"files.{index}:{entry.dest}:{rel}", path)
-    for name in AGENT_FILES:
-        _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
+    if spec.native:
+        for name in native.files():
+            _hash_file_into(h, f"agent-native:{name}", native.NATIVE_DIR / name)
+    else:
+        for name in AGENT_FILES:
+            _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
     _hash_file_into(h, "init.sh", INIT_SCRIPT)
     if spec.base.image is not None:
         h.update(f"image\0{image_content_key(spec.base.image, spec.folder)}\0".encode())

@@ -1,0 +1,91 @@
+"""The native guest agent against the Python one, same run, same machine (issue 17).
+
+Two baselines that differ only in ``[agent] kind`` (tests/baselines/shell and shell-native:
+Debian minbase, a one-line shell entrypoint writing result.json). For each, interleaved so
+machine noise hits both alike:
+  spare clone -> agent ready               (a clone started ahead and paused; create -> HELLO)
+  spare clone -> first `true` answered     (same clones: create + one EXEC)
+  command episode in a fresh clone         (RUN -> DONE of the entrypoint, agent ready before)
+Every native row is also given as a ratio to the Python row of the same run.
+Results: bench/results/native.txt.
+
+    python bench/native.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+from start import ROOT, request, timed_env, timed_episode
+from stats import Table, write
+
+from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.drivers.qemu import QemuDriver
+
+SPECS = {
+    "python": ROOT / "tests" / "baselines" / "shell" / "baseline.toml",
+    "native": ROOT / "tests" / "baselines" / "shell-native" / "baseline.toml",
+}
+ROWS = (
+    ("ready", "spare clone -> agent ready"),
+    ("exec", "spare clone -> first `true`"),
+    ("episode", "command episode (fresh clone)"),
+)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "native.txt")
+    args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
+    baselines = {
+        kind: resolve_or_build(str(spec), progress=lambda s, d: print(f"build {s}: {d}"))
+        for kind, spec in SPECS.items()
+    }
+    drivers = {kind: QemuDriver(start="snapshot") for kind in SPECS}
+    times: dict[str, dict[str, list[float]]] = {k: {r: [] for r, _ in ROWS} for k in SPECS}
+    hello = {}
+    for kind, driver in drivers.items():
+        driver.keep_spares(1)
+        first = await driver.create(request(baselines[kind], driver))  # template, first spare
+        hello[kind] = first.hello.get("agent_version")
+        await first.aclose()
+    with tempfile.TemporaryDirectory(prefix="bench-native-") as tmp:
+        for _ in range(args.runs):
+            for kind, driver in drivers.items():
+                spare = await timed_env(driver, baselines[kind], python=False, spare=True)
+                times[kind]["ready"].append(spare["ready"])
+                times[kind]["exec"].append(spare["exec"])
+                episode = await timed_episode(driver, baselines[kind], Path(tmp))
+                times[kind]["episode"].append(episode)
+    for driver in drivers.values():
+        await driver.release_spares()
+
+    table = Table(("n", "p50", "p95", "min"), name_width=40)
+    lines = [
+        f"bench/native.py: {platform.node()}, {os.cpu_count()} cores, "
+        f"load {load_at_start:.1f} -> {os.getloadavg()[0]:.1f}, {args.runs} runs each, "
+        f"interleaved; agents: python {hello['python']}, native {hello['native']}",
+        "baselines: tests/baselines/shell (python) and shell-native (native), same content",
+        "",
+    ]
+    for kind in SPECS:
+        lines.append(table.header(f"{kind} agent"))
+        lines += [table.row(name, times[kind][key]) for key, name in ROWS]
+        lines.append("")
+    lines.append("native / python, p50 of the same run:")
+    for key, name in ROWS:
+        ratio = statistics.median(times["native"][key]) / statistics.median(times["python"][key])
+        lines.append(f"  {name:<38} {ratio:.2f}")
+    write(args.out, lines)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,67 @@
+/*
+ * libFuzzer target: the native agent's frame reader and JSON walker over arbitrary bytes
+ * (what a host, or anything that reaches the port, could send). Every frame read is walked
+ * as the agent would: its keys, strings and numbers decoded.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+
+struct mem {
+    const uint8_t *p;
+    size_t n;
+};
+
+static ssize_t mem_read(void *ctx, void *buf, size_t n) {
+    struct mem *m = ctx;
+    if (n > m->n)
+        n = m->n;
+    if (n > 7) /* short reads, as a port gives them */
+        n = n / 2 + 1;
+    memcpy(buf, m->p, n);
+    m->p += n;
+    m->n -= n;
+    return (ssize_t)n;
+}
+
+static void walk(jspan v, int depth) {
+    char buf[512];
+    int64_t i;
+    double d;
+    (void)json_string(v, buf, sizeof buf, NULL);
+    free(json_strdup(v));
+    (void)json_int(v, &i);
+    (void)json_number(v, &d);
+    if (depth > 8)
+        return;
+    size_t pos = 0;
+    jspan key, value;
+    while (json_next(v, &pos, &key, &value)) {
+        walk(value, depth + 1);
+        if (json_is(v, '{'))
+            walk(key, depth + 1);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static struct reader r;
+    struct mem m = {data, size};
+    memset(&r, 0, sizeof r);
+    r.read = mem_read;
+    r.ctx = &m;
+    for (int n = 0; n < 8; n++) {
+        struct frame f;
+        const char *why;
+        if (frame_read(&r, &f, &why) != FRAME_OK)
+            break;
+        jspan h = frame_header(&f);
+        walk(h, 0);
+        jspan v;
+        (void)json_get(h, "argv", &v);
+        (void)json_get(h, "path", &v);
+        frame_free(&f);
+    }
+    return 0;
+}

@@ -1,0 +1,284 @@
+/* Running one process: see proc.h. */
+#define _GNU_SOURCE
+#include "proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "json.h"
+
+enum { RELAY_CHUNK = 64 * 1024 };
+static const double DRAIN_S = 2.0;     /* relay.DRAIN_S: a grandchild holding a pipe open */
+static const double EXIT_POLL_S = 0.1; /* without a pidfd: how often to look for the exit */
+static const double MAX_WAIT_S = 3600.0;
+
+double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int env_set(struct env *e, const char *key, const char *value) {
+    size_t klen = strlen(key), vlen = strlen(value);
+    char *item = malloc(klen + vlen + 2);
+    if (!item)
+        return -1;
+    memcpy(item, key, klen);
+    item[klen] = '=';
+    memcpy(item + klen + 1, value, vlen + 1);
+    for (size_t i = 0; i < e->n; i++) {
+        if (strncmp(e->items[i], key, klen) == 0 && e->items[i][klen] == '=') {
+            free(e->items[i]);
+            e->items[i] = item;
+            return 0;
+        }
+    }
+    if (e->n + 2 > e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 16;
+        char **items = realloc(e->items, cap * sizeof *items);
+        if (!items) {
+            free(item);
+            return -1;
+        }
+        e->items = items;
+        e->cap = cap;
+    }
+    e->items[e->n++] = item;
+    e->items[e->n] = NULL;
+    return 0;
+}
+
+void env_free(struct env *e) {
+    for (size_t i = 0; i < e->n; i++)
+        free(e->items[i]);
+    free(e->items);
+    memset(e, 0, sizeof *e);
+}
+
+static const char *env_get(char *const envp[], const char *key) {
+    size_t klen = strlen(key);
+    for (size_t i = 0; envp[i]; i++)
+        if (strncmp(envp[i], key, klen) == 0 && envp[i][klen] == '=')
+            return envp[i] + klen + 1;
+    return NULL;
+}
+
+/* In the forked child: only async-signal-safe calls. execve each PATH entry, as execvpe does
+ * but with the new environment's PATH. */
+static void child_exec(char *const argv[], char *const envp[], const char *path_env) {
+    const char *name = argv[0];
+    if (strchr(name, '/')) {
+        execve(name, argv, envp);
+        return;
+    }
+    size_t nlen = strlen(name);
+    int saw_eacces = 0;
+    const char *p = path_env ? path_env : "/usr/bin:/bin";
+    char buf[4096];
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
+        if (dlen + nlen + 2 <= sizeof buf) {
+            size_t k = 0;
+            if (dlen) {
+                memcpy(buf, p, dlen);
+                k = dlen;
+            } else {
+                buf[k++] = '.';
+            }
+            buf[k++] = '/';
+            memcpy(buf + k, name, nlen + 1);
+            execve(buf, argv, envp);
+            if (errno == EACCES)
+                saw_eacces = 1;
+        }
+        if (!colon)
+            break;
+        p = colon + 1;
+    }
+    errno = saw_eacces ? EACCES : ENOENT;
+}
+
+static void send_exit(send_fn send, int code, int sig, double duration, int timed_out) {
+    jbuf h = {0};
+    jb_lit(&h, "{\"code\":");
+    if (code >= 0)
+        jb_int(&h, code);
+    else
+        jb_lit(&h, "null");
+    jb_lit(&h, ",\"signal\":");
+    if (sig > 0)
+        jb_int(&h, sig);
+    else
+        jb_lit(&h, "null");
+    jb_lit(&h, ",\"duration_s\":");
+    jb_fixed(&h, (uint64_t)(duration * 1e6));
+    jb_lit(&h, timed_out ? ",\"timed_out\":true}" : ",\"timed_out\":false}");
+    send(K_EXIT, h.failed ? NULL : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+static void cannot_start(send_fn send, const char *name, int err) {
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "cannot start %s: [Errno %d] %s\n", name, err, strerror(err));
+    send(K_STDERR, NULL, msg, n < 0 ? 0 : (size_t)n >= sizeof msg ? sizeof msg - 1 : (size_t)n);
+    send_exit(send, 127, 0, 0.0, 0);
+}
+
+static void expire(struct timed_file *timed, size_t ntimed, double now, double *next) {
+    for (size_t i = 0; i < ntimed; i++) {
+        if (timed[i].at < 0)
+            continue;
+        if (timed[i].at <= now) {
+            unlink(timed[i].path);
+            timed[i].at = -1;
+        } else if (*next < 0 || timed[i].at < *next) {
+            *next = timed[i].at;
+        }
+    }
+}
+
+/* forward what the pipes have, waiting up to timeout_s (< 0: forever); a pipe at EOF closes */
+static void relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
+    static char buf[RELAY_CHUNK];
+    struct pollfd p[3];
+    int kinds[3], n = 0;
+    for (int i = 0; i < 2; i++) {
+        if (fds[i] >= 0) {
+            p[n].fd = fds[i];
+            p[n].events = POLLIN;
+            kinds[n++] = i;
+        }
+    }
+    if (watch >= 0) {
+        p[n].fd = watch;
+        p[n].events = POLLIN;
+        kinds[n++] = -1;
+    }
+    if (timeout_s > MAX_WAIT_S) /* a far deadline: wake now and then, never overflow int */
+        timeout_s = MAX_WAIT_S;
+    int ms = timeout_s < 0 ? -1 : (int)(timeout_s * 1000) + 1;
+    if (poll(p, (nfds_t)n, ms) <= 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        if (kinds[i] < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        ssize_t k = read(p[i].fd, buf, sizeof buf);
+        if (k > 0) {
+            send(kinds[i] == 0 ? K_STDOUT : K_STDERR, NULL, buf, (size_t)k);
+        } else if (k == 0 || errno != EINTR) {
+            close(fds[kinds[i]]);
+            fds[kinds[i]] = -1;
+        }
+    }
+}
+
+void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
+                 double timeout_s, struct timed_file *timed, size_t ntimed) {
+    double started = monotonic_s();
+    int out[2], err[2], status_pipe[2];
+    if (!argv[0]) {
+        cannot_start(send, "[]", ENOENT);
+        return;
+    }
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
+        cannot_start(send, argv[0], errno);
+        return;
+    }
+    const char *path_env = env_get(envp, "PATH");
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGPIPE, &dfl, NULL); /* the agent ignores it; the process must not */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setsid();
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        if (chdir(cwd ? cwd : "/") == 0)
+            child_exec(argv, envp, path_env);
+        int e = errno;
+        ssize_t ignored = write(status_pipe[1], &e, sizeof e);
+        (void)ignored;
+        _exit(127);
+    }
+    int fork_errno = errno;
+    close(out[1]);
+    close(err[1]);
+    close(status_pipe[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(err[0]);
+        close(status_pipe[0]);
+        cannot_start(send, argv[0], fork_errno);
+        return;
+    }
+    int child_errno = 0;
+    ssize_t got;
+    do
+        got = read(status_pipe[0], &child_errno, sizeof child_errno);
+    while (got < 0 && errno == EINTR);
+    close(status_pipe[0]);
+    if (got == (ssize_t)sizeof child_errno) { /* exec failed: nothing ran */
+        waitpid(pid, NULL, 0);
+        close(out[0]);
+        close(err[0]);
+        cannot_start(send, argv[0], child_errno);
+        return;
+    }
+    int fds[2] = {out[0], err[0]};
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    double deadline = timeout_s < 0 ? -1 : started + timeout_s;
+    int status = 0, timed_out = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        double now = monotonic_s(), next = -1;
+        expire(timed, ntimed, now, &next);
+        if (deadline >= 0 && now >= deadline) {
+            timed_out = 1;
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            break;
+        }
+        double wait = deadline < 0 ? -1 : deadline - now;
+        if (next >= 0 && (wait < 0 || next - now < wait))
+            wait = next - now;
+        if (pidfd < 0 && (wait < 0 || wait > EXIT_POLL_S))
+            wait = EXIT_POLL_S;
+        relay_step(send, fds, pidfd, wait);
+    }
+    if (pidfd >= 0)
+        close(pidfd);
+    double drain_until = monotonic_s() + DRAIN_S;
+    while (fds[0] >= 0 || fds[1] >= 0) {
+        double left = drain_until - monotonic_s();
+        if (left <= 0)
+            break;
+        relay_step(send, fds, -1, left);
+    }
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    send_exit(send, code, sig, monotonic_s() - started, timed_out);
+}

@@ -1,0 +1,251 @@
+"""The native guest agent (``agent/native``) as a host process, driven by the real host side
+(``AgentSession``) over a unix socket, as the fake driver drives the Python agent.
+
+Each test protects one thing the host relies on whichever agent runs: the HELLO fields, PING,
+EXEC's streams, exit codes and deadline, PUT in chunks, GET, and a command episode's
+artifacts, result record, secrets and manifest. Skips without gcc (the builder needs it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom.agent import native, protocol
+from cleanroom.agent.session import AgentSession
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+@pytest.fixture(scope="module")
+def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("native") / native.BINARY
+    subprocess.run(native.gcc_argv(out), cwd=native.NATIVE_DIR, check=True)
+    return out
+
+
+@asynccontextmanager
+async def connected(binary: Path, root: Path) -> AsyncIterator[AgentSession]:
+    sock = root / "agent.sock"
+    done: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+        asyncio.get_running_loop().create_future()
+    )
+    server = await asyncio.start_unix_server(
+        lambda r, w: done.set_result((r, w)), str(sock), limit=1 << 22
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "CLEANROOM_AGENT_SOCKET": str(sock),
+        "CLEANROOM_GUEST_ROOT": str(root / "guest"),
+    }
+    proc = await asyncio.create_subprocess_exec(str(binary), env=env, start_new_session=True)
+    try:
+        reader, writer = await asyncio.wait_for(done, 10)
+        session = AgentSession(reader, writer, silence_timeout_s=5)
+        await asyncio.wait_for(session.wait_hello(), 10)
+        yield session
+        await session.shutdown()
+        await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        server.close()
+
+
+def drive(binary: Path, root: Path, body: Any) -> Any:
+    async def main() -> Any:
+        async with connected(binary, root) as session:
+            return await body(session)
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def test_the_binary_is_the_same_bytes_wherever_it_is_built(
+    agent_binary: Path, tmp_path: Path
+) -> None:
+    """Reproducible: fixed flags, relative sources, no timestamps (baseline digests hold)."""
+    again = tmp_path / "elsewhere" / native.BINARY
+    again.parent.mkdir()
+    subprocess.run(native.gcc_argv(again), cwd=native.NATIVE_DIR, check=True)
+    assert again.read_bytes() == agent_binary.read_bytes()
+
+
+def test_hello_names_a_native_agent_the_snapshot_driver_accepts(
+    agent_binary: Path, root: Path
+) -> None:
+    """The qemu template driver needs agent_version >= 0.2; episodes record kernel and boot."""
+
+    async def body(session: AgentSession) -> dict[str, Any]:
+        await session.ping()
+        return session.hello
+
+    hello = drive(agent_binary, root, body)
+    assert hello["agent"] == "native" and hello["protocol"] == protocol.PROTOCOL_VERSION
+    assert hello["agent_version"] == native.agent_version()
+    assert isinstance(hello["boot_time_s"], float) and hello["kernel"]
+
+
+def test_exec_relays_both_streams_the_code_and_kills_the_group_at_its_deadline(
+    agent_binary: Path, root: Path
+) -> None:
+    """The EXEC contract: stdout/stderr apart, exit code, a timeout that kills grandchildren."""
+
+    async def body(session: AgentSession) -> Any:
+        first = await session.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)
+        slow = await session.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout_s=0.5)
+        missing = await session.exec(["no-such-program-here"], timeout_s=5)
+        env = await session.exec(["sh", "-c", "echo $FOO:$HOME"], env={"FOO": "bar"}, cwd="/tmp")
+        return first, slow, missing, env
+
+    first, slow, missing, env = drive(agent_binary, root, body)
+    assert (first.stdout, first.stderr, first.exit_code) == (b"out\n", b"err\n", 3)
+    assert slow.timed_out and slow.signal == 9 and slow.duration_s < 5
+    assert missing.exit_code == 127 and b"cannot start" in missing.stderr
+    assert env.stdout == b"bar:/root\n"
+
+
+def test_put_in_chunks_then_get_returns_the_same_bytes(agent_binary: Path, root: Path) -> None:
+    """PUT (offset 0 truncates, later offsets extend) and GET's FILE chunks in order."""
+    data = os.urandom(protocol.CHUNK * 2 + 17)
+    target = root / "put" / "deep" / "file.bin"
+
+    async def body(session: AgentSession) -> bytes:
+        await session.put(str(target), b"old content that must go")
+        for offset in range(0, len(data), protocol.CHUNK):
+            chunk = data[offset : offset + protocol.CHUNK]
+            header = {"path": str(target), "mode": 0o600, "offset": offset}
+            await session._send(protocol.Kind.PUT, header, chunk)
+            frame = await session._read()
+            assert frame.kind == protocol.Kind.OK
+            assert frame.header["size"] == offset + len(chunk)
+        return await session.get(str(target))
+
+    assert drive(agent_binary, root, body) == data
+    assert target.read_bytes() == data
+
+
+def test_a_command_episode_returns_artifacts_result_and_logs_and_drops_its_secrets(
+    agent_binary: Path, root: Path
+) -> None:
+    """RUN: manifest written, secret as a file and env only while it runs, artifacts (never a
+    symlink), result.json, both logs, the exit code."""
+    guest = root / "guest" / "run" / "cleanroom"
+    script = (
+        'cat "$CLEANROOM_DIR/secrets/token" > "$CLEANROOM_DIR/out/seen"; '
+        'mkdir -p "$CLEANROOM_DIR/out/sub"; echo nested > "$CLEANROOM_DIR/out/sub/b.txt"; '
+        'ln -s /etc/passwd "$CLEANROOM_DIR/out/link"; '
+        'cp "$CLEANROOM_DIR/manifest.json" "$CLEANROOM_DIR/out/manifest"; '
+        'echo \'{"reward": 1.5}\' > "$CLEANROOM_DIR/result.json"; echo hello; echo oops >&2; exit 4'
+    )
+    request = {
+        "manifest": {"episode": "e1", "seed": 7},
+        "entrypoint": ["sh", "-c", script],
+        "env": {"A": "1"},
+        "timeout_s": 20,
+        "secret_files": {"token": "s3cret"},
+    }
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 24)
+
+    output = drive(agent_binary, root, body)
+    assert output.exit.exit_code == 4
+    assert json.loads(output.result_raw) == {"reward": 1.5}
+    names = {a.name: a.path.read_bytes() for a in output.artifacts}
+    assert names["seen"] == b"s3cret" and names["sub/b.txt"] == b"nested\n"
+    assert "link" not in names
+    assert json.loads(names["manifest"]) == request["manifest"]
+    assert output.stdout_path.read_bytes() == b"hello\n"
+    assert output.stderr_path.read_bytes() == b"oops\n"
+    assert not (guest / "secrets" / "token").exists()
+
+
+def test_an_episode_past_its_deadline_is_killed_and_still_reports(
+    agent_binary: Path, root: Path
+) -> None:
+    """A timeout is an EXIT with timed_out, then the (absent) result and DONE."""
+    request = {"manifest": {}, "entrypoint": ["sleep", "30"], "timeout_s": 0.5}
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 20)
+
+    output = drive(agent_binary, root, body)
+    assert output.exit.timed_out and output.result_raw is None
+
+
+def test_a_bad_frame_ends_the_agent_instead_of_desynchronizing(
+    agent_binary: Path, root: Path
+) -> None:
+    """A stream that is not frames ends the agent (the VM powers off): nothing is guessed."""
+
+    async def body(session: AgentSession) -> bytes:
+        session._writer.write(b"XX" + b"\0" * 9)
+        await session._writer.drain()
+        return await asyncio.wait_for(session._reader.read(), 10)
+
+    assert drive(agent_binary, root, body) == b""
+
+
+def test_the_c_constants_are_the_protocols() -> None:
+    """frame.h and agent.c restate protocol.py's kinds and limits: they must not drift."""
+    import re
+
+    text = "".join((native.NATIVE_DIR / n).read_text() for n in ("frame.h", "agent.c"))
+    found = {
+        name: eval(value)  # simple integer expressions such as 256 * 1024
+        for name, value in re.findall(r"^\s*(K_[A-Z_]+|[A-Z_]+) = ([0-9 *]+),", text, re.M)
+    }
+    for name, value in vars(protocol.Kind).items():
+        if isinstance(value, int):
+            assert found[f"K_{name}"] == value, name
+    assert found["KIND_MAX"] == max(protocol.NAMES)
+    for name in ("MAX_HEADER", "CHUNK", "RESULT_MAX_BYTES", "MAX_NAME", "MAX_NAME_PARTS"):
+        assert found[name] == getattr(protocol, name), name
+    assert found["MAX_BODY"] == protocol.DEFAULT_MAX_BODY
+
+
+def test_a_result_larger_than_one_chunk_arrives_whole(agent_binary: Path, root: Path) -> None:
+    """result.json goes in RESULT chunks (protocol.CHUNK each): 300 KB is two frames, joined
+    by the host in order."""
+    script = (
+        'f="$CLEANROOM_DIR/result.json"; printf \'{"reward": 1, "info": {"pad": "\' > "$f"; '
+        'head -c 300000 /dev/zero | tr \'\\0\' x >> "$f"; printf \'"}}\' >> "$f"'
+    )
+    request = {"manifest": {}, "entrypoint": ["sh", "-c", script], "timeout_s": 20}
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 24)
+
+    output = drive(agent_binary, root, body)
+    assert output.result_raw is not None and len(output.result_raw) > protocol.CHUNK
+    assert json.loads(output.result_raw)["info"]["pad"] == "x" * 300000
+
+
+def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, root: Path) -> None:
+    """As a subreaper the agent adopts what a request leaves running; once it exits it must
+    not stay a zombie under the agent."""
+
+    async def body(session: AgentSession) -> Any:
+        await session.exec(["sh", "-c", "sleep 0.2 &"], timeout_s=10)
+        await asyncio.sleep(0.6)  # the orphan has exited; the next request reaps it
+        await session.exec(["true"], timeout_s=10)
+        ps = await session.exec(["sh", "-c", "cat /proc/$PPID/task/*/children"], timeout_s=10)
+        return ps.stdout.split()
+
+    children = drive(agent_binary, root, body)
+    assert len(children) == 1  # only the shell asking

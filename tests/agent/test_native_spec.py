@@ -1,0 +1,78 @@
+"""``[agent] kind`` in a baseline spec, and what it changes in the build's inputs.
+
+Protects: the default stays the Python agent with the same canonical spec, digest and
+``/init`` bytes (existing baselines keep their digests); a native spec is another build (its
+digest covers the C sources); what the native agent cannot run yet is refused at load time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cleanroom.agent import native
+from cleanroom.baseline import spec as spec_module
+from cleanroom.baseline.initramfs import NATIVE_LAUNCH, init_script
+from cleanroom.baseline.spec import INIT_SCRIPT, load_spec, spec_digest
+from cleanroom.errors import SpecError
+
+COMMAND = 'name = "n"\n[entrypoint]\ncommand = ["/bin/true"]\n'
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "baseline.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_default_agent_leaves_the_spec_and_init_as_they_were(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, COMMAND))
+    assert spec.agent.kind == "python" and not spec.native
+    assert "agent" not in spec.canonical()
+    explicit = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
+    assert spec_digest(explicit) == spec_digest(spec)
+    assert init_script() == INIT_SCRIPT.read_bytes()
+
+
+def test_a_native_spec_is_another_build_whose_digest_covers_the_c_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = load_spec(write(tmp_path, COMMAND))
+    spec = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "native"\n'))
+    assert spec.native and spec.canonical()["agent"] == {"kind": "native"}
+    assert spec_digest(spec) != spec_digest(plain)
+    copy = tmp_path / "native"
+    copy.mkdir()
+    for name in native.files():
+        (copy / name).write_bytes((native.NATIVE_DIR / name).read_bytes())
+    (copy / "json.c").write_bytes((copy / "json.c").read_bytes() + b"/* changed */\n")
+    before = spec_digest(spec)
+    monkeypatch.setattr(spec_module.native, "NATIVE_DIR", copy)
+    assert spec_digest(spec) != before
+
+
+def test_the_native_init_hands_pid_1_to_the_agent_binary() -> None:
+    script = init_script("native")
+    assert script.endswith(NATIVE_LAUNCH) and b"python3" not in script
+    assert b"/opt/cleanroom/agent/agent" in NATIVE_LAUNCH
+    assert script.startswith(INIT_SCRIPT.read_bytes().split(b"# a -c launcher")[0])
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ('[entrypoint]\nfunction = "m:f"\n[agent]\nkind = "native"\n', "command entrypoints only"),
+        (
+            '[entrypoint]\ncommand = ["x"]\n[network]\nallow = ["example.com:443"]\n'
+            '[agent]\nkind = "native"\n',
+            "egress NIC",
+        ),
+        ('[entrypoint]\ncommand = ["x"]\n[agent]\nkind = "rust"\n', "agent.kind"),
+    ],
+)
+def test_what_the_native_agent_cannot_run_is_refused_naming_the_field(
+    tmp_path: Path, extra: str, why: str
+) -> None:
+    with pytest.raises(SpecError, match=why):
+        load_spec(write(tmp_path, 'name = "n"\n' + extra))

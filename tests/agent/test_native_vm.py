@@ -1,0 +1,179 @@
+"""A baseline with no Python at all, run by the native agent in real QEMU VMs.
+
+The image is one layer made here: static busybox and its applet links, a tiny shell
+entrypoint, the folders the init mounts on. No ``/usr/bin/python3``: the Python agent could not
+start in it (the builder refuses such an image for ``kind = "python"``). Protects: the native
+agent boots as PID 1 from the initramfs, runs command episodes end to end through the real
+controller (reward, artifact, logs, non-zero exit, timeout), answers EXEC/PUT/GET through the
+driver, and a clone restored from a snapshot template (RESEED) answers as its own env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests import vmkit
+from tests.baseline.conftest import needs_root_tools
+from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
+from tests.vmkit import Harness, assert_nothing_left, manifest
+
+from cleanroom.baseline.builder import build
+from cleanroom.baseline.initramfs import BUSYBOX
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import EnvRequest, Owner
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.errors import BuildError
+from cleanroom.record import Outcome
+
+pytestmark = [pytest.mark.vm, pytest.mark.build]
+
+APPLETS = ("sh", "cat", "echo", "printf", "sleep", "mkdir", "ls", "true", "head", "grep")
+ENTRY = b"""#!/bin/sh
+# the manifest is compact JSON (native agent) or spaced (Python agent)
+m=$(cat /run/cleanroom/manifest.json)
+case "$m" in
+  *'"mode":"fail"'*|*'"mode": "fail"'*) echo "failing on purpose" >&2; exit 3 ;;
+  *'"mode":"sleep"'*|*'"mode": "sleep"'*) sleep 60 ;;
+esac
+echo "episode says hi"
+echo "a warning" >&2
+mkdir -p /run/cleanroom/out
+echo "made in a busybox guest" > /run/cleanroom/out/hello.txt
+python=absent; [ -e /usr/bin/python3 ] && python=present
+printf '{"reward": 2, "info": {"python": "%s"}}' "$python" > /run/cleanroom/result.json
+"""
+
+
+def busybox_spec(tmp_path: Path, agent: str = "native") -> Path:
+    """An image of static busybox only, as an OCI archive, and its ``baseline.toml``."""
+    if not BUSYBOX.is_file():
+        pytest.skip(f"{BUSYBOX} not found (install busybox-static)")
+    entries = [Entry(d, "dir", mode=0o755) for d in ("bin", "dev", "etc", "opt", "opt/img")]
+    entries += [Entry(d, "dir", mode=0o755) for d in ("proc", "root", "run", "sys", "tmp", "var")]
+    entries.append(Entry("bin/busybox", data=BUSYBOX.read_bytes(), mode=0o755))
+    entries += [Entry(f"bin/{a}", "symlink", link="busybox") for a in APPLETS]
+    entries.append(Entry("opt/img/entry.sh", data=ENTRY, mode=0o755))
+    config = {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh", "/opt/img/entry.sh"]}
+    folder = layout(tmp_path / "layout", [layer_bytes(entries)], config)
+    tar_folder(folder, tmp_path / "image.tar")
+    spec = tmp_path / "baseline.toml"
+    spec.write_text(
+        f'name = "busybox-{agent}"\n[base]\nimage = "oci-archive:image.tar"\n'
+        f'[agent]\nkind = "{agent}"\n[limits]\ntimeout_s = 30\nmemory_mib = 256\n'
+    )
+    return spec
+
+
+@pytest.fixture(scope="module")
+def native_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return busybox_spec(tmp_path_factory.mktemp("busybox"))
+
+
+@pytest.fixture(scope="module")
+def busybox_baseline(native_spec: Path) -> Baseline:
+    needs_root_tools()
+    return build(native_spec)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    yield from vmkit.harness(tmp_path, QemuDriver(start="cold"))
+
+
+def test_the_python_agent_refuses_an_image_without_python(tmp_path: Path) -> None:
+    """The check the native agent lifts: without it this image would boot to nothing."""
+    needs_root_tools()
+    with pytest.raises(BuildError, match="no /usr/bin/python3"):
+        build(busybox_spec(tmp_path, agent="python"))
+
+
+def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_spec: Path) -> None:
+    """Same sources, same compiler: the same digest (the agent's bytes are in rootfs.erofs)."""
+    assert busybox_baseline.agent_version == "0.5.0"
+    assert build(native_spec, force=True).digest == busybox_baseline.digest
+
+
+async def test_command_episodes_end_to_end_without_python(
+    busybox_baseline: Baseline, harness: Harness
+) -> None:
+    """Reward from result.json, an artifact, both logs, a non-zero exit, a timeout."""
+    ctl, ledger, store, driver = harness
+    batch = [
+        manifest("ok", 1),
+        manifest("fail", 2, mode="fail"),
+        manifest("sleep", 3, mode="sleep", limits={"timeout_s": 2}),
+    ]
+    result = await ctl.run(batch, busybox_baseline, run_id="native-episodes")
+    outcomes = {e.episode_id: e.outcome for e in result.episodes}
+    assert outcomes == {
+        "ok": Outcome.COMPLETED,
+        "fail": Outcome.EPISODE_ERROR,
+        "sleep": Outcome.TIMEOUT,
+    }, [e.error for e in result.episodes]
+    record = store.get_record("native-episodes", "ok")
+    assert record is not None and record["reward"] == 2.0
+    assert record["info"] == {"python": "absent"}
+    assert record["provenance"]["agent_version"] == "0.5.0"
+    assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
+    assert store.get_bytes("native-episodes", "ok", "logs/stdout.log") == b"episode says hi\n"
+    assert store.get_bytes("native-episodes", "ok", "logs/stderr.log") == b"a warning\n"
+    failed = store.get_record("native-episodes", "fail")
+    assert failed is not None and failed["exit"]["code"] == 3
+    assert_nothing_left(driver, ledger, "native-episodes")
+
+
+async def test_exec_put_get_on_a_booted_and_a_snapshot_clone(busybox_baseline: Baseline) -> None:
+    """The driver's EXEC/PUT/GET on the native agent; then a clone of the template (RESEED:
+    its own clone id, its own entropy) serves them too."""
+    driver = QemuDriver(start="snapshot")
+    limits = vmkit.request(busybox_baseline).limits
+    envs = []
+    try:
+        for _ in range(2):  # the first builds the template (booted), the second is a clone
+            envs.append(await driver.create(vmkit.request(busybox_baseline, limits)))
+        clone = envs[1]
+        assert clone.info.start_kind == "snapshot", clone.info.start_note
+        assert clone.hello["clone_id"] == clone.env_id and clone.hello["reseeded"] is True
+        for env in envs:
+            await env.put("/tmp/in.bin", bytes(range(256)) * 10)
+            assert await env.get("/tmp/in.bin") == bytes(range(256)) * 10
+            out = (await env.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=30)).check()
+            assert len(out.stdout) == 16
+            late = await env.exec(["sleep", "30"], timeout_s=0.5)
+            assert late.timed_out
+        a = (await envs[0].exec(["head", "-c", "16", "/dev/urandom"], timeout_s=30)).stdout
+        b = (await envs[1].exec(["head", "-c", "16", "/dev/urandom"], timeout_s=30)).stdout
+        assert a != b
+        boot_id = ["cat", "/proc/sys/kernel/random/boot_id"]  # never read before the snapshot
+        ids = {(await env.exec(boot_id, timeout_s=30)).check().stdout for env in envs}
+        assert len(ids) == 2
+    finally:
+        for env in envs:
+            await env.aclose()
+
+
+async def test_a_spare_clone_of_a_native_baseline_is_handed_out_ready(
+    busybox_baseline: Baseline,
+) -> None:
+    """A spare (started ahead, paused) resumes under the id it was handed out as."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    limits = vmkit.request(busybox_baseline).limits
+
+    def request_for(env_id: str) -> EnvRequest:
+        return EnvRequest(env_id, busybox_baseline, limits, Owner("vm-tests"), hard_deadline_s=300)
+
+    first = await driver.create(request_for(driver.next_env_id(busybox_baseline, limits)))
+    await first.aclose()  # the template is built, then a spare of this shape starts
+    await driver.spares.settled()
+    env_id = driver.next_env_id(busybox_baseline, limits)
+    env = await driver.create(request_for(env_id))
+    try:
+        assert env.info.spare_s is not None, driver.spares.last_error
+        assert env.hello["clone_id"] == env_id and env.hello["agent"] == "native"
+        assert (await env.exec(["true"], timeout_s=30)).exit_code == 0
+    finally:
+        assert (await env.aclose()).confirmed_absent
+        await driver.release_spares()
