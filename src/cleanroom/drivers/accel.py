@@ -13,12 +13,12 @@ import json
 import os
 import re
 import subprocess
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.loops import loop_lock
 from cleanroom.errors import ConfigError
 
 QEMU = "qemu-system-x86_64"
@@ -142,21 +142,6 @@ def kvm_known_usable() -> bool | None:
     return any(verdicts) if verdicts else None
 
 
-_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _probe_lock() -> asyncio.Lock:
-    """One lock per event loop: a module-level lock binds to the first loop that waits on it,
-    and every later ``asyncio.run`` (``cleanroom.run`` twice in one process) then fails."""
-    loop = asyncio.get_running_loop()
-    lock = _locks.get(loop)
-    if lock is None:
-        lock = _locks[loop] = asyncio.Lock()
-    return lock
-
-
 async def choose(baseline: Baseline) -> Accel:
     """Pick the accelerator for this baseline on this host (cached)."""
     version = qemu_version()
@@ -169,7 +154,7 @@ async def choose(baseline: Baseline) -> Accel:
         return Accel("tcg", version, "/dev/kvm is absent or not accessible")
     key = f"{_boot_id()}|{version}|{baseline.kernel_version}"
     cache = paths.home() / "accel-probe.json"
-    async with _probe_lock():
+    async with loop_lock("accel-probe"):  # one probe at a time in this loop
         try:
             cached = json.loads(cache.read_text())
         except (OSError, ValueError):

@@ -48,6 +48,7 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPol
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.loops import loop_lock
 from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
@@ -58,7 +59,6 @@ from cleanroom.store import open_store
 __all__ = ["CleanroomEnvironment", "baseline_spec_for", "egress_allowlist"]
 
 SPEC_NAME = "cleanroom.toml"
-_BUILD_LOCK = asyncio.Lock()  # one baseline build at a time in this Harbor process
 _TRANSFER_DIR = PurePosixPath("/tmp")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 WEB_PORTS = (443, 80)  # Harbor's allowlist names hosts, cleanroom's HOST:PORT
@@ -214,7 +214,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     async def _baseline(self, force_build: bool) -> Baseline:
         spec = baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
-        async with _BUILD_LOCK:
+        async with loop_lock("harbor-build"):
             try:
                 return await asyncio.to_thread(resolve_or_build, str(spec))
             except CleanroomError as exc:
