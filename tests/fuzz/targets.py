@@ -35,15 +35,10 @@ from cleanroom.manifest import parse_manifests
 from cleanroom.record import parse_guest_result
 from cleanroom.secrets import Redactor
 
-KNOWN: dict[str, tuple[type[BaseException], ...]] = {
-    # issue 15 §9 (operator input; spec.py belongs to that item): a deep TOML array escapes
-    # load_spec as RecursionError (tomllib recurses). Reproducer: tests/fuzz/crashes/spec-*.
-    # (The manifest loader's RecursionError and 5000-digit ValueError are fixed on main; their
-    # reproducers now pass and the fuzzer no longer tolerates them.)
-    "spec": (RecursionError,),
-}
+KNOWN: dict[str, tuple[type[BaseException], ...]] = {}
 """Untyped errors of a target that are known and owned elsewhere: tolerated by ``fuzz.py`` (so
-the rest of its input space is still explored), never by ``check``."""
+the rest of its input space is still explored), never by ``check``. None now: the spec loader's
+deep-TOML RecursionError (tests/fuzz/crashes/spec-deep-array) is a SpecError."""
 
 _SHM = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a disk's rmdir costs ~2 ms
 _TMP = Path(tempfile.mkdtemp(prefix="cleanroom-fuzz-", dir=_SHM))

@@ -358,6 +358,8 @@ def load_spec(path: Path) -> BaselineSpec:
         raise SpecError(f"{path}: cannot read ({exc})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from exc
+    except RecursionError as exc:  # tomllib recurses into nested arrays and tables
+        raise SpecError(f"{path}: nested too deeply to be a baseline spec") from exc
     try:
         spec = BaselineSpec.model_validate(data)
     except ValidationError as exc:
