@@ -16,7 +16,7 @@ import pytest
 from cleanroom.drivers import hostproc
 from cleanroom.ledger import Ledger
 
-from .conftest import make_fake_baseline
+from .conftest import TINY_ENTRY, make_fake_baseline
 from .test_repro import baseline_running
 
 
@@ -278,3 +278,23 @@ def test_run_prints_one_line_per_group(home: Path) -> None:
     assert lines[1].startswith("group g2: setup in each of its 1 episodes")
     assert lines[1].endswith("1 infra_error"), proc.stdout
     assert proc.returncode == 1  # g2's episode did not reach a final outcome
+
+
+def test_resume_with_another_baseline_needs_the_flag(home: Path) -> None:
+    """A resume on another baseline is refused (exit 2, naming both) unless
+    ``--allow-baseline-change`` asks for it; then it runs and the ledger records the change."""
+    first = make_fake_baseline(home)
+    (home / "entry" / "entry.py").unlink()  # the first baseline keeps its own hard link
+    other_script = home / "other_entry.py"
+    other_script.write_text(TINY_ENTRY.read_text() + "\n# another baseline\n")
+    second = make_fake_baseline(home, script=other_script)
+    assert second.digest != first.digest
+    manifests = write(home / "m.jsonl", ep("a"), ep("b", mode="fail"))
+    args = ["run", str(manifests), "--driver", "fake", "--run-id", "rb"]
+    assert cli(home, *args, "--baseline", first.digest).returncode == 0
+    refused = cli(home, *args, "--baseline", second.digest)
+    assert refused.returncode == 2 and "baseline" in refused.stderr.lower(), refused.stderr
+    allowed = cli(home, *args, "--baseline", second.digest, "--allow-baseline-change")
+    assert allowed.returncode == 0, allowed.stderr
+    with Ledger(home / "ledger.db") as ledger:
+        assert ledger.events("rb", "run_baseline_changed")

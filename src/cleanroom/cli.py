@@ -95,6 +95,10 @@ def run(
     parallel_per_node: Annotated[
         int | None, typer.Option(min=1, max=256, help="with --ray: episodes at once per node")
     ] = None,
+    allow_baseline_change: Annotated[
+        bool,
+        typer.Option(help="resume --run-id with another baseline than the run's (recorded)"),
+    ] = False,
 ) -> None:
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
@@ -114,7 +118,12 @@ def run(
     except CleanroomError as exc:
         logs.close()
         raise _fail(exc) from exc
-    options = RunOptions(parallel=parallel, cleanup_window_s=cleanup_window, spares=spares)
+    options = RunOptions(
+        parallel=parallel,
+        cleanup_window_s=cleanup_window,
+        spares=spares,
+        allow_baseline_change=allow_baseline_change,
+    )
 
     async def main() -> RunResult:
         task = asyncio.current_task()
