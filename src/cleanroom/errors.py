@@ -20,6 +20,8 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── LaunchError             the environment could not be created / never became ready
     │   ├── EnvCrashed              the environment died or went silent under us
     │   └── DestroyError            the environment could not be confirmed absent
+    ├── GuestOperationError         one operation in a guest failed; the guest itself is fine
+    │   └── Unsupported             the env's agent lacks the feature (HELLO ``features``)
     ├── ProtocolError               a peer sent a malformed or oversized frame
     │   ├── FrameTooLarge           a frame over the negotiated maximum
     │   ├── QuotaExceeded           the episode's output quota is used up
@@ -117,6 +119,15 @@ class EnvCrashed(DriverError):
 
 class DestroyError(DriverError):
     """An environment could not be confirmed absent within the cleanup window."""
+
+
+class GuestOperationError(CleanroomError):
+    """One operation in the guest failed (a missing file, an unknown user, a failed command);
+    the guest kept to the protocol and the env stays usable (unlike ``ProtocolError``)."""
+
+
+class Unsupported(GuestOperationError):
+    """The env's guest agent does not serve this (its HELLO's ``features`` lack it)."""
 
 
 class ProtocolError(CleanroomError):

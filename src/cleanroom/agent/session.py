@@ -175,6 +175,18 @@ class AgentSession:
                 name = protocol.kind_name(frame.kind)
                 raise ProtocolError(f"the agent answered SNAPSHOT_PREPARE with {name}")
 
+    async def rejoin(self, header: dict[str, Any], entropy: bytes) -> dict[str, Any]:
+        """After a snapshot of this env, which lives on (``fork_live``): RESEED it as a clone
+        is (``header``: its own id, the clock; fresh ``entropy``) and return the HELLO it
+        answers with (``hello`` keeps the first one)."""
+        async with self._lock:
+            await self._send(Kind.RESEED, header, entropy)
+            frame = await self._read()
+            if frame.kind != Kind.HELLO:
+                name = protocol.kind_name(frame.kind)
+                raise ProtocolError(f"the agent answered RESEED with {name}")
+            return frame.header
+
     async def exec(
         self,
         argv: list[str],

@@ -29,10 +29,10 @@ from cleanroom.lifecycle.context import RunContext
 from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.lifecycle.shield import until_done
+from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Group
 from cleanroom.record import Outcome
 
-DELETE_TRIES = 5
 OUTPUT_TAIL = 64 * 1024  # of the setup's stdout/stderr, kept as a failed episode's diagnostics
 
 
@@ -264,21 +264,10 @@ class WarmParent:
         sid = self.report.snapshot_id
         if sid is None or self.report.snapshot_deleted is not None:
             return
-        gone = False
-        for attempt in range(DELETE_TRIES):
-            try:
-                gone = await self.ctx.driver.delete_snapshot(sid)
-            except (CleanroomError, OSError):
-                gone = False
-            if gone:
-                break
-            await asyncio.sleep(0.05 * 2**attempt)
+        gone = await delete_snapshot(self.ctx, self.run_id, sid)
         self.report.snapshot_deleted = gone
-        self.ctx.ledger.snapshot_deleted(sid, confirmed_absent=gone)
         if not gone:
             self.report.leaked.append(sid)
-            self.ctx.ledger.event("snapshot_leaked", run_id=self.run_id, snapshot_id=sid)
-            self.ctx.emit("alert", message=f"snapshot {sid} still present after delete")
 
     async def _cleanup(self) -> None:
         await self._close_parent()

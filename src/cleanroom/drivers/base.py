@@ -5,6 +5,8 @@ leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent
 ``exists`` and ``list_owned`` look at the host itself (processes, run folders), not at memory.
 A driver with the capability ``fork`` can also save a running env (``fork_parent``,
 ``fork_save``) and restore new envs from that snapshot (``fork_clone``); see ``groups.py``.
+With ``fork-live`` too, ``fork_live`` saves a parent that lives on (a session's branches,
+``session/fork.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, NoReturn
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
-from cleanroom.errors import DriverError
+from cleanroom.errors import DriverError, Unsupported
 from cleanroom.manifest import ResolvedLimits
 from cleanroom.network.qemu_args import Attachment
 
@@ -88,6 +90,7 @@ class EnvInfo:
     template: str | None = None  # the template's digest when start_kind == "snapshot"
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
+    branch: dict[str, Any] | None = None  # the live session it forked from (session/fork.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
     jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
     console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
@@ -99,7 +102,8 @@ class EnvInfo:
 
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
-        ``group``, ``spare_s``, and ``jail`` where the driver records one), and
+        ``group``, ``spare_s``, ``jail`` where the driver records one, ``branch`` for a
+        session's branch), and
         ``console_bytes``: what its console printed so far, where the driver reads one."""
         facts: dict[str, Any] = {
             "start": self.start_kind,
@@ -110,6 +114,8 @@ class EnvInfo:
         }
         if self.jail is not None:
             facts["jail"] = self.jail
+        if self.branch is not None:
+            facts["branch"] = self.branch
         if self.console is not None:
             facts["console_bytes"] = self.console.total
         return facts
@@ -255,6 +261,11 @@ class Driver(abc.ABC):
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         """Pause and save ``env``, destroy it (confirmed absent), then seal the snapshot."""
         raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def fork_live(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        """Save ``env`` (made by ``fork_parent``) into ``snapshot_id`` and let it run on; the
+        snapshot is sealed like ``fork_save``'s. ``Unsupported`` where the driver cannot."""
+        raise Unsupported(f"the {self.name} driver cannot fork a live env")
 
     async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
         """``snap`` with its digest, once sealed (a driver may hash it while clones restore);

@@ -14,11 +14,14 @@ and only then is the VM destroyed and confirmed absent. An exception in the bloc
 way it ends any episode (``core.states.classify``) and is raised again.
 
 This is the minimal layer issue 16 asks for on top of ``lifecycle.Episode`` (commands, files);
-streaming, background processes, fork and ``cleanroom shell`` are to come on the same object.
+streaming, background processes and ``cleanroom shell`` are to come on the same object. A
+session made ``forkable`` branches with ``session.fork.fork_session`` (see there).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import secrets
@@ -32,14 +35,18 @@ from pydantic import ValidationError
 from cleanroom.agent.session import EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import EpisodeState
-from cleanroom.drivers.base import Driver, Owner
-from cleanroom.errors import CleanroomError, ManifestError
+from cleanroom.drivers.base import Driver, Env, Owner, new_snapshot_id
+from cleanroom.errors import CleanroomError, ManifestError, Unsupported
 from cleanroom.ledger import Ledger
-from cleanroom.lifecycle.context import RunContext, RunOptions
+from cleanroom.lifecycle.context import CreateEnv, RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.run import result_problem
+from cleanroom.lifecycle.shield import until_done
+from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Manifest, describe
+from cleanroom.network.egress import episode_policy
 from cleanroom.record import Outcome
+from cleanroom.session.run_hold import RunHold
 from cleanroom.store import Store
 
 __all__ = ["Session", "session"]
@@ -49,10 +56,18 @@ OUTPUT_KEPT = 64 * 1024  # of each command's stdout and stderr, in the transcrip
 
 
 class Session:
-    """Commands and files in one live episode's env, each kept in its transcript."""
+    """Commands and files in one live episode's env, each kept in its transcript.
 
-    def __init__(self, episode: Episode) -> None:
+    ``hold``: the run it belongs to (finished once it and its branches ended); ``fork_ram``:
+    the snapshot id of its RAM file when it was made ``forkable`` (``session.fork``)."""
+
+    def __init__(
+        self, episode: Episode, hold: RunHold | None = None, fork_ram: str | None = None
+    ) -> None:
         self.episode = episode
+        self.hold = hold
+        self.fork_ram = fork_ram
+        self.branched = 0  # branches forked from it so far (their ids count on: .b1, .b2, ...)
         self.steps = 0
         self._result: bytes | None = None
         self._path = episode.staging / "logs" / TRANSCRIPT
@@ -63,6 +78,11 @@ class Session:
         if self.episode.state is not EpisodeState.RUNNING or self.episode.env is None:
             raise CleanroomError(f"session {self.episode.key.episode_id} is closed")
         return self.episode.env
+
+    def live_env(self) -> Env:
+        """The session's env (CleanroomError once the session is closed)."""
+        env: Env = self._env()
+        return env
 
     def _note(self, entry: dict[str, Any]) -> None:
         self.steps += 1
@@ -107,6 +127,14 @@ class Session:
         data: bytes = await self._env().get(path)
         self._note({"op": "get", "path": path, **_digest(data)})
         return data
+
+    def transcript_digest(self) -> str:
+        """sha256 of the transcript so far: what brought the env to its state now."""
+        return "sha256:" + hashlib.sha256(self._path.read_bytes()).hexdigest()
+
+    def note(self, op: str, **facts: Any) -> None:
+        """Add a step other than a command or a file (e.g. ``fork``) to the transcript."""
+        self._note({"op": op, "at": time.time(), **facts})
 
     def finish(self, reward: float, info: dict[str, Any] | None = None) -> None:
         """The session's result (as an entrypoint's result.json); the block's end records it."""
@@ -166,16 +194,22 @@ async def session(
     run_id: str | None = None,
     options: RunOptions | None = None,
     network: list[str] | None = None,
+    forkable: bool = False,
 ) -> AsyncIterator[Session]:
     """One interactive episode (see the module docstring): a run of its own unless ``run_id``
     names one this session may take (the run lock applies). ``network``: the egress allowlist
-    (``HOST:PORT`` entries within the baseline's; ``[]``: none at all); None: the baseline's."""
+    (``HOST:PORT`` entries within the baseline's; ``[]``: none at all); None: the baseline's.
+    ``forkable``: its guest RAM in a file of its own, so ``session.fork.fork_session`` can
+    branch it (costs: no spare, a copy of the template's RAM at the start, that file on disk;
+    ``Unsupported`` on a driver without fork or with egress)."""
     controller_id = "ses-" + secrets.token_hex(6)
     run_id = run_id or time.strftime("session-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     try:
         manifest = _manifest(episode_id, seed, policy, task, network)
     except ValidationError as exc:
         raise ManifestError(f"session {episode_id!r}: invalid", describe(exc)) from exc
+    if forkable:
+        refuse_fork(driver, baseline, manifest)
     ctx = RunContext(driver, ledger, store, Owner(controller_id), options or RunOptions())
     ledger.start_run(
         run_id,
@@ -185,20 +219,51 @@ async def session(
         parallel=1,
         meta={"kind": "session"},
     )
-    status = "failed"
+    hold, ok, fork_ram = RunHold(ledger, run_id), False, None
+    hold.take()
     try:
         attempt = ledger.next_attempt(run_id, episode_id)
         ledger.episode_queued(run_id, episode_id, attempt)
         key = EpisodeKey(run_id, episode_id, attempt)
-        async with Episode(ctx, key, manifest, baseline, absorb=False) as episode:
+        start: CreateEnv | None = None
+        if forkable:
+            fork_ram = ram_intent(ctx, run_id, episode_id, baseline)
+            start = functools.partial(driver.fork_parent, snapshot_id=fork_ram)
+        async with Episode(ctx, key, manifest, baseline, absorb=False, start=start) as episode:
             await episode.provision()
-            sb = Session(episode)
+            sb = Session(episode, hold, fork_ram)
             try:
                 yield sb
             except BaseException:
                 episode.output = sb.output()  # the transcript, kept with the attempt
                 raise
             sb.conclude()
-        status = "completed"
+        ok = True
     finally:
-        ledger.finish_run(run_id, status)
+        try:
+            if fork_ram is not None:  # the env is gone: its RAM file may go
+                await until_done(asyncio.ensure_future(delete_snapshot(ctx, run_id, fork_ram)))
+        finally:
+            hold.let_go(ok)
+
+
+def refuse_fork(driver: Driver, baseline: Baseline, manifest: Manifest) -> None:
+    """``Unsupported`` unless a session of ``manifest`` on ``driver`` could be forked."""
+    if "fork-live" not in driver.capabilities:
+        raise Unsupported(f"the {driver.name} driver cannot fork a live session")
+    if episode_policy(baseline, manifest):
+        raise Unsupported("a session with egress cannot fork (its NIC has no snapshot template)")
+
+
+def ram_intent(ctx: RunContext, run_id: str, episode_id: str, baseline: Baseline) -> str:
+    """The ledger intent of a forkable session's RAM file (a snapshot row: reaped as one)."""
+    snapshot_id = new_snapshot_id()
+    ctx.ledger.snapshot_intent(
+        snapshot_id,
+        run_id=run_id,
+        group_id=f"session:{episode_id}",
+        driver=ctx.driver.name,
+        setup_digest=baseline.digest,
+        **ctx.owner.ledger_fields(),
+    )
+    return snapshot_id

@@ -26,7 +26,8 @@ confirm and reap treat them alike.
 This module only composes the parts, each given a ``context.QemuContext`` (never the driver):
 ``launch.py`` (spawn a QEMU process, wait for its agent; its command line in ``cmdline.py``,
 the live process and its agent channel in ``live.py``), ``templates.py``, ``clone.py``, fork (a
-warm env saved, clones restored from it, for groups) in ``fork.py`` and ``seal.py``, spares
+warm env saved, clones restored from it, for groups) in ``fork.py`` and ``seal.py`` (a live
+env saved for a session's branches, running on: ``live_fork.py``), spares
 (clones started ahead, paused before their first guest instruction, resumed by ``create``
 under the id ``next_env_id`` handed out) in ``spares.py``.
 """
@@ -55,7 +56,7 @@ from cleanroom.drivers.base import (
     RunFolderDriver,
     new_env_id,
 )
-from cleanroom.drivers.qemu import fork, seal
+from cleanroom.drivers.qemu import fork, live_fork, seal
 from cleanroom.drivers.qemu.clone import Cloner
 from cleanroom.drivers.qemu.config import START_ENV, STARTS, QemuConfig
 from cleanroom.drivers.qemu.context import QemuContext
@@ -73,7 +74,9 @@ class QemuDriver(RunFolderDriver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset({"exec", "files", "console", "snapshot", "egress", "fork", "spares"})
+    capabilities = frozenset(
+        {"exec", "files", "console", "snapshot", "egress", "fork", "fork-live", "spares"}
+    )
 
     def __init__(
         self,
@@ -203,6 +206,9 @@ class QemuDriver(RunFolderDriver):
     async def fork_save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         return await self.forks.save(env, snapshot_id)
 
+    async def fork_live(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        return await live_fork.save_live(self.forks, env, snapshot_id)
+
     async def fork_sealed(self, snap: ForkSnapshot) -> ForkSnapshot:
         return await self.forks.seals.sealed(snap)
 
@@ -222,6 +228,7 @@ class QemuDriver(RunFolderDriver):
     async def destroy(self, env_id: str) -> DestroyReport:
         start = time.perf_counter()
         self.spares.forget(env_id)
+        self.forks.parents.pop(env_id, None)
         live = self._live.get(env_id)
         gone, attempts = False, 0
         for attempts in range(1, 6):

@@ -36,6 +36,7 @@ from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, wr
 from cleanroom.drivers.qemu import seal
 from cleanroom.drivers.qemu.clone import Cloner
 from cleanroom.drivers.qemu.context import QemuContext
+from cleanroom.drivers.qemu.live import Live
 from cleanroom.drivers.qemu.templates import Templates
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
 
@@ -69,7 +70,8 @@ def sparse_copy(src: Path, dst: Path) -> None:
     dst.chmod(0o600)
 
 
-def _make_folder(snapshot_id: str, request: EnvRequest) -> Path:
+def make_folder(snapshot_id: str, request: EnvRequest) -> Path:
+    """A new snapshot folder for ``request``'s machine (its owner first, for the reaper)."""
     path = folder(snapshot_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir(mode=0o700)
@@ -93,6 +95,7 @@ class Forks:
         self.templates = templates
         self.cloner = cloner
         self.seals = seals
+        self.parents: dict[str, tuple[Path, EnvRequest]] = {}  # env id -> RAM folder, request
 
     async def start_parent(
         self, request: EnvRequest, accel: accel_mod.Accel, snapshot_id: str
@@ -100,7 +103,7 @@ class Forks:
         """The group's warm parent: restored from the template with RAM in a shared copy."""
         started, start = time.monotonic(), self.ctx.config.start
         try:
-            path = await asyncio.to_thread(_make_folder, snapshot_id, request)
+            path = await asyncio.to_thread(make_folder, snapshot_id, request)
         except OSError as exc:
             raise LaunchError(f"cannot make the snapshot folder: {exc}") from exc
         ram = path / snapshot.RAM_FILE
@@ -114,15 +117,21 @@ class Forks:
                 note = f"no template, parent booted cold: {type(exc).__name__}: {exc}"[:300]
         if template is None:
             memory = snapshot.memory_args(ram, request.limits.memory_mib, shared=True)
-            return await self.ctx.launcher.cold(
+            env = await self.ctx.launcher.cold(
                 request, accel, started, note, memory, memory_backend=True
             )
-        try:
-            await asyncio.to_thread(sparse_copy, template.ram, ram)
-        except OSError as exc:
-            raise LaunchError(f"cannot copy the template's RAM for the fork parent: {exc}") from exc
-        env = await self.cloner.clone(request, accel, template, started, note, ram=ram, shared=True)
-        self.templates.restored(template.key)
+        else:
+            try:
+                await asyncio.to_thread(sparse_copy, template.ram, ram)
+            except OSError as exc:
+                raise LaunchError(
+                    f"cannot copy the template's RAM for the fork parent: {exc}"
+                ) from exc
+            env = await self.cloner.clone(
+                request, accel, template, started, note, ram=ram, shared=True
+            )
+            self.templates.restored(template.key)
+        self.parents[env.env_id] = (path, request)  # ``live_fork.save_live`` may save it too
         return env
 
     async def save(self, env: Env, snapshot_id: str) -> ForkSnapshot:
@@ -131,34 +140,35 @@ class Forks:
         path, live = folder(snapshot_id), self.ctx.live.get(env.env_id)
         if live is None or not (path / snapshot.RAM_FILE).is_file():
             raise DriverError(f"{env.env_id} is not a fork parent of {snapshot_id} in this process")
-        version = str(env.hello.get("agent_version", "0"))
-        if _version(version) < MIN_AGENT:
-            raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
+        check_agent(env)
         started = time.monotonic()
         await env.session.snapshot_prepare()
-        qmp = await live.open_qmp()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
-        try:
-            save_s = await snapshot.save(qmp, state_fd)
-        finally:
-            os.close(state_fd)
+        save_s = await save_state(live, path)
         report = await env.aclose()  # the parent must be gone before its RAM file is sealed
+        self.parents.pop(env.env_id, None)
         if not report.confirmed_absent:
             raise DriverError(f"fork parent {env.env_id} could not be confirmed gone")
         destroyed = time.monotonic()
+        facts = await self.seal_saved(env, snapshot_id, destroyed, save_s)
+        facts["prepare_save_destroy_s"] = round(destroyed - started, 4)
+        return ForkSnapshot(snapshot_id, self.ctx.config.name, None, folder(snapshot_id), facts)
+
+    async def seal_saved(
+        self, env: Env, snapshot_id: str, since: float, save_s: float
+    ) -> dict[str, Any]:
+        """Freeze the saved snapshot of ``env`` and start hashing it (``seal.Seals``); its
+        facts (``seal_s`` counts from ``since``)."""
+        path = folder(snapshot_id)
         frozen = await asyncio.to_thread(seal.freeze, path)
-        self.seals.start(snapshot_id, path, frozen, destroyed)
-        facts = {
+        self.seals.start(snapshot_id, path, frozen, since)
+        return {
             "parent_env": env.env_id,
             "parent_start": env.info.start_kind,
             "template": env.info.template,
             "machine": json.loads((path / MACHINE_FILE).read_text()),
             "save_s": round(save_s, 4),
-            "prepare_save_destroy_s": round(destroyed - started, 4),
             **frozen,
         }
-        return ForkSnapshot(snapshot_id, self.ctx.config.name, None, path, facts)
 
     async def clone(
         self, request: EnvRequest, accel: accel_mod.Accel | None, snap: ForkSnapshot
@@ -192,6 +202,25 @@ class Forks:
             raise
         env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
         return env
+
+
+async def save_state(live: Live, path: Path) -> float:
+    """Migrate the prepared VM's device state into ``path``'s state file (the VM stops at
+    its end; its RAM stays in its file); the seconds it took."""
+    qmp = await live.open_qmp()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    state_fd = os.open(path / snapshot.STATE_FILE, flags, 0o600)
+    try:
+        return await snapshot.save(qmp, state_fd)
+    finally:
+        os.close(state_fd)
+
+
+def check_agent(env: Env) -> None:
+    """DriverError unless ``env``'s agent can be snapshotted for a fork."""
+    version = str(env.hello.get("agent_version", "0"))
+    if _version(version) < MIN_AGENT:
+        raise DriverError(f"the baseline's guest agent {version} predates fork; rebuild it")
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -1,0 +1,161 @@
+"""Fork of a live session (``session.fork``): branches that share the parent's state as it was
+at the fork and nothing else, each an episode with its own record, the snapshot gone after.
+
+The real proof is on QEMU microVMs (TCG here): a file written and a shell variable saved to a
+file before the fork are in every branch, while ``/proc/sys/kernel/random/uuid``, the boot id
+and the clone id differ; the parent runs on; every VM is confirmed absent at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.fake import FakeDriver
+from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.drivers.qemu import fork as qemu_fork
+from cleanroom.errors import ConfigError, Unsupported
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunOptions
+from cleanroom.provenance import missing
+from cleanroom.session import session
+from cleanroom.session.fork import Branch, fork_session
+from cleanroom.store import LocalStore
+
+from ..conftest import make_fake_baseline
+from ..forking_fake import ForkingFake
+from ..vmkit import assert_nothing_left
+
+OPTIONS = RunOptions(cleanup_window_s=10)
+PROBE = (
+    "cat /root/work/state.txt /root/work/var.txt; cat /proc/sys/kernel/random/uuid; "
+    "cat /proc/sys/kernel/random/boot_id"
+)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[Ledger, LocalStore]]:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        yield ledger, LocalStore(tmp_path / "store")
+
+
+def _transcript(store: LocalStore, run_id: str, episode_id: str) -> list[dict[str, object]]:
+    folder = Path(store.episode_uri(run_id, episode_id).removeprefix("file://"))
+    lines = (folder / "logs" / "transcript.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+class _LiveForkingFake(ForkingFake):
+    """Says it can fork a live env (its ``fork_live`` is the base's: Unsupported)."""
+
+    capabilities = ForkingFake.capabilities | {"fork-live"}
+
+
+async def test_a_driver_that_cannot_fork_says_so_before_anything_is_made(
+    tmp_path: Path, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects: ``forkable=True`` on a driver without ``fork-live`` (fake; a group-only fork)
+    and a fork of a session not made forkable are ``Unsupported``; a bad ``n`` is a
+    ConfigError; none of them leaves a snapshot row or an env, and the session goes on."""
+    ledger, store = parts
+    fake = FakeDriver(run_root=tmp_path / "run")
+    baseline = make_fake_baseline(tmp_path)
+    groups_only = ForkingFake(tmp_path / "groups")
+    for driver in (fake, groups_only):
+        with pytest.raises(Unsupported, match="driver cannot fork a live session"):
+            async with session(baseline, driver=driver, ledger=ledger, store=store, forkable=True):
+                pass
+    async with session(baseline, driver=fake, ledger=ledger, store=store, run_id="f1") as sb:
+        with pytest.raises(Unsupported, match="fake driver cannot fork a live session"):
+            await fork_session(sb, 2)
+        for bad in (0, -1, 65, 2.0, True):
+            with pytest.raises(ConfigError, match=r"1\.\.64"):
+                await fork_session(sb, bad)  # type: ignore[arg-type]
+        assert (await sb.exec(["true"])).ok
+        sb.finish(reward=0.0)
+    live = _LiveForkingFake(tmp_path / "live")
+    async with session(baseline, driver=live, ledger=ledger, store=store, run_id="f2") as sb:
+        with pytest.raises(Unsupported, match="not created with forkable=True"):
+            await fork_session(sb, 2)
+        sb.finish(reward=0.0)
+    for run_id, driver in (("f1", fake), ("f2", live)):
+        assert ledger.snapshots(run_id=run_id) == []
+        assert ledger.get_run(run_id).status == "completed"  # type: ignore[union-attr]
+        assert_nothing_left(driver, ledger, run_id, store)
+    assert sorted(r.run_id for r in ledger.list_runs()) == ["f1", "f2"]  # refused: no run
+
+
+@pytest.mark.vm
+async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_else(
+    tiny_baseline: Baseline, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects (real VMs): each of 4 branches sees the parent's files as at the fork (one
+    written directly, one a shell variable saved), but its own entropy, boot id and clone
+    id; each is an episode of the run with its own id, record and ``provenance.branch``
+    (parent episode, step, snapshot digest); the parent runs on; the snapshot is deleted and
+    confirmed absent once the branches are restored; every VM is confirmed absent."""
+    ledger, store = parts
+    driver = QemuDriver(start="snapshot")
+    async with session(
+        tiny_baseline,
+        driver=driver,
+        ledger=ledger,
+        store=store,
+        run_id="fork4",
+        episode_id="root",
+        options=OPTIONS,
+        forkable=True,
+    ) as sb:
+        setup = "mkdir -p /root/work && echo parent-state > /root/work/state.txt"
+        (await sb.exec(["sh", "-c", setup])).check()
+        (await sb.exec(["sh", "-c", "X=seven; echo $X > /root/work/var.txt"])).check()
+        step = sb.steps
+        branches = await fork_session(sb, 4)
+        assert all(isinstance(b, Branch) for b in branches)
+        assert [b.episode.key.episode_id for b in branches] == [f"root.b{i}" for i in (1, 2, 3, 4)]
+        [snap] = [s for s in ledger.snapshots(run_id="fork4") if s.group_id == f"root@{step}"]
+        assert snap.state == "absent" and snap.digest is not None  # gone once restored
+        assert not qemu_fork.folder(snap.snapshot_id).exists()
+        seen, clone_ids = [], []
+        for branch in branches:
+            async with branch:
+                env = branch.live_env()
+                clone_ids.append((env.hello.get("clone_id"), env.env_id))
+                out = (await branch.exec(["sh", "-c", PROBE])).check().stdout.decode()
+                seen.append(out.split())
+                branch.finish(reward=1.0, info={"branch": branch.episode.key.episode_id})
+        after = (await sb.exec(["sh", "-c", PROBE])).check().stdout.decode().split()
+        sb.finish(reward=0.5)
+    assert all(s[:2] == ["parent-state", "seven"] for s in seen), seen
+    assert all(said == env_id for said, env_id in clone_ids)  # each its own clone id
+    assert len({env_id for _, env_id in clone_ids}) == 4
+    assert after[:2] == ["parent-state", "seven"]  # the parent ran on, its state intact
+    assert len({s[2] for s in seen} | {after[2]}) == 5  # uuid: each its own entropy
+    assert len({s[3] for s in seen} | {after[3]}) == 5  # boot id: read first after the fork
+    envs = set()
+    for i in (1, 2, 3, 4):
+        record = store.get_record("fork4", f"root.b{i}")
+        assert record is not None and record["outcome"] == "completed", record
+        assert missing(record) == []
+        prov = record["provenance"]
+        branch = prov["branch"]
+        assert branch["parent_episode"] == "root" and branch["step"] == step
+        assert branch["snapshot"] == snap.digest and branch["snapshot_id"] == snap.snapshot_id
+        assert prov["start"] == "fork" and prov["env_id"] not in envs
+        envs.add(prov["env_id"])
+        steps = _transcript(store, "fork4", f"root.b{i}")
+        assert [s["op"] for s in steps] == ["exec"]
+    root = store.get_record("fork4", "root")
+    assert root is not None and root["outcome"] == "completed"
+    forks = [s for s in _transcript(store, "fork4", "root") if s["op"] == "fork"]
+    assert forks and forks[0]["branches"] == [f"root.b{i}" for i in (1, 2, 3, 4)]
+    assert forks[0]["snapshot"] == snap.digest
+    assert ledger.get_run("fork4").status == "completed"  # type: ignore[union-attr]
+    assert all(s.state == "absent" for s in ledger.snapshots(run_id="fork4"))
+    assert driver.list_snapshots() == []
+    assert_nothing_left(driver, ledger, "fork4", store)  # parent and 4 branches: 5 envs
+    assert len(ledger.envs(run_id="fork4")) == 5
