@@ -45,6 +45,7 @@ class AsyncSession:
         self._result: bytes | None = None
         self._artifacts: list[str] = []
         self._error: str | None = None
+        self._concluded = False
 
     @property
     def episode_id(self) -> str:
@@ -68,9 +69,21 @@ class AsyncSession:
         assert self.guard.lifetime is not None
         self.guard.closed = self.guard.lifetime.describe()
         self.transcript.add("expired", limit=limit)
-        self.guard.cancel_calls()
-        if self.owner is not None:
-            self.owner.cancel(f"cleanroom session {limit}")
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """Cancel the owner and the calls, again every 0.2 s until the session concludes:
+        Python 3.11's ``wait_for`` drops a cancellation that meets a frame arriving."""
+        if self._concluded:
+            return
+        self.guard.cancel_calls(also=self.owner)
+        asyncio.get_running_loop().call_later(0.2, self._cancel)
+
+    def stop_clocks(self) -> None:
+        """No limit fires, no cancellation is sent any more (the block has ended)."""
+        self._concluded = True
+        if self.guard.lifetime is not None:
+            self.guard.lifetime.stop()
 
     def timeout_error(self) -> SessionTimeout:
         assert self.guard.lifetime is not None and self.expired is not None
@@ -142,8 +155,7 @@ class AsyncSession:
 
     async def conclude(self, failure: Failure | None = None) -> None:
         """End the RUNNING phase: ``failure`` (a limit, the guest) or what ``finish`` said."""
-        if self.guard.lifetime is not None:
-            self.guard.lifetime.stop()
+        self.stop_clocks()
         artifacts: list[Artifact] = []
         problem: str | None = None
         if failure is None and self._result is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from cleanroom.core.states import EpisodeState, Failure, classify
 from cleanroom.drivers.base import Env
@@ -31,7 +32,7 @@ class Guard:
         self.failure: Failure | None = None
         self.failed_by: BaseException | None = None
         self.closed: str | None = None  # why no call is taken any more
-        self.calls: set[asyncio.Task[object]] = set()
+        self.calls: set[asyncio.Task[Any]] = set()
 
     def env(self) -> Env:
         """The live env, or ``SessionClosed`` saying why there is none."""
@@ -66,7 +67,7 @@ class Guard:
             if self.lifetime is not None:
                 self.lifetime.idle()
 
-    def cancel_calls(self) -> None:
-        """Cancel every guest call in flight (an expired or closing session)."""
-        for task in list(self.calls):
-            task.cancel()
+    def cancel_calls(self, also: asyncio.Task[Any] | None = None) -> None:
+        """Cancel every guest call in flight and ``also`` (each task once)."""
+        for task in {*self.calls, *([also] if also is not None else [])}:
+            task.cancel("cleanroom session limit")

@@ -162,9 +162,12 @@ async def _interact(episode: Episode, idle_timeout_s: float | None) -> AsyncIter
         try:
             yield sb
         except asyncio.CancelledError:
-            if sb.expired is None or sb.owner is None or sb.owner.uncancel() > 0:
+            sb.stop_clocks()
+            if sb.expired is None or sb.owner is None:
                 episode.output = sb.output()  # the transcript, kept with the attempt
                 raise
+            while sb.owner.uncancel() > 0:  # ours (sent again until it arrived)
+                pass
             await sb.conclude(Failure(Outcome.TIMEOUT, sb.timeout_error().args[0]))
             pending = sb.timeout_error()
         except GeneratorExit as exc:  # dropped without closing: the loop's finalizer closes it
@@ -172,6 +175,7 @@ async def _interact(episode: Episode, idle_timeout_s: float | None) -> AsyncIter
             await sb.conclude(Failure(Outcome.CANCELLED, ABANDONED))
             pending = exc
         except BaseException as exc:
+            sb.stop_clocks()
             if exc is not sb.guard.failed_by or sb.guard.failure is None:
                 episode.output = sb.output()
                 raise

@@ -43,6 +43,7 @@ class _Holder:
         self.ready: concurrent.futures.Future[AsyncSession] = concurrent.futures.Future()
         self.raise_in: BaseException | None = None  # the caller's exception, for the outcome
         self._close: asyncio.Event | None = None
+        self.finished = threading.Event()  # set once the async session is fully closed
         self.task = asyncio.run_coroutine_threadsafe(self._hold(baseline, kwargs), self.loop)
 
     async def _hold(self, baseline: Baseline | str | Path, kwargs: dict[str, Any]) -> None:
@@ -58,6 +59,8 @@ class _Holder:
             if not self.ready.done():
                 self.ready.set_exception(exc)
             raise
+        finally:
+            self.finished.set()
 
     def call(self, awaitable: Awaitable[Any]) -> Any:
         """Run ``awaitable`` on the session's loop and wait for it here."""
@@ -79,11 +82,12 @@ class _Holder:
         """End the session (``cancel``: as abandoned) and wait until its env is gone; then
         stop the loop. The session's own ending error (a timeout, the caller's) is raised."""
         try:
-            if self.loop.is_running() and not self.task.done():
+            if self.loop.is_running() and not self.finished.is_set():
                 if cancel:
-                    self.loop.call_soon_threadsafe(self.task.cancel)
+                    self.task.cancel()  # cancels its task on the loop
                 elif self._close is not None:
                     self.loop.call_soon_threadsafe(self._close.set)
+                self.finished.wait()
             self.task.result()
         except concurrent.futures.CancelledError:
             if not cancel:
@@ -96,9 +100,24 @@ class _Holder:
                 self.loop.close()
 
 
+class _Inline(concurrent.futures.ThreadPoolExecutor):
+    """Runs ``to_thread`` work at once on the loop's thread: at interpreter exit no new thread
+    may start (``concurrent.futures`` refuses), and the export and ledger writes must happen."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
+
+
 def _abandon(holder: _Holder, episode_id: str) -> None:
     """The finalizer of a ``Session`` dropped, or open at interpreter exit, while open."""
     warnings.warn(f"session {episode_id}: {ABANDONED}", ResourceWarning, stacklevel=1)
+    if holder.loop.is_running():
+        holder.loop.call_soon_threadsafe(holder.loop.set_default_executor, _Inline(1))
     holder.close(cancel=True)
 
 
