@@ -91,7 +91,7 @@ async def test_commands_files_and_artifacts_in_the_transcript(
     span = first["stderr_log"]
     assert log[span["offset"] : span["offset"] + span["size"]] == b"err\n"
     assert hashlib.sha256(b"err\n").hexdigest() == span["sha256"]
-    assert {s["op"] for s in steps(store, "c1")} == {"exec", "put", "get", "finish"}
+    assert {s["op"] for s in steps(store, "c1")} == {"exec", "put", "get", "finish", "artifact"}
 
 
 async def test_idle_timeout_ends_the_session_as_timeout(

@@ -27,7 +27,7 @@ from cleanroom.session.commands import Commands
 from cleanroom.session.files import Files
 from cleanroom.session.guard import Guard
 from cleanroom.session.lifetime import Lifetime
-from cleanroom.session.transcript import Transcript
+from cleanroom.session.transcript import Transcript, digest
 
 
 class AsyncSession:
@@ -143,7 +143,9 @@ class AsyncSession:
         folder, left, out = self.episode.staging / "artifacts", self.quota_bytes, []
         for path in self._artifacts:
             name = _artifact_name(path)
-            data = await self.files.read(path)
+            async with self.guard.call() as env:
+                data: bytes = await env.get(path)
+            self.transcript.add("artifact", path=path, name=name, **digest(data))
             left -= len(data)
             if left < 0:
                 raise QuotaExceeded(f"artifacts over the output quota ({self.quota_bytes} B)")
