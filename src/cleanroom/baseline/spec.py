@@ -64,10 +64,13 @@ AGENT_FILES = (
     "guest.py",
     "guestnet.py",
     "handlers.py",
+    "muxed.py",
+    "names.py",
     "protocol.py",
     "relay.py",
     "reseed.c",
     "reseed_helper.py",
+    "tarsafe.py",
     "warm.py",
     "worker.py",
 )
