@@ -40,6 +40,10 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   └── BaselineChanged         a resume with another baseline, not asked for
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
     ├── SetupError                  a group's setup step failed (its episodes end infra_error)
+    ├── SessionError                a session call that cannot be done as asked
+    │   ├── SessionPathError        a path that is not a folder (upload_dir, download_dir, list)
+    │   └── SessionClosed           a call after the session ended (closed, failed, timed out)
+    │       └── SessionTimeout      its ``timeout_s`` or ``idle_timeout_s`` passed (a TimeoutError)
     └── CheckError                  a check (isolation, repro) could not run to its end
 """
 
@@ -217,6 +221,27 @@ class SetupError(CleanroomError):
     def __init__(self, message: str, stdout: bytes = b"", stderr: bytes = b"") -> None:
         self.stdout = stdout
         self.stderr = stderr
+        super().__init__(message)
+
+
+class SessionError(CleanroomError):
+    """A session call that cannot be done as asked."""
+
+
+class SessionPathError(SessionError):
+    """A folder (here or in the guest) that is not one; the message names it."""
+
+
+class SessionClosed(SessionError):
+    """A session was used after it ended; the message says how it ended."""
+
+
+class SessionTimeout(SessionClosed, TimeoutError):
+    """A session ran past its ``timeout_s`` or sat idle past its ``idle_timeout_s``;
+    ``limit`` names which (the record's error says it too)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        self.limit = limit
         super().__init__(message)
 
 

@@ -111,10 +111,10 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
         forkable=True,
     ) as sb:
         setup = "mkdir -p /root/work && echo parent-state > /root/work/state.txt"
-        (await sb.exec(["sh", "-c", setup])).check()
-        (await sb.exec(["sh", "-c", "X=seven; echo $X > /root/work/var.txt"])).check()
+        (await sb.commands.run(["sh", "-c", setup])).check()
+        (await sb.commands.run("X=seven; echo $X > /root/work/var.txt")).check()
         step = sb.steps
-        branches = await fork_session(sb, 4)
+        branches = await sb.fork(4)
         assert all(isinstance(b, Branch) for b in branches)
         assert [b.episode.key.episode_id for b in branches] == [f"root.b{i}" for i in (1, 2, 3, 4)]
         [snap] = [s for s in ledger.snapshots(run_id="fork4") if s.group_id == f"root@{step}"]
@@ -125,10 +125,9 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
             async with branch:
                 env = branch.live_env()
                 clone_ids.append((env.hello.get("clone_id"), env.env_id))
-                out = (await branch.exec(["sh", "-c", PROBE])).check().stdout.decode()
-                seen.append(out.split())
+                seen.append((await branch.commands.run(PROBE)).check().stdout.split())
                 branch.finish(reward=1.0, info={"branch": branch.episode.key.episode_id})
-        after = (await sb.exec(["sh", "-c", PROBE])).check().stdout.decode().split()
+        after = (await sb.commands.run(PROBE)).check().stdout.split()
         sb.finish(reward=0.5)
     assert all(s[:2] == ["parent-state", "seven"] for s in seen), seen
     assert all(said == env_id for said, env_id in clone_ids)  # each its own clone id
@@ -148,7 +147,7 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
         assert prov["start"] == "fork" and prov["env_id"] not in envs
         envs.add(prov["env_id"])
         steps = _transcript(store, "fork4", f"root.b{i}")
-        assert [s["op"] for s in steps] == ["exec"]
+        assert [s["op"] for s in steps] == ["exec", "finish"]
     root = store.get_record("fork4", "root")
     assert root is not None and root["outcome"] == "completed"
     forks = [s for s in _transcript(store, "fork4", "root") if s["op"] == "fork"]

@@ -1,23 +1,24 @@
 """Fork of a live session: N branches restored from a snapshot of its VM as it is now.
 
-    async with session(baseline, ..., forkable=True) as sb:
-        await sb.exec(["sh", "-c", "make build"])
-        for branch in await fork_session(sb, 4):      # 4 sessions from this exact state
+    async with cr.session(baseline, forkable=True) as sb:
+        await sb.commands.run("make build")
+        for branch in await sb.fork(4):               # 4 sessions from this exact state
             async with branch:                        # its own episode: exported, destroyed
-                await branch.exec(["sh", "-c", "./try-one-thing"]); branch.finish(reward=1.0)
+                await branch.commands.run("./try-one-thing"); branch.finish(reward=1.0)
 
 The session must be ``forkable`` (its guest RAM in a file of its own: the groups' machinery,
 ``batch/groups.py``). ``fork_session`` then writes the snapshot's ledger intent, saves the VM
-while it stands still for the time of one pass over its touched RAM (``Driver.fork_live``;
-the parent runs on, reseeded like a clone) and restores ``n`` branches from it. Each branch is
-an episode of the same run: its own id (``<parent>.b1``, ``.b2``, ... counting on across
-forks), attempt, ledger intent before its VM exists, transcript and record; its own entropy
-and clone id (RESEED); its provenance ``branch`` names the parent episode, the step (the
-parent's transcript length) and the snapshot's digest, which the snapshot's ledger row holds
-too. Once every branch is restored the snapshot's files are deleted and confirmed absent, on
-every path. A branch is an async context manager: leaving it exports its evidence and
-destroys its VM. Closing the parent closes no branch; the run is finished when the last of
-them ends (``RunHold``). A driver without fork, or a session not made forkable, raises
+while it stands still for one pass over its touched RAM (``Driver.fork_live``; the parent runs
+on, reseeded like a clone) and restores ``n`` branches from it. Each branch is an episode of
+the same run: its own id (``<parent>.b1``, ``.b2``, ... counting on across forks), attempt,
+ledger intent before its VM exists, transcript and record; its own entropy and clone id
+(RESEED); its provenance ``branch`` names the parent episode, the step (the parent's
+transcript length) and the snapshot's digest, which the snapshot's ledger row holds too. Once
+every branch is restored the snapshot's files are deleted and confirmed absent, on every path.
+A branch is an ``AsyncSession`` and an async context manager: leaving it ends it as a
+session's block ends (``opening.interact``: evidence exported, VM destroyed and confirmed
+absent). Closing the parent closes no branch; the run is finished when the last of them ends
+(``RunHold``). A driver without ``fork-live``, or a session not made forkable, raises
 ``Unsupported`` before anything is made.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
@@ -35,23 +37,24 @@ from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Manifest
-from cleanroom.session import Session
-from cleanroom.session.run_hold import RunHold
+from cleanroom.session.core import AsyncSession
+from cleanroom.session.opening import interact
 
 __all__ = ["MAX_BRANCHES", "Branch", "fork_session"]
 
 MAX_BRANCHES = 64  # per fork; each is a VM
 
 
-class Branch(Session):
+class Branch(AsyncSession):
     """A session restored from another's snapshot; leaving ``async with`` (or ``aclose``)
     ends it like a session's block: evidence exported, VM destroyed and confirmed absent."""
 
-    def __init__(self, episode: Episode, hold: RunHold) -> None:
-        super().__init__(episode, hold)
-        self._closed = False
+    def __init__(self, episode: Episode) -> None:
+        super().__init__(episode)
+        self._stack: AsyncExitStack | None = None  # the branch's ``interact`` block
 
     async def __aenter__(self) -> Branch:
+        self.owner = asyncio.current_task()  # its limits cancel the block it is used in
         return self
 
     async def __aexit__(
@@ -66,29 +69,25 @@ class Branch(Session):
     async def _end(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._closed:
+        stack, self._stack = self._stack, None
+        if stack is None:
             return
-        self._closed = True
         ok = False
         try:
-            if exc is None:
-                self.conclude()
-            else:
-                self.episode.output = self.output()  # the transcript, kept with the attempt
-            await self.episode.__aexit__(et, exc, tb)
+            await stack.__aexit__(et, exc, tb)
             ok = exc is None
         finally:
             assert self.hold is not None
             self.hold.let_go(ok)
 
 
-async def fork_session(sb: Session, n: int) -> list[Branch]:
+async def fork_session(sb: AsyncSession, n: int) -> list[Branch]:
     """``n`` new sessions restored from ``sb``'s VM as it is now (see the module docstring)."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BRANCHES:
         raise ConfigError(f"fork_session: n must be a whole number 1..{MAX_BRANCHES}, not {n!r}")
     parent = sb.episode
-    env = sb.live_env()
     ctx, key = parent.ctx, parent.key
+    sb.live_env()  # SessionClosed once it has ended
     if "fork-live" not in ctx.driver.capabilities:
         raise Unsupported(f"the {ctx.driver.name} driver cannot fork a live session")
     if sb.fork_ram is None or sb.hold is None:
@@ -104,25 +103,28 @@ async def fork_session(sb: Session, n: int) -> list[Branch]:
     )
     ids = [f"{key.episode_id}.b{sb.branched + i}" for i in range(1, n + 1)]
     sb.branched += n
-    restore = _Restore(sb, env, snapshot_id, step)
     done: list[Branch | BaseException] = []
     cancelled = False
     try:
-        snap = await ctx.driver.fork_live(env, snapshot_id)
-        restore.sealed = asyncio.ensure_future(restore.seal(snap))
-        opening = [asyncio.ensure_future(_open(sb, eid, restore.clone(snap))) for eid in ids]
+        async with sb.guard.call() as env:  # a guest call: idle clock, limits, failures
+            snap = await ctx.driver.fork_live(env, snapshot_id)
+        restore = _Restore(sb, env, snap, step)
+        opening = [asyncio.ensure_future(_open(sb, eid, restore.clone)) for eid in ids]
         settling = asyncio.ensure_future(_settle(opening))
         cancelled = await until_done(settling)  # cancelled: every opening still waited out
         done = settling.result()
     finally:
-        cancelled = await until_done(asyncio.ensure_future(restore.end())) or cancelled
+        ending = asyncio.ensure_future(_end_snapshot(sb, snapshot_id, locals().get("restore")))
+        cancelled = await until_done(ending) or cancelled
     branches = [b for b in done if isinstance(b, Branch)]
     failed = [e for e in done if isinstance(e, BaseException)]
     if cancelled or failed:  # none is left open: the ones that opened end at once
         for branch in branches:
             await until_done(asyncio.ensure_future(branch.aclose()))
         raise asyncio.CancelledError() if cancelled else failed[0]
-    sb.note("fork", branches=ids, snapshot=restore.digest, snapshot_id=snapshot_id, step=step)
+    sb.transcript.add(
+        "fork", branches=ids, snapshot=restore.digest, snapshot_id=snapshot_id, step=step
+    )
     return branches
 
 
@@ -132,52 +134,48 @@ async def _settle(opening: list[asyncio.Task[Branch]]) -> list[Branch | BaseExce
 
 
 class _Restore:
-    """One fork's snapshot: its digest recorded, its branches' envs, its deletion."""
+    """One fork's snapshot: its digest recorded (while the branches restore), their envs."""
 
-    def __init__(self, sb: Session, env: Env, snapshot_id: str, step: int) -> None:
-        self.sb, self.parent_env, self.snapshot_id, self.step = sb, env, snapshot_id, step
-        self.sealed: asyncio.Future[None] | None = None
+    def __init__(self, sb: AsyncSession, env: Env, snap: ForkSnapshot, step: int) -> None:
+        self.sb, self.parent_env, self.snap, self.step = sb, env, snap, step
         self.digest: str | None = None
+        self.sealed = asyncio.ensure_future(self._seal())
 
-    async def seal(self, snap: ForkSnapshot) -> None:
+    async def _seal(self) -> None:
         """Wait for the snapshot's digest (hashed while the branches restore), record it."""
         ctx = self.sb.episode.ctx
-        snap = await ctx.driver.fork_sealed(snap)
+        snap = await ctx.driver.fork_sealed(self.snap)
         if snap.digest is None:
-            raise LaunchError(f"snapshot {self.snapshot_id} was sealed without a digest")
+            raise LaunchError(f"snapshot {snap.snapshot_id} was sealed without a digest")
         self.digest = snap.digest
         ctx.ledger.snapshot_saved(
-            self.snapshot_id,
+            snap.snapshot_id,
             parent_env_id=self.parent_env.env_id,
             digest=snap.digest,
             group_digest=snap.digest,
         )
 
-    def clone(self, snap: ForkSnapshot) -> CreateEnv:
+    async def clone(self, request: EnvRequest) -> Env:
         """A branch's ``start``: its env restored, handed over once the digest is recorded."""
-
-        async def start(request: EnvRequest) -> Env:
-            ctx = self.sb.episode.ctx
-            labels = {**request.labels, "branch_of": self.sb.episode.key.episode_id}
-            env = await ctx.driver.fork_clone(dataclasses.replace(request, labels=labels), snap)
-            try:
-                assert self.sealed is not None
-                await asyncio.shield(self.sealed)
-            except BaseException:
-                await asyncio.shield(env.aclose())
-                raise
-            env.info = dataclasses.replace(env.info, branch=self.facts())
-            ctx.ledger.event(
-                "env_forked",
-                run_id=self.sb.episode.key.run_id,
-                episode_id=request.labels.get("episode_id"),
-                env_id=env.env_id,
-                snapshot_id=self.snapshot_id,
-                parent_episode=self.sb.episode.key.episode_id,
-            )
-            return env
-
-        return start
+        parent = self.sb.episode
+        ctx = parent.ctx
+        labels = {**request.labels, "branch_of": parent.key.episode_id}
+        env = await ctx.driver.fork_clone(dataclasses.replace(request, labels=labels), self.snap)
+        try:
+            await asyncio.shield(self.sealed)
+        except BaseException:
+            await asyncio.shield(env.aclose())
+            raise
+        env.info = dataclasses.replace(env.info, branch=self.facts())
+        ctx.ledger.event(
+            "env_forked",
+            run_id=parent.key.run_id,
+            episode_id=request.labels.get("episode_id"),
+            env_id=env.env_id,
+            snapshot_id=self.snap.snapshot_id,
+            parent_episode=parent.key.episode_id,
+        )
+        return env
 
     def facts(self) -> dict[str, Any]:
         """A branch's ``provenance.branch``."""
@@ -188,19 +186,19 @@ class _Restore:
             "parent_env": self.parent_env.env_id,
             "step": self.step,
             "snapshot": self.digest,
-            "snapshot_id": self.snapshot_id,
+            "snapshot_id": self.snap.snapshot_id,
         }
 
-    async def end(self) -> None:
-        """Every branch restored (or failed): the seal is done with, the files deleted."""
-        if self.sealed is not None:
-            self.sealed.cancel()  # done already unless no branch was restored
-            await asyncio.gather(self.sealed, return_exceptions=True)
-        ctx = self.sb.episode.ctx
-        await delete_snapshot(ctx, self.sb.episode.key.run_id, self.snapshot_id)
+
+async def _end_snapshot(sb: AsyncSession, snapshot_id: str, restore: _Restore | None) -> None:
+    """Every branch restored (or failed): the seal is done with, the files deleted."""
+    if restore is not None:
+        restore.sealed.cancel()  # done already unless no branch was restored
+        await asyncio.gather(restore.sealed, return_exceptions=True)
+    await delete_snapshot(sb.episode.ctx, sb.episode.key.run_id, snapshot_id)
 
 
-async def _open(sb: Session, episode_id: str, start: CreateEnv) -> Branch:
+async def _open(sb: AsyncSession, episode_id: str, start: CreateEnv) -> Branch:
     """One branch: its ledger rows, then its env (``start``), as an open session."""
     parent, hold = sb.episode, sb.hold
     assert hold is not None
@@ -208,15 +206,23 @@ async def _open(sb: Session, episode_id: str, start: CreateEnv) -> Branch:
     manifest = _branch_manifest(parent.manifest, episode_id)
     attempt = ctx.ledger.next_attempt(run_id, episode_id)
     ctx.ledger.episode_queued(run_id, episode_id, attempt)
-    key = EpisodeKey(run_id, episode_id, attempt)
-    episode = Episode(ctx, key, manifest, parent.baseline, absorb=False, start=start)
+    episode = Episode(
+        ctx,
+        EpisodeKey(run_id, episode_id, attempt),
+        manifest,
+        parent.baseline,
+        absorb=False,
+        start=start,
+    )
+    stack = AsyncExitStack()
     hold.take()
-    branch = Branch(await episode.__aenter__(), hold)
     try:
-        await episode.provision()
-    except BaseException as exc:
-        await branch._end(type(exc), exc, exc.__traceback__)
+        branch = await stack.enter_async_context(interact(episode, None, make=Branch))
+    except BaseException:
+        hold.let_go(False)  # ``interact`` ended the episode (intent, attempt, env destroyed)
         raise
+    assert isinstance(branch, Branch)
+    branch.hold, branch._stack = hold, stack
     return branch
 
 
