@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu import fork as qemu_fork
-from cleanroom.errors import ConfigError, Unsupported
+from cleanroom.errors import ConfigError, LaunchError, Unsupported
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.provenance import missing
@@ -55,6 +56,17 @@ class _LiveForkingFake(ForkingFake):
     capabilities = ForkingFake.capabilities | {"fork-live"}
 
 
+class _PretendLiveFork(_LiveForkingFake):
+    """The fake with a pretend live fork: a snapshot folder naming the parent, which runs on
+    (what the fork itself does to a VM is proven on qemu below)."""
+
+    async def fork_live(self, env: Env, snapshot_id: str) -> ForkSnapshot:
+        folder = self.forks / snapshot_id
+        folder.mkdir(parents=True)
+        (folder / "state").write_text(env.env_id)
+        return ForkSnapshot(snapshot_id, self.name, None, folder, {"parent_env": env.env_id})
+
+
 async def test_a_driver_that_cannot_fork_says_so_before_anything_is_made(
     tmp_path: Path, parts: tuple[Ledger, LocalStore]
 ) -> None:
@@ -87,6 +99,56 @@ async def test_a_driver_that_cannot_fork_says_so_before_anything_is_made(
         assert ledger.get_run(run_id).status == "completed"  # type: ignore[union-attr]
         assert_nothing_left(driver, ledger, run_id, store)
     assert sorted(r.run_id for r in ledger.list_runs()) == ["f1", "f2"]  # refused: no run
+
+
+async def test_branches_outlive_their_parent_and_a_failed_fork_leaves_nothing_open(
+    tmp_path: Path, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects (fast, fake fork): branch ids count on across forks (.b1-.b2, then .b3);
+    closing the parent closes no branch and the run is finished only when the last branch
+    has ended; a fork whose clones fail raises, leaves no branch open, and still deletes its
+    snapshot (confirmed absent) while the parent session goes on."""
+    ledger, store = parts
+    driver = _PretendLiveFork(tmp_path / "pretend")
+    baseline = make_fake_baseline(tmp_path)
+    async with session(
+        baseline,
+        driver=driver,
+        ledger=ledger,
+        store=store,
+        run_id="f3",
+        episode_id="p",
+        options=OPTIONS,
+        forkable=True,
+    ) as sb:
+        first = await sb.fork(2)
+        [third] = await sb.fork(1)
+        assert [b.episode_id for b in [*first, third]] == ["p.b1", "p.b2", "p.b3"]
+        driver.fail_clones = True
+        with pytest.raises(LaunchError):
+            await sb.fork(2)
+        driver.fail_clones = False
+        assert (await sb.exec(["true"])).ok  # the parent goes on
+        sb.finish(reward=0.0)
+    run = ledger.get_run("f3")
+    assert run is not None and run.finished is None  # three branches still open
+    for branch in [*first, third]:
+        assert (await branch.exec(["true"])).ok
+        async with branch:
+            branch.finish(reward=1.0)
+    assert ledger.get_run("f3").status == "completed"  # type: ignore[union-attr]
+    rows = {r.episode_id: r for r in ledger.episodes("f3")}
+    assert rows["p.b4"].outcome == "infra_error" and rows["p.b5"].outcome == "infra_error"
+    for eid in ("p", "p.b1", "p.b2", "p.b3"):
+        assert rows[eid].outcome == "completed"
+        record = store.get_record("f3", eid)
+        assert record is not None
+        if eid != "p":
+            assert record["provenance"]["branch"]["parent_episode"] == "p"
+    assert all(s.state == "absent" for s in ledger.snapshots(run_id="f3"))
+    assert len(ledger.snapshots(run_id="f3")) == 4  # the RAM file and three forks
+    assert driver.list_snapshots() == []
+    assert_nothing_left(driver, ledger, "f3", store)
 
 
 @pytest.mark.vm

@@ -218,8 +218,8 @@ async def _open(sb: AsyncSession, episode_id: str, start: CreateEnv) -> Branch:
     hold.take()
     try:
         branch = await stack.enter_async_context(interact(episode, None, make=Branch))
-    except BaseException:
-        hold.let_go(False)  # ``interact`` ended the episode (intent, attempt, env destroyed)
+    except BaseException:  # ``interact`` ended the episode (its outcome, the env destroyed);
+        hold.let_go(True)  # the fork's caller gets the error: the run failed only if it fails
         raise
     assert isinstance(branch, Branch)
     branch.hold, branch._stack = hold, stack

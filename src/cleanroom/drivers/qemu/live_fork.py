@@ -42,6 +42,7 @@ async def save_live(forks: fork.Forks, env: Env, snapshot_id: str) -> ForkSnapsh
         path = await asyncio.to_thread(fork.make_folder, snapshot_id, request)
     except OSError as exc:
         raise DriverError(f"cannot make the snapshot folder: {exc}") from exc
+    preparing = time.monotonic()
     await env.session.snapshot_prepare()
     saving = time.monotonic()
     try:
@@ -57,11 +58,14 @@ async def save_live(forks: fork.Forks, env: Env, snapshot_id: str) -> ForkSnapsh
     rejoined = await env.session.rejoin(header, secrets.token_bytes(RESEED_BYTES))
     if rejoined.get("clone_id") != env.env_id:
         raise DriverError(f"the parent answered as {rejoined.get('clone_id')!r}, not {env.env_id}")
+    rejoined_at = time.monotonic()
     facts = await forks.seal_saved(env, snapshot_id, resumed, save_s)
     facts.update(
+        prepare_s=round(saving - preparing, 4),  # the guest agent readies its clones' RESEED
+        rejoin_s=round(rejoined_at - resumed, 4),
         copy_s=round(resumed - copying, 4),
         paused_s=round(resumed - saving, 4),  # save + copy: the parent stood still
-        fork_s=round(resumed - started, 4),
+        fork_s=round(rejoined_at - started, 4),
         parent_reseeded=bool(rejoined.get("reseeded")),
     )
     return ForkSnapshot(snapshot_id, forks.ctx.config.name, None, path, facts)
