@@ -52,16 +52,29 @@ class Rig:
         )
 
 
-@pytest.fixture(params=["fake", pytest.param("qemu", marks=pytest.mark.vm), pytest.param("gvisor")])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+def _rig(request: pytest.FixtureRequest, tmp_path: Path) -> Rig:
     if request.param == "fake":
-        made = Rig(FakeDriver(run_root=tmp_path / "run"), make_fake_baseline(tmp_path), tmp_path)
-    elif request.param == "qemu":
-        made = Rig(QemuDriver(), request.getfixturevalue("tiny_baseline"), tmp_path)
-    else:
-        request.getfixturevalue("gvisor_usable")
-        tiny = request.getfixturevalue("tiny_baseline")
-        made = Rig(GvisorDriver(run_root=tmp_path / "run"), tiny, tmp_path)
+        return Rig(FakeDriver(run_root=tmp_path / "run"), make_fake_baseline(tmp_path), tmp_path)
+    tiny = request.getfixturevalue("tiny_baseline")
+    if request.param == "qemu":
+        return Rig(QemuDriver(), tiny, tmp_path)
+    request.getfixturevalue("gvisor_usable")
+    return Rig(GvisorDriver(run_root=tmp_path / "run"), tiny, tmp_path)
+
+
+QEMU = pytest.param("qemu", marks=pytest.mark.vm)
+
+
+@pytest.fixture(params=["fake", QEMU, "gvisor"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    made = _rig(request, tmp_path)
+    yield made
+    made.ledger.close()
+
+
+@pytest.fixture(params=["fake", QEMU])  # gVisor has no pidfd_getfd: no command takes a channel
+def hostile_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    made = _rig(request, tmp_path)
     yield made
     made.ledger.close()
 
@@ -140,12 +153,11 @@ sys.exit(9)
 """
 
 
-async def test_a_hostile_guest_fails_only_its_own_session(rig: Rig) -> None:
+async def test_a_hostile_guest_fails_only_its_own_session(hostile_rig: Rig) -> None:
     """Protects (every driver): a guest that answers garbage mid-session ends that session
     only: ProtocolError to its caller, outcome episode_error with the transcript durable, its
     env confirmed absent; a session running beside it completes."""
-    if rig.driver.name == "gvisor":
-        pytest.skip("gVisor has no pidfd_getfd: a command cannot take its agent's channel")
+    rig = hostile_rig
 
     async def hostile() -> None:
         async with rig.open("bad") as sb:
@@ -190,11 +202,12 @@ async def test_eight_sessions_at_once(tiny_baseline: Baseline, tmp_path: Path) -
 
 OWNER = """
 import sys, time
+from pathlib import Path
 import cleanroom as cr
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
-tmp = sys.argv[1]
-sb = cr.Session(sys.argv[2], ledger=Ledger(tmp + "/ledger.db"), store=LocalStore(tmp + "/store"),
+tmp = Path(sys.argv[1])
+sb = cr.Session(sys.argv[2], ledger=Ledger(tmp / "ledger.db"), store=LocalStore(tmp / "store"),
                 run_id="owned", timeout_s=600)
 sb.open()
 print(sb.episode.env_id, flush=True)
