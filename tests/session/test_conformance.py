@@ -120,6 +120,42 @@ async def test_the_session_api(rig: Rig, tmp_path: Path) -> None:
     assert [s["op"] for s in steps(rig.store, "api")][-2:] == ["finish", "artifact"]
 
 
+async def test_streaming_stdin_and_background_commands(rig: Rig) -> None:
+    """Protects (every driver): output reaches ``on_stdout`` while the command runs (before it
+    ends), ``stdin`` feeds a command, a background command takes input and is killed, two
+    commands run at once in one env; each ends as a transcript step (background ones too)."""
+    async with rig.open("stream") as sb:
+        chunks: list[bytes] = []
+        seen_before_end = asyncio.Event()
+
+        def got(chunk: bytes) -> None:
+            chunks.append(chunk)
+            if b"first" in b"".join(chunks):
+                seen_before_end.set()
+
+        run = asyncio.create_task(
+            sb.commands.run("echo first; sleep 2; echo second", on_stdout=got)
+        )
+        await asyncio.wait_for(seen_before_end.wait(), 10)
+        assert not run.done()  # streamed, not delivered at the end
+        assert (await run).stdout == "first\nsecond\n"
+        assert (await sb.commands.run("cat", stdin=b"fed")).stdout == "fed"
+        h = await sb.commands.run("cat; sleep 60", background=True)
+        await h.send_stdin(b"bg input")
+        await h.close_stdin()
+        both = await asyncio.gather(
+            sb.commands.run("sleep 1; echo a"), sb.commands.run("sleep 1; echo b")
+        )
+        assert [r.stdout for r in both] == ["a\n", "b\n"]
+        await h.kill()
+        done = await h.wait()
+        assert done.stdout == "bg input" and not done.ok
+        sb.finish(reward=1.0)
+    assert ended(rig.driver, rig.ledger, rig.store, "stream") == "completed"
+    ops = [(s["op"], s.get("background")) for s in steps(rig.store, "stream")]
+    assert ("spawn", None) in ops and ("exec", True) in ops
+
+
 async def test_an_idle_session_in_a_real_vm_ends_timeout(rig: Rig) -> None:
     """Protects (every driver): idle_timeout_s ends the session as ``timeout``, the VM is
     destroyed and confirmed absent before SessionTimeout reaches the caller."""
