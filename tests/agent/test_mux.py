@@ -147,7 +147,8 @@ async def test_an_unknown_user_is_a_typed_error(session: AgentSession) -> None:
 async def test_pty_size_resize_and_ctrl_c(session: AgentSession) -> None:
     """A PTY process sees its window size, a resize, and ^C as SIGINT to its foreground."""
     out = bytearray()
-    script = 'stty size; trap "stty size; echo GOT-INT; exit 3" INT; while :; do sleep 0.05; done'
+    # the trap before the size: under TCG a ^C sent once the size shows must find it set
+    script = 'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
     process = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
     while b"24 80" not in out:
         await asyncio.sleep(0.01)

@@ -100,7 +100,11 @@ def extract(stream: Any, dest: str) -> None:
     try:
         with tarfile.open(fileobj=stream, mode="r|*") as tar:
             for member in tar:
-                _member(tar, member, root)
+                try:
+                    _member(tar, member, root)
+                except OSError as exc:  # a hard link to nothing, a file where a folder goes
+                    why = f"tar member {member.name[:200]!r}: {exc.strerror}"
+                    raise Failed("bad_archive", why) from exc
     except tarfile.TarError as exc:
         raise Failed("bad_archive", f"not a tar archive: {exc}") from exc
     finally:

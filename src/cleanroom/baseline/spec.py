@@ -49,6 +49,7 @@ BUILDER_SOURCES = (
     "oci.py",
     "pyinstall.py",
     "rootfs.py",
+    "users.py",
     "spec.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached
