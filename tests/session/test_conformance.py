@@ -52,16 +52,29 @@ class Rig:
         )
 
 
-@pytest.fixture(params=["fake", pytest.param("qemu", marks=pytest.mark.vm), pytest.param("gvisor")])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+def _rig(request: pytest.FixtureRequest, tmp_path: Path) -> Rig:
     if request.param == "fake":
-        made = Rig(FakeDriver(run_root=tmp_path / "run"), make_fake_baseline(tmp_path), tmp_path)
-    elif request.param == "qemu":
-        made = Rig(QemuDriver(), request.getfixturevalue("tiny_baseline"), tmp_path)
-    else:
-        request.getfixturevalue("gvisor_usable")
-        tiny = request.getfixturevalue("tiny_baseline")
-        made = Rig(GvisorDriver(run_root=tmp_path / "run"), tiny, tmp_path)
+        return Rig(FakeDriver(run_root=tmp_path / "run"), make_fake_baseline(tmp_path), tmp_path)
+    tiny = request.getfixturevalue("tiny_baseline")
+    if request.param == "qemu":
+        return Rig(QemuDriver(), tiny, tmp_path)
+    request.getfixturevalue("gvisor_usable")
+    return Rig(GvisorDriver(run_root=tmp_path / "run"), tiny, tmp_path)
+
+
+QEMU = pytest.param("qemu", marks=pytest.mark.vm)
+
+
+@pytest.fixture(params=["fake", QEMU, "gvisor"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    made = _rig(request, tmp_path)
+    yield made
+    made.ledger.close()
+
+
+@pytest.fixture(params=["fake", QEMU])  # gVisor has no pidfd_getfd: no command takes a channel
+def hostile_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    made = _rig(request, tmp_path)
     yield made
     made.ledger.close()
 
@@ -107,6 +120,42 @@ async def test_the_session_api(rig: Rig, tmp_path: Path) -> None:
     assert [s["op"] for s in steps(rig.store, "api")][-2:] == ["finish", "artifact"]
 
 
+async def test_streaming_stdin_and_background_commands(rig: Rig) -> None:
+    """Protects (every driver): output reaches ``on_stdout`` while the command runs (before it
+    ends), ``stdin`` feeds a command, a background command takes input and is killed, two
+    commands run at once in one env; each ends as a transcript step (background ones too)."""
+    async with rig.open("stream") as sb:
+        chunks: list[bytes] = []
+        seen_before_end = asyncio.Event()
+
+        def got(chunk: bytes) -> None:
+            chunks.append(chunk)
+            if b"first" in b"".join(chunks):
+                seen_before_end.set()
+
+        run = asyncio.create_task(
+            sb.commands.run("echo first; sleep 2; echo second", on_stdout=got)
+        )
+        await asyncio.wait_for(seen_before_end.wait(), 10)
+        assert not run.done()  # streamed, not delivered at the end
+        assert (await run).stdout == "first\nsecond\n"
+        assert (await sb.commands.run("cat", stdin=b"fed")).stdout == "fed"
+        h = await sb.commands.run("cat; sleep 60", background=True)
+        await h.send_stdin(b"bg input")
+        await h.close_stdin()
+        both = await asyncio.gather(
+            sb.commands.run("sleep 1; echo a"), sb.commands.run("sleep 1; echo b")
+        )
+        assert [r.stdout for r in both] == ["a\n", "b\n"]
+        await h.kill()
+        done = await h.wait()
+        assert done.stdout == "bg input" and not done.ok
+        sb.finish(reward=1.0)
+    assert ended(rig.driver, rig.ledger, rig.store, "stream") == "completed"
+    ops = [(s["op"], s.get("background")) for s in steps(rig.store, "stream")]
+    assert ("spawn", None) in ops and ("exec", True) in ops
+
+
 async def test_an_idle_session_in_a_real_vm_ends_timeout(rig: Rig) -> None:
     """Protects (every driver): idle_timeout_s ends the session as ``timeout``, the VM is
     destroyed and confirmed absent before SessionTimeout reaches the caller."""
@@ -140,12 +189,11 @@ sys.exit(9)
 """
 
 
-async def test_a_hostile_guest_fails_only_its_own_session(rig: Rig) -> None:
+async def test_a_hostile_guest_fails_only_its_own_session(hostile_rig: Rig) -> None:
     """Protects (every driver): a guest that answers garbage mid-session ends that session
     only: ProtocolError to its caller, outcome episode_error with the transcript durable, its
     env confirmed absent; a session running beside it completes."""
-    if rig.driver.name == "gvisor":
-        pytest.skip("gVisor has no pidfd_getfd: a command cannot take its agent's channel")
+    rig = hostile_rig
 
     async def hostile() -> None:
         async with rig.open("bad") as sb:
@@ -190,11 +238,12 @@ async def test_eight_sessions_at_once(tiny_baseline: Baseline, tmp_path: Path) -
 
 OWNER = """
 import sys, time
+from pathlib import Path
 import cleanroom as cr
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
-tmp = sys.argv[1]
-sb = cr.Session(sys.argv[2], ledger=Ledger(tmp + "/ledger.db"), store=LocalStore(tmp + "/store"),
+tmp = Path(sys.argv[1])
+sb = cr.Session(sys.argv[2], ledger=Ledger(tmp / "ledger.db"), store=LocalStore(tmp / "store"),
                 run_id="owned", timeout_s=600)
 sb.open()
 print(sb.episode.env_id, flush=True)

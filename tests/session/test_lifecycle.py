@@ -273,3 +273,25 @@ def test_a_session_left_open_at_exit_is_destroyed(tmp_path: Path) -> None:
     with Ledger(tmp_path / "ledger.db") as ledger:
         driver = FakeDriver(run_root=tmp_path / "run")
         assert ended(driver, ledger, LocalStore(tmp_path / "store"), "x1") == "cancelled"
+
+
+async def test_bad_arguments_are_typed_errors_naming_the_place(
+    tmp_path: Path, parts: tuple[FakeDriver, Ledger, LocalStore]
+) -> None:
+    """Protects: a caller's bad input is a clear CleanroomError naming what was wrong (an
+    artifact that escapes, an empty command, a local folder that is none, a missing guest file
+    as GuestFileNotFound), and none of them ends the session."""
+    from cleanroom.errors import GuestFileNotFound, ManifestError, SessionPathError
+
+    driver, ledger, store = parts
+    async with _open(tmp_path, parts, "e1") as sb:
+        with pytest.raises(ManifestError, match="artifact"):
+            sb.finish(reward=0.0, artifacts=["/repo/../../etc/passwd"])
+        with pytest.raises(ManifestError, match="empty command"):
+            await sb.commands.run("  ")
+        with pytest.raises(SessionPathError, match="not a folder"):
+            await sb.files.upload_dir(tmp_path / "none", "/tmp/x")
+        with pytest.raises(GuestFileNotFound):
+            await sb.files.read(f"{root(driver, sb)}/tmp/none-such")
+        sb.finish(reward=1.0)
+    assert ended(driver, ledger, store, "e1") == "completed"

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cleanroom.agent.commands import GuestProcess
 from cleanroom.agent.session import ExecResult
 from cleanroom.errors import ManifestError
 from cleanroom.session.guard import Guard
@@ -76,7 +77,7 @@ class Commands:
         self._secret_env = secret_env or {}  # every command gets the session's secrets
 
     def _kwargs(self, **given: Any) -> dict[str, Any]:
-        """Only the options asked for: an agent without a feature is never sent its field."""
+        """Only the options asked for (the caller's ``env`` over the session's secrets)."""
         env = given.pop("env", None)
         if self._secret_env or env:
             given["env"] = {**self._secret_env, **(env or {})}
@@ -95,7 +96,8 @@ class Commands:
         background: bool = False,
         stdin: bytes | None = None,
     ) -> Any:
-        """Run ``cmd``; a ``CommandResult``, or with ``background`` a ``CommandHandle``."""
+        """Run ``cmd``; a ``CommandResult``, or with ``background`` a ``CommandHandle``
+        (``stdin`` is then its first input; more with ``send_stdin``)."""
         argv = argv_of(cmd)
         ask: dict[str, Any] = {
             "argv": argv,
@@ -109,10 +111,9 @@ class Commands:
         if background:
             return await self._spawn(ask, kw, stdin)
         started = time.time()
-        extra: dict[str, Any] = {"stdin": stdin} if stdin is not None else {}
         async with self._guard.call() as e:
             try:
-                r = await e.exec(argv, **kw, **extra)
+                r = await e.exec(argv, **kw, stdin=stdin)
             except BaseException as exc:
                 self._guard.transcript.command(**ask, started_at=started, error=repr(exc))
                 raise
@@ -121,12 +122,7 @@ class Commands:
 
     async def _spawn(self, ask: dict[str, Any], kw: dict[str, Any], stdin: bytes | None) -> Any:
         async with self._guard.call() as e:
-            spawn = getattr(e, "spawn", None)
-            if spawn is None:
-                from cleanroom.errors import CleanroomError
-
-                raise CleanroomError("background commands need an env with spawn()")
-            process = await spawn(ask["argv"], **kw)
+            process = await e.spawn(ask["argv"], **kw)
             if stdin is not None:
                 await process.write_stdin(stdin)
         self._guard.transcript.add("spawn", id=process.id, **ask)
@@ -147,12 +143,15 @@ class CommandHandle:
     """A command running in the background: ``send_stdin``, ``close_stdin``, ``kill``,
     ``wait`` (its ``CommandResult``, recorded as its transcript step)."""
 
-    def __init__(self, guard: Guard, process: Any, ask: dict[str, Any], started: float) -> None:
+    def __init__(
+        self, guard: Guard, process: GuestProcess, ask: dict[str, Any], started: float
+    ) -> None:
         self._guard, self._process, self._ask, self._started = guard, process, ask, started
         self.result: CommandResult | None = None
 
     @property
-    def id(self) -> Any:
+    def id(self) -> int:
+        """The request id of the process (the transcript's ``spawn`` step names it)."""
         return self._process.id
 
     async def send_stdin(self, data: bytes) -> None:

@@ -20,7 +20,13 @@ from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.core.states import Failure
 from cleanroom.drivers.base import Env
-from cleanroom.errors import CleanroomError, ManifestError, QuotaExceeded, SessionTimeout
+from cleanroom.errors import (
+    CleanroomError,
+    ManifestError,
+    QuotaExceeded,
+    SessionTimeout,
+    UnsafePath,
+)
 from cleanroom.lifecycle.episode import Episode
 from cleanroom.lifecycle.run import result_problem
 from cleanroom.record import Outcome
@@ -194,4 +200,7 @@ def _artifact_name(path: str) -> str:
     """A guest path as the artifact's name (``/repo/patch.diff`` -> ``repo/patch.diff``)."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise ManifestError(f"finish: artifact {path!r} is not an absolute guest path")
-    return str(wire.guest_name(path.lstrip("/"), "artifact path"))
+    try:
+        return str(wire.guest_name(path.lstrip("/"), "artifact path"))
+    except UnsafePath as exc:  # the caller's argument, not the guest's doing
+        raise ManifestError(f"finish: artifact {path!r}: {exc}") from exc

@@ -106,8 +106,16 @@ def _create(root: Path, parts: tuple[str, ...], data: bytes) -> None:
         folder = folder / part
         if folder.is_symlink():
             raise SessionPathError(f"{folder} is a link; not written through")
-        folder.mkdir(exist_ok=True)
+        try:
+            folder.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise SessionPathError(f"files.download_dir: cannot make {folder}: {exc}") from exc
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    fd = os.open(folder / parts[-1], flags, 0o600)
+    try:
+        fd = os.open(folder / parts[-1], flags, 0o600)
+    except OSError as exc:  # there already, a link, a name this filesystem refuses
+        raise SessionPathError(
+            f"files.download_dir: cannot create {folder / parts[-1]}: {exc}"
+        ) from exc
     with os.fdopen(fd, "wb") as f:
         f.write(data)
