@@ -8,6 +8,7 @@ and the clone id differ; the parent runs on; every VM is confirmed absent at the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers.base import Env, ForkSnapshot
+from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu import fork as qemu_fork
@@ -59,6 +60,15 @@ class _LiveForkingFake(ForkingFake):
 class _PretendLiveFork(_LiveForkingFake):
     """The fake with a pretend live fork: a snapshot folder naming the parent, which runs on
     (what the fork itself does to a VM is proven on qemu below)."""
+
+    gate: asyncio.Event | None = None  # set: clones wait for it
+    waiting = 0
+
+    async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
+        if self.gate is not None:
+            self.waiting += 1
+            await self.gate.wait()
+        return await super().fork_clone(request, snap)
 
     async def fork_live(self, env: Env, snapshot_id: str) -> ForkSnapshot:
         folder = self.forks / snapshot_id
@@ -149,6 +159,43 @@ async def test_branches_outlive_their_parent_and_a_failed_fork_leaves_nothing_op
     assert len(ledger.snapshots(run_id="f3")) == 4  # the RAM file and three forks
     assert driver.list_snapshots() == []
     assert_nothing_left(driver, ledger, "f3", store)
+
+
+async def test_a_fork_cancelled_while_its_branches_restore_leaves_nothing_open(
+    tmp_path: Path, parts: tuple[Ledger, LocalStore]
+) -> None:
+    """Protects: cancelling ``fork`` while its branches restore waits them out, ends every
+    one (no env left, each with one outcome), deletes the snapshot, and raises
+    CancelledError; the parent session goes on."""
+    ledger, store = parts
+    driver = _PretendLiveFork(tmp_path / "pretend")
+    driver.gate = asyncio.Event()
+    async with session(
+        make_fake_baseline(tmp_path),
+        driver=driver,
+        ledger=ledger,
+        store=store,
+        run_id="f4",
+        episode_id="p",
+        options=OPTIONS,
+        forkable=True,
+    ) as sb:
+        forking = asyncio.ensure_future(sb.fork(3))
+        while driver.waiting < 3:
+            await asyncio.sleep(0.01)
+        forking.cancel()
+        await asyncio.sleep(0.05)
+        driver.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await forking
+        assert (await sb.exec(["true"])).ok
+        sb.finish(reward=0.0)
+    rows = {r.episode_id: r for r in ledger.episodes("f4")}
+    assert sorted(rows) == ["p", "p.b1", "p.b2", "p.b3"]
+    assert all(r.outcome is not None for r in rows.values()), rows
+    assert all(s.state == "absent" for s in ledger.snapshots(run_id="f4"))
+    assert ledger.get_run("f4").finished is not None  # type: ignore[union-attr]
+    assert_nothing_left(driver, ledger, "f4", store)
 
 
 @pytest.mark.vm

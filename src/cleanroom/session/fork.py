@@ -104,6 +104,7 @@ async def fork_session(sb: AsyncSession, n: int) -> list[Branch]:
     ids = [f"{key.episode_id}.b{sb.branched + i}" for i in range(1, n + 1)]
     sb.branched += n
     done: list[Branch | BaseException] = []
+    restore: _Restore | None = None
     cancelled = False
     try:
         async with sb.guard.call() as env:  # a guest call: idle clock, limits, failures
@@ -114,7 +115,7 @@ async def fork_session(sb: AsyncSession, n: int) -> list[Branch]:
         cancelled = await until_done(settling)  # cancelled: every opening still waited out
         done = settling.result()
     finally:
-        ending = asyncio.ensure_future(_end_snapshot(sb, snapshot_id, locals().get("restore")))
+        ending = asyncio.ensure_future(_end_snapshot(sb, snapshot_id, restore))
         cancelled = await until_done(ending) or cancelled
     branches = [b for b in done if isinstance(b, Branch)]
     failed = [e for e in done if isinstance(e, BaseException)]
@@ -122,6 +123,7 @@ async def fork_session(sb: AsyncSession, n: int) -> list[Branch]:
         for branch in branches:
             await until_done(asyncio.ensure_future(branch.aclose()))
         raise asyncio.CancelledError() if cancelled else failed[0]
+    assert restore is not None
     sb.transcript.add(
         "fork", branches=ids, snapshot=restore.digest, snapshot_id=snapshot_id, step=step
     )
