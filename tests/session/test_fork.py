@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from cleanroom.errors import ConfigError, LaunchError, Unsupported
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.provenance import missing
-from cleanroom.session import session
+from cleanroom.session import AsyncSession, session
 from cleanroom.session.fork import Branch, fork_session
 from cleanroom.store import LocalStore
 
@@ -111,6 +112,24 @@ async def test_a_driver_that_cannot_fork_says_so_before_anything_is_made(
     assert sorted(r.run_id for r in ledger.list_runs()) == ["f1", "f2"]  # refused: no run
 
 
+def _forkable(
+    tmp_path: Path, driver: ForkingFake, parts: tuple[Ledger, LocalStore], run_id: str
+) -> AbstractAsyncContextManager[AsyncSession]:
+    """A forkable session ``p`` of the fake baseline on ``driver``."""
+    ledger, store = parts
+    baseline = make_fake_baseline(tmp_path)
+    return session(
+        baseline,
+        driver=driver,
+        ledger=ledger,
+        store=store,
+        run_id=run_id,
+        episode_id="p",
+        options=OPTIONS,
+        forkable=True,
+    )
+
+
 async def test_branches_outlive_their_parent_and_a_failed_fork_leaves_nothing_open(
     tmp_path: Path, parts: tuple[Ledger, LocalStore]
 ) -> None:
@@ -120,17 +139,7 @@ async def test_branches_outlive_their_parent_and_a_failed_fork_leaves_nothing_op
     snapshot (confirmed absent) while the parent session goes on."""
     ledger, store = parts
     driver = _PretendLiveFork(tmp_path / "pretend")
-    baseline = make_fake_baseline(tmp_path)
-    async with session(
-        baseline,
-        driver=driver,
-        ledger=ledger,
-        store=store,
-        run_id="f3",
-        episode_id="p",
-        options=OPTIONS,
-        forkable=True,
-    ) as sb:
+    async with _forkable(tmp_path, driver, parts, "f3") as sb:
         first = await sb.fork(2)
         [third] = await sb.fork(1)
         assert [b.episode_id for b in [*first, third]] == ["p.b1", "p.b2", "p.b3"]
@@ -170,16 +179,7 @@ async def test_a_fork_cancelled_while_its_branches_restore_leaves_nothing_open(
     ledger, store = parts
     driver = _PretendLiveFork(tmp_path / "pretend")
     driver.gate = asyncio.Event()
-    async with session(
-        make_fake_baseline(tmp_path),
-        driver=driver,
-        ledger=ledger,
-        store=store,
-        run_id="f4",
-        episode_id="p",
-        options=OPTIONS,
-        forkable=True,
-    ) as sb:
+    async with _forkable(tmp_path, driver, parts, "f4") as sb:
         forking = asyncio.ensure_future(sb.fork(3))
         while driver.waiting < 3:
             await asyncio.sleep(0.01)
