@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from pydantic import ValidationError
@@ -116,7 +116,7 @@ async def session(
             get_driver(driver) if isinstance(driver, str) else driver,
             ledger,
             store if isinstance(store, Store) else open_store(store),
-            Owner("ses-" + secrets_token()),
+            Owner("ses-" + token_hex(6)),
             options or RunOptions(),
             secret_provider=provider_from(secrets_from),
         )
@@ -133,10 +133,6 @@ async def session(
             yield sb
 
 
-def secrets_token() -> str:
-    return secrets.token_hex(6)
-
-
 @asynccontextmanager
 async def _episode(
     ctx: RunContext, baseline: Baseline, manifest: Manifest, run_id: str | None, forkable: bool
@@ -144,7 +140,7 @@ async def _episode(
     """The session's run and its one episode attempt (not yet provisioned); the run's hold
     (it ends when the session and its branches have); a forkable one's RAM snapshot id."""
     ledger, eid = ctx.ledger, manifest.episode_id
-    run_id = run_id or time.strftime("session-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    run_id = run_id or time.strftime("session-%Y%m%d-%H%M%S-") + token_hex(3)
     ledger.start_run(
         run_id,
         controller_id=ctx.owner.controller_id,

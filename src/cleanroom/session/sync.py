@@ -180,7 +180,10 @@ class Session:
         holder.call(_now(sb.finish, reward, info, **kw))
 
     def fork(self, n: int) -> Any:
-        return self._holder.call(self._sb().fork(n)) if self._holder else None
+        """``n`` new sessions from this one's state now (``AsyncSession.fork``)."""
+        sb, holder = self._sb(), self._holder
+        assert holder is not None
+        return holder.call(sb.fork(n))
 
     def close(self, error: BaseException | None = None) -> None:
         """Export, destroy, confirm; idempotent. ``error``: end it as that exception would."""
