@@ -33,7 +33,9 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   └── BaselineChanged         a resume with another baseline, not asked for
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
     ├── SetupError                  a group's setup step failed (its episodes end infra_error)
-    └── CheckError                  a check (isolation, repro) could not run to its end
+    ├── CheckError                  a check (isolation, repro) could not run to its end
+    └── GymError                    a cleanroom.gym env used wrongly (step before reset, closed)
+        └── GymEnvError             the in-VM Gymnasium env raised or died (episode_error)
 """
 
 from __future__ import annotations
@@ -182,3 +184,12 @@ class SetupError(CleanroomError):
 
 class CheckError(CleanroomError):
     """A check (``cleanroom check isolation`` / ``repro``) could not run to its end."""
+
+
+class GymError(CleanroomError):
+    """A ``cleanroom.gym`` env used wrongly: a step before reset, a call after close."""
+
+
+class GymEnvError(GymError):
+    """The Gymnasium env inside the VM raised (its traceback is the message) or its process
+    died; the episode ends ``episode_error`` and the next ``reset`` starts a fresh VM."""

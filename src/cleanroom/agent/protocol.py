@@ -72,6 +72,14 @@ class Kind:
     HEARTBEAT = 17  # [g->h] still alive, sent every HEARTBEAT_S while a request runs
     SNAPSHOT_PREPARE = 18  # [h->g] a snapshot follows: on EOF wait for the next host (OK)
     RESEED = 19  # [h->g] a restored clone: {clone_id, time_ns}, body = host entropy (HELLO)
+    # 40-49: Gymnasium envs in the guest (``gym_worker.py``; values: ``gym_codec.py``)
+    GYM_MAKE = 40  # [h->g] {env, kwargs}: construct the env (or take the premade one); SPACES
+    GYM_SPACES = 41  # [g->h] {tree}, body: the env's spaces, metadata and versions
+    GYM_RESET = 42  # [h->g] {seed, options}: answered by GYM_OBS
+    GYM_STEP = 43  # [h->g] {tree}, body: the action; answered by GYM_OBS
+    GYM_OBS = 44  # [g->h] {tree}, body: what reset/step/close returned
+    GYM_CLOSE = 45  # [h->g] close the env: answered by GYM_OBS (None)
+    GYM_ERROR = 46  # [g->h] {message}: the env (not the agent) failed this request
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}

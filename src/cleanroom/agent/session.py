@@ -241,6 +241,14 @@ class AgentSession:
                 else:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during get")
 
+    async def request(
+        self, kind: int, header: dict[str, Any] | None = None, body: bytes = b""
+    ) -> Frame:
+        """One request answered by one frame (an extension's kinds: ``gym_worker``'s 40-46)."""
+        async with self._lock:
+            await self._send(kind, header, body)
+            return await self._read()
+
     async def shutdown(self) -> None:
         """Ask the guest to power off (best effort; destroy does not depend on it)."""
         with contextlib.suppress(EnvCrashed):

@@ -108,6 +108,10 @@ class Session:
         self._note({"op": "get", "path": path, **_digest(data)})
         return data
 
+    def record(self, entry: dict[str, Any]) -> None:
+        """An entry of an integration's own in the transcript (``cleanroom.gym``: each step)."""
+        self._note(entry)
+
     def finish(self, reward: float, info: dict[str, Any] | None = None) -> None:
         """The session's result (as an entrypoint's result.json); the block's end records it."""
         self._result = json.dumps({"reward": reward, "info": info or {}}).encode()
