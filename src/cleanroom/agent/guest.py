@@ -183,6 +183,8 @@ class Agent(Handlers):
                 facts = reseed(self.pool, frame.body, frame.header)
                 self.adopt_reseed(frame.body)
                 self.hello(facts)
+            elif frame.kind in (Kind.GYM_RESET, Kind.GYM_STEP) and not self.busy.is_set():
+                gym_module().handle(self, frame)  # inline: a step hands off to no thread
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:

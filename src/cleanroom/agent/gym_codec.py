@@ -63,15 +63,25 @@ def encode(value: Any) -> tuple[dict[str, Any], bytes]:
 
 
 def _encode(value: Any, parts: list[bytes], depth: int) -> dict[str, Any]:
-    import numpy as np
-
+    np = _numpy()
+    if isinstance(value, np.ndarray | np.generic):  # first: the common case (an observation)
+        array = np.asarray(value)  # tobytes() is C order (ascontiguousarray: ndim >= 1)
+        if array.dtype.name not in DTYPES:
+            return {"x": repr(value)[:MAX_TEXT]}
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        parts.append(array.tobytes())
+        node: dict[str, Any] = {"t": array.dtype.name, "s": list(array.shape)}
+        if isinstance(value, np.generic):
+            node["k"] = "n"
+        return node
     if depth > MAX_DEPTH:
         return {"x": "<too deep>"}
     if value is None:
         return {"z": 0}
     if isinstance(value, str):
         return {"x": value[:MAX_TEXT]}
-    if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
+    if isinstance(value, bool | int | float):
         kind = "b" if isinstance(value, bool) else "i" if isinstance(value, int) else "f"
         dtype = {"b": np.bool_, "i": np.int64, "f": np.float64}[kind]
         try:
@@ -79,22 +89,25 @@ def _encode(value: Any, parts: list[bytes], depth: int) -> dict[str, Any]:
         except OverflowError:
             return {"x": repr(value)[:MAX_TEXT]}
         return {"t": np.dtype(dtype).name, "s": [], "k": kind}
-    if isinstance(value, np.ndarray | np.generic):
-        array = np.asarray(value)  # tobytes() is C order (ascontiguousarray: ndim >= 1)
-        if array.dtype.name not in DTYPES:
-            return {"x": repr(value)[:MAX_TEXT]}
-        array = array.astype(array.dtype.newbyteorder("<"), copy=False)
-        parts.append(array.tobytes())
-        node: dict[str, Any] = {"t": array.dtype.name, "s": list(array.shape)}
-        if isinstance(value, np.generic):
-            node["k"] = "n"
-        return node
     if isinstance(value, dict):
         return {"d": [[str(k), _encode(v, parts, depth + 1)] for k, v in value.items()]}
     if isinstance(value, tuple | list):
         items = [_encode(v, parts, depth + 1) for v in value]
         return {"u": items} if isinstance(value, tuple) else {"l": items}
     return {"x": repr(value)[:MAX_TEXT]}
+
+
+_NUMPY: Any = None
+
+
+def _numpy() -> Any:
+    """numpy, imported on first use (the agent, which only forwards frames, never does)."""
+    global _NUMPY
+    if _NUMPY is None:
+        import numpy
+
+        _NUMPY = numpy
+    return _NUMPY
 
 
 def decode(node: Any, body: bytes) -> Any:
@@ -151,7 +164,7 @@ class _Reader:
         raise BadTree(f"unknown node tag {tag[:20]!r}")
 
     def array(self, node: dict[str, Any]) -> Any:
-        import numpy as np
+        np = _numpy()
 
         dtype, shape, kind = node.get("t"), node.get("s"), node.get("k")
         if set(node) - {"t", "s", "k"}:

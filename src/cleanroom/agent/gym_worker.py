@@ -32,10 +32,18 @@ if TYPE_CHECKING:
 
 if __package__:  # on the host, as part of the package
     from cleanroom.agent import gym_codec
-    from cleanroom.agent.protocol import DEFAULT_MAX_BODY, Kind, dumps, encode, read_frame
+    from cleanroom.agent.protocol import (
+        DEFAULT_MAX_BODY,
+        PREFIX,
+        Kind,
+        dumps,
+        encode,
+        parse_prefix,
+        read_frame,
+    )
 else:  # in the guest (and in the gym process), next to protocol.py
     import gym_codec  # type: ignore[import-not-found,no-redef]
-    from protocol import DEFAULT_MAX_BODY, Kind, dumps, encode, read_frame  # type: ignore[import-not-found,no-redef]
+    from protocol import DEFAULT_MAX_BODY, PREFIX, Kind, dumps, encode, parse_prefix, read_frame  # type: ignore[import-not-found,no-redef]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_FILE = "/etc/cleanroom/gym.json"
@@ -107,27 +115,34 @@ class Proxy:
             self.stop()
         return self.ready
 
-    def ask(
-        self, kind: int, header: dict[str, Any], body: bytes
-    ) -> tuple[int, dict[str, Any], bytes]:
-        """One request to the gym process and its answer (a dead process: a fatal GYM_ERROR)."""
+    def ask(self, kind: int, header: dict[str, Any], body: bytes) -> bytes:
+        """One request to the gym process; its answer as the raw frame to pass on (checked
+        for kind and size, not decoded: the host decodes it). A dead process: a fatal
+        GYM_ERROR."""
         if not self.wait_ready():
-            return (
-                Kind.GYM_ERROR,
-                {"message": f"gym process: {self.error}"[:MAX_MESSAGE], "fatal": True},
-                b"",
-            )
+            why = f"gym process: {self.error}"[:MAX_MESSAGE]
+            return encode(Kind.GYM_ERROR, {"message": why, "fatal": True})
         try:
             self.stream.write(encode(kind, header, body))
-            frame = read_frame(self.stream, max_body=DEFAULT_MAX_BODY)  # type: ignore[arg-type]
+            prefix = self._read(PREFIX.size)
+            answer, hlen, blen = parse_prefix(prefix, DEFAULT_MAX_BODY)
+            if answer not in ANSWERS:
+                raise ValueError(f"the gym process answered frame {answer}")
+            return prefix + self._read(hlen + blen)
         except (OSError, ValueError, EOFError) as exc:
             self.error = f"the gym process died ({type(exc).__name__}: {exc})"
             self.ready = False
             self.stop()
-            return Kind.GYM_ERROR, {"message": self.error, "fatal": True}, b""
-        if frame.kind not in ANSWERS:
-            return Kind.GYM_ERROR, {"message": f"gym process answered {frame.kind}"}, b""
-        return frame.kind, frame.header, frame.body
+            return encode(Kind.GYM_ERROR, {"message": self.error, "fatal": True})
+
+    def _read(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = self.stream.read(size - len(data))
+            if not chunk:
+                raise EOFError("the gym process closed its channel")
+            data += chunk
+        return bytes(data)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -143,13 +158,20 @@ def boot(env: dict[str, str]) -> Proxy | None:
 
 
 def handle(agent: Any, frame: Any) -> None:
-    """Serve one GYM_* request of the host: through ``agent.gym`` (started now if none)."""
+    """Serve one GYM_* request of the host through ``agent.gym`` (started now if none): the
+    gym process's answer goes to the host as it came."""
     proxy: Proxy | None = getattr(agent, "gym", None)
-    if proxy is None or (proxy.error and not proxy.ready):
-        from_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-        proxy = agent.gym = Proxy(load_config() or {}, from_env)
-    kind, header, body = proxy.ask(frame.kind, frame.header, frame.body)
-    agent.send(kind, header, body)
+    try:
+        if proxy is None or (proxy.error and not proxy.ready):
+            from_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+            proxy = agent.gym = Proxy(load_config() or {}, from_env)
+        answer = proxy.ask(frame.kind, frame.header, frame.body)
+    except Exception as exc:  # never the agent's end (the main loop may be the caller)
+        answer = encode(Kind.GYM_ERROR, {"message": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE]})
+    view = memoryview(answer)
+    with agent.lock:  # as Agent.send, without decoding and encoding the answer again
+        while view:
+            view = view[agent.stream.write(view) :]
 
 
 # -- the gym process -----------------------------------------------------------------------------
@@ -237,28 +259,27 @@ class Server:
             },
         }
 
-    def answer(self, kind: int, header: dict[str, Any], body: bytes) -> tuple[int, Any]:
+    def answer(
+        self, kind: int, header: dict[str, Any], body: bytes
+    ) -> tuple[int, Any, dict[str, Any]]:
+        """(answer kind, value for the body's tree, header fields: a step's reward and flags;
+        a NaN reward is sent as it is, and the host refuses it)."""
         if kind == Kind.GYM_MAKE:
-            return Kind.GYM_SPACES, self.make(header)
+            return Kind.GYM_SPACES, self.make(header), {}
         if self.env is None:
             raise RuntimeError("no env: GYM_MAKE comes first")
         if kind == Kind.GYM_RESET:
             obs, info = self.env.reset(seed=header.get("seed"), options=header.get("options"))
-            return Kind.GYM_OBS, {"obs": obs, "info": info}
+            return Kind.GYM_OBS, (obs, info), {}
         if kind == Kind.GYM_STEP:
             action = gym_codec.decode(header.get("tree"), body)
             obs, reward, terminated, truncated, info = self.env.step(action)
-            return Kind.GYM_OBS, {
-                "obs": obs,
-                "reward": float(reward),
-                "terminated": bool(terminated),
-                "truncated": bool(truncated),
-                "info": info,
-            }
+            flags = {"r": float(reward), "te": bool(terminated), "tr": bool(truncated)}
+            return Kind.GYM_OBS, (obs, info), flags
         if kind == Kind.GYM_CLOSE:
             self.env.close()
             self.env = None
-            return Kind.GYM_OBS, None
+            return Kind.GYM_OBS, None, {}
         raise RuntimeError(f"unexpected frame {kind}")
 
 
@@ -272,11 +293,11 @@ def serve(stream: Any, server: Server) -> None:
         except EOFError:
             return
         try:
-            kind, value = server.answer(frame.kind, frame.header, frame.body)
+            kind, value, fields = server.answer(frame.kind, frame.header, frame.body)
             node, body = gym_codec.encode(value)
             if len(body) > DEFAULT_MAX_BODY:
                 raise ValueError(f"an answer of {len(body)} bytes exceeds {DEFAULT_MAX_BODY}")
-            reply = encode(kind, {"tree": node}, body)
+            reply = encode(kind, {"tree": node, **fields}, body)
         except Exception:
             reply = encode(Kind.GYM_ERROR, {"message": traceback.format_exc()[-MAX_MESSAGE:]})
         stream.write(reply)

@@ -149,7 +149,7 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         episode.facts = {**facts, "seed": inner_seed, "reset_seed": seed}
         if self._spaces is None:
             self._spaces = (obs_space, act_space)
-        answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
+        _, answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
         self._episode = episode
         obs, info = wire.reset(answer)
         return obs, {**info, "episode_id": episode.episode_id, "run_id": self._run.run_id}
@@ -164,8 +164,8 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
     async def _step(
         self, episode: GymEpisode, node: dict[str, Any], body: bytes, action: Any
     ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        answer = await episode.ask(Kind.GYM_STEP, {"tree": node}, body)
-        obs, reward, terminated, truncated, info = wire.step(answer)
+        frame, answer = await episode.ask(Kind.GYM_STEP, {"tree": node}, body)
+        obs, reward, terminated, truncated, info = wire.step(frame, answer)
         episode.steps += 1
         episode.total += reward
         if terminated or truncated:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent.protocol import Kind
+from cleanroom.agent.protocol import Frame, Kind
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers import get_driver
@@ -147,7 +147,8 @@ class GymEpisode:
                 options=run.options,
             ) as sb:
                 self._sb = sb
-                self.made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
+                made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
+                self.made = wire.value(made, Kind.GYM_SPACES)
                 opened.set_result(None)
                 await self._done.wait()
                 if isinstance(self._fault, GUEST_FAULTS):
@@ -167,9 +168,7 @@ class GymEpisode:
             elif exc is not self._fault:
                 raise
 
-    async def _ask(
-        self, kind: int, header: dict[str, Any], body: bytes = b"", expected: int = Kind.GYM_SPACES
-    ) -> Any:
+    async def _ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> Frame:
         assert self._sb is not None
         env = self._sb.episode.env
         if env is None:
@@ -177,12 +176,14 @@ class GymEpisode:
         frame = await asyncio.wait_for(
             env.session.request(kind, header, body), self.run.step_timeout_s
         )
-        return wire.value(frame, expected)
+        return frame
 
-    async def ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> Any:
-        """A GYM_RESET/STEP/CLOSE answer; any failure ends the episode first, then raises."""
+    async def ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> tuple[Frame, Any]:
+        """A GYM_RESET/STEP answer (the frame, its decoded tree); any failure ends the
+        episode first, then raises."""
         try:
-            return await self._ask(kind, header, body, Kind.GYM_OBS)
+            frame = await self._ask(kind, header, body)
+            return frame, wire.value(frame, Kind.GYM_OBS)
         except BaseException as exc:
             await self.end(exc)
             raise

@@ -118,15 +118,21 @@ def spaces_of(answer: Any) -> tuple[spaces.Space[Any], spaces.Space[Any], dict[s
 
 
 def reset(answer: Any) -> tuple[Any, dict[str, Any]]:
-    desc = _dict(answer, "a reset answer")
-    return desc.get("obs"), _dict(desc.get("info", {}), "info")
+    """(obs, info) of a GYM_RESET answer."""
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        raise ProtocolError("a reset answer is not (obs, info)")
+    return answer[0], _dict(answer[1], "info")
 
 
-def step(answer: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-    desc = _dict(answer, "a step answer")
-    reward, terminated, truncated = (desc.get(k) for k in ("reward", "terminated", "truncated"))
+def step(frame: Frame, answer: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    """(obs, reward, terminated, truncated, info) of a GYM_STEP answer: the flags come in
+    the frame's header (``r``, ``te``, ``tr``: JSON, finite by ``wire.decode_header``)."""
+    obs, info = reset(answer)
+    reward, terminated, truncated = (frame.header.get(k) for k in ("r", "te", "tr"))
+    if isinstance(reward, int) and not isinstance(reward, bool):
+        reward = float(reward)
     if not isinstance(reward, float) or not math.isfinite(reward):
-        raise ProtocolError("step: the reward is not a finite float")
+        raise ProtocolError("step: the reward is not a finite number")
     if not isinstance(terminated, bool) or not isinstance(truncated, bool):
         raise ProtocolError("step: terminated/truncated are not bools")
-    return desc.get("obs"), reward, terminated, truncated, _dict(desc.get("info", {}), "info")
+    return obs, reward, terminated, truncated, info
