@@ -185,7 +185,7 @@ class _Reader:
             self.body, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=self.offset
         ).reshape(shape)
         # a copy in native order; a bool is any non-zero byte (not a bool of byte 2)
-        array = raw.view(np.uint8) != 0 if dtype == "bool" else raw.astype(dtype)
+        array = np.asarray(raw.view(np.uint8) != 0) if dtype == "bool" else raw.astype(dtype)
         self.offset += size
         if kind is None:
             return array
