@@ -14,6 +14,8 @@ reproducers, and the property tests (``test_fuzz.py``).
   quota; nothing may be written outside the episode's temporary staging folder.
 - ``manifest``: a manifests file (``parse_manifests``).
 - ``spec``: a ``baseline.toml`` (``load_spec``).
+- ``gym``: a Gymnasium answer (``cleanroom.gym.wire``): the first byte picks GYM_SPACES or
+  GYM_OBS, the next four the header's length; the header, then the body (raw array bytes).
 """
 
 from __future__ import annotations
@@ -127,6 +129,22 @@ def spec(data: bytes) -> None:
     load_spec(path)
 
 
+def gym(data: bytes) -> None:
+    from cleanroom.agent.protocol import Frame, Kind
+    from cleanroom.gym import wire as gym_wire
+
+    if len(data) < 5:
+        return
+    size = int.from_bytes(data[1:5], "big")
+    header, body = wire.decode_header(data[5 : 5 + size]), data[5 + size :]
+    if data[0] % 2:
+        frame = Frame(Kind.GYM_SPACES, header, body)
+        gym_wire.spaces_of(gym_wire.value(frame, Kind.GYM_SPACES))
+    else:
+        frame = Frame(Kind.GYM_OBS, header, body)
+        gym_wire.step(frame, gym_wire.value(frame, Kind.GYM_OBS))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "header": header,
     "result": result,
@@ -134,6 +152,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "stream": stream,
     "manifest": manifest,
     "spec": spec,
+    "gym": gym,
 }
 ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "header": (ProtocolError,),
@@ -142,6 +161,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "stream": (ProtocolError, EnvCrashed),
     "manifest": (ManifestError,),
     "spec": (SpecError,),
+    "gym": (ProtocolError,),
 }
 
 

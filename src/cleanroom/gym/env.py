@@ -19,6 +19,7 @@ as an episode of policy ``gym-probe``).
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +142,13 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
     async def _reset(
         self, inner_seed: int, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
+        started = time.perf_counter()
         if self._episode is not None:
             episode, self._episode = self._episode, None
             await episode.end()
+        ended = time.perf_counter()
         episode = await self._run.episode(inner_seed, seed, "gym")
+        made = time.perf_counter()
         obs_space, act_space, facts = wire.spaces_of(episode.made)
         episode.facts = {**facts, "seed": inner_seed, "reset_seed": seed}
         if self._spaces is None:
@@ -152,7 +156,13 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         _, answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
         self._episode = episode
         obs, info = wire.reset(answer)
-        return obs, {**info, "episode_id": episode.episode_id, "run_id": self._run.run_id}
+        timings = {  # seconds: the last episode's end (export, destroy, confirm); a fresh VM
+            "end_previous_s": round(ended - started, 6),  # with the env made in it; its reset
+            "start_s": round(made - ended, 6),
+            "reset_s": round(time.perf_counter() - made, 6),
+        }
+        ids = {"episode_id": episode.episode_id, "run_id": self._run.run_id}
+        return obs, {**info, **ids, "cleanroom_timings": timings}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         episode = self._episode
