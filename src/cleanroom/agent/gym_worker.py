@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 
@@ -77,26 +76,8 @@ class Proxy:
     def __init__(self, config: dict[str, Any], env: dict[str, str]) -> None:
         self.ready = False
         self.error = ""
-        self.sock, theirs = socket.socketpair()
+        self.sock, self.proc = warm_module().spawn(LAUNCHER.format(here=HERE), dumps(config), env)
         self.stream = self.sock.makefile("rwb", buffering=0)
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-c",
-                    LAUNCHER.format(here=HERE),
-                    str(theirs.fileno()),
-                    dumps(config),
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            theirs.close()
 
     def wait_ready(self, timeout_s: float = READY_S) -> bool:
         """Wait for the process's imports and premade envs; False (``error`` set) if it failed."""
@@ -149,6 +130,15 @@ class Proxy:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
+
+
+def warm_module() -> Any:
+    """``warm.py`` (its ``spawn``), imported when a gym process starts."""
+    if __package__:
+        from cleanroom.agent import warm
+    else:
+        import warm  # type: ignore[import-not-found,no-redef]
+    return warm
 
 
 def boot(env: dict[str, str]) -> Proxy | None:
