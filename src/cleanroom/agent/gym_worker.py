@@ -85,7 +85,7 @@ class Proxy:
             return self.ready
         self.sock.settimeout(timeout_s)
         try:
-            frame = read_frame(self.stream)  # type: ignore[arg-type]
+            frame = read_frame(self.stream)
             self.ready = frame.kind == Kind.OK and frame.header.get("ready") is True
             self.error = "" if self.ready else str(frame.header.get("message") or "not ready")
         except (OSError, ValueError, EOFError) as exc:
