@@ -14,10 +14,13 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = [
+    "AsyncSession",
+    "CommandResult",
     "Manifest",
     "RayCluster",
     "RunOptions",
     "RunResult",
+    "Session",
     "__version__",
     "arun",
     "group",
@@ -35,6 +38,9 @@ _LAZY = {
     "RunOptions": "cleanroom.lifecycle.context",
     "RunResult": "cleanroom.batch.result",
     "session": "cleanroom.session",
+    "Session": "cleanroom.session",
+    "AsyncSession": "cleanroom.session",
+    "CommandResult": "cleanroom.session",
     "RayCluster": "cleanroom.integrations.ray.config",
 }
 

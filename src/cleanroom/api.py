@@ -47,6 +47,12 @@ Manifests = Iterable[Manifest | dict[str, Any]] | str | Path
 """A JSON Lines file, or manifests as ``Manifest`` objects and/or plain dicts."""
 
 
+def resolve_baseline(baseline: Baseline | str | Path) -> Baseline:
+    """A ``Baseline`` as given, or the one a path names (a baseline.toml or its folder,
+    built first if its digest is not in the home's store yet)."""
+    return baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
+
+
 def manifests_of(manifests: Manifests) -> list[Manifest]:
     """``manifests`` validated (a file's lines, or a list's items) into ``Manifest`` objects."""
     if isinstance(manifests, str | Path):
@@ -80,7 +86,7 @@ async def arun(
     """
     private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
     items = manifests_of(manifests)
-    resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
+    resolved = resolve_baseline(baseline)
     opts = options or RunOptions(parallel=parallel)
     if cluster is not None:
         from cleanroom.integrations.ray.scheduler import run_on_cluster
@@ -175,7 +181,7 @@ async def open_env(
     async with cleanroom.open_env("examples/cartpole") as env:
         print((await env.exec(["uname", "-r"])).check().stdout.decode())
     """
-    resolved = baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
+    resolved = resolve_baseline(baseline)
     try:
         wanted = limits if isinstance(limits, Limits) else Limits.model_validate(limits or {})
     except ValidationError as exc:

@@ -20,6 +20,13 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── LaunchError             the environment could not be created / never became ready
     │   ├── EnvCrashed              the environment died or went silent under us
     │   └── DestroyError            the environment could not be confirmed absent
+    ├── GuestOperationError         one operation in a guest failed; the guest itself is fine
+    │   ├── CommandFailed           ``ExecResult.check()``: a non-zero exit or a signal
+    │   │   └── CommandTimeout      ...or the command ran past its ``timeout_s`` (group killed)
+    │   ├── GuestFileNotFound       ``get``/``get_stream``/``get_tar`` of a path that is not there
+    │   ├── UnknownUser             ``user=`` names nobody in the guest's /etc/passwd
+    │   ├── GuestUnsafePath         a tar member the guest refused to unpack (escape, device)
+    │   └── Unsupported             the env's agent lacks the feature (HELLO ``features``)
     ├── ProtocolError               a peer sent a malformed or oversized frame
     │   ├── FrameTooLarge           a frame over the negotiated maximum
     │   ├── QuotaExceeded           the episode's output quota is used up
@@ -33,6 +40,10 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   └── BaselineChanged         a resume with another baseline, not asked for
     ├── VerifierError               a verifier could not produce a verdict (never an outcome)
     ├── SetupError                  a group's setup step failed (its episodes end infra_error)
+    ├── SessionError                a session call that cannot be done as asked
+    │   ├── SessionPathError        a path that is not a folder (upload_dir, download_dir, list)
+    │   └── SessionClosed           a call after the session ended (closed, failed, timed out)
+    │       └── SessionTimeout      its ``timeout_s`` or ``idle_timeout_s`` passed (a TimeoutError)
     ├── CheckError                  a check (isolation, repro) could not run to its end
     └── GymError                    a cleanroom.gym env used wrongly (step before reset, closed)
         └── GymEnvError             the in-VM Gymnasium env raised or died (episode_error)
@@ -121,6 +132,39 @@ class DestroyError(DriverError):
     """An environment could not be confirmed absent within the cleanup window."""
 
 
+class GuestOperationError(CleanroomError):
+    """One operation in the guest failed (a missing file, an unknown user, a failed command);
+    the guest kept to the protocol and the env stays usable (unlike ``ProtocolError``)."""
+
+
+class CommandFailed(GuestOperationError):
+    """A guest command exited non-zero or was killed; ``result`` is its ``ExecResult``."""
+
+    def __init__(self, message: str, result: object = None) -> None:
+        self.result = result
+        super().__init__(message)
+
+
+class CommandTimeout(CommandFailed):
+    """A guest command ran past its ``timeout_s``; its process group was killed."""
+
+
+class GuestFileNotFound(GuestOperationError):
+    """A guest path to read (``get``, ``get_stream``, ``get_tar``) does not exist."""
+
+
+class UnknownUser(GuestOperationError):
+    """``user=`` names no user of the guest."""
+
+
+class GuestUnsafePath(GuestOperationError):
+    """The guest refused a tar member that would escape its folder or is a device node."""
+
+
+class Unsupported(GuestOperationError):
+    """The env's guest agent does not serve this (its HELLO's ``features`` lack it)."""
+
+
 class ProtocolError(CleanroomError):
     """The agent channel carried something malformed."""
 
@@ -179,6 +223,27 @@ class SetupError(CleanroomError):
     def __init__(self, message: str, stdout: bytes = b"", stderr: bytes = b"") -> None:
         self.stdout = stdout
         self.stderr = stderr
+        super().__init__(message)
+
+
+class SessionError(CleanroomError):
+    """A session call that cannot be done as asked."""
+
+
+class SessionPathError(SessionError):
+    """A folder (here or in the guest) that is not one; the message names it."""
+
+
+class SessionClosed(SessionError):
+    """A session was used after it ended; the message says how it ended."""
+
+
+class SessionTimeout(SessionClosed, TimeoutError):
+    """A session ran past its ``timeout_s`` or sat idle past its ``idle_timeout_s``;
+    ``limit`` names which (the record's error says it too)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        self.limit = limit
         super().__init__(message)
 
 

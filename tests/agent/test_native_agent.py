@@ -203,8 +203,8 @@ def test_a_bad_frame_ends_the_agent_instead_of_desynchronizing(
 
 def test_the_c_constants_are_the_protocols() -> None:
     """frame.h and agent.c restate protocol.py's kinds and limits: they must not drift. The
-    Gymnasium kinds (40-49, ``gym_worker.py``) are the Python agent's alone: the native agent
-    refuses them as unknown frames."""
+    native agent keeps the first protocol (kinds below 20; it announces no ``features``), so
+    the multiplexed kinds (``EXTENSION_KINDS``) are not its."""
     import re
 
     text = "".join((native.NATIVE_DIR / n).read_text() for n in ("frame.h", "agent.c"))
@@ -212,10 +212,10 @@ def test_the_c_constants_are_the_protocols() -> None:
         name: eval(value)  # simple integer expressions such as 256 * 1024
         for name, value in re.findall(r"^\s*(K_[A-Z_]+|[A-Z_]+) = ([0-9 *]+),", text, re.M)
     }
-    core = {k: v for k, v in protocol.NAMES.items() if not 40 <= k <= 49}
-    for value, name in core.items():
-        assert found[f"K_{name}"] == value, name
-    assert found["KIND_MAX"] == max(core)
+    for name, value in vars(protocol.Kind).items():
+        if isinstance(value, int) and value not in protocol.EXTENSION_KINDS:
+            assert found[f"K_{name}"] == value, name
+    assert found["KIND_MAX"] == max(k for k in protocol.NAMES if k not in protocol.EXTENSION_KINDS)
     for name in ("MAX_HEADER", "CHUNK", "RESULT_MAX_BYTES", "MAX_NAME", "MAX_NAME_PARTS"):
         assert found[name] == getattr(protocol, name), name
     assert found["MAX_BODY"] == protocol.DEFAULT_MAX_BODY

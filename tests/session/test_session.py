@@ -58,7 +58,7 @@ async def _session_round_trip(
     record = store.get_record("s1", "session")
     assert record is not None and record["outcome"] == "completed" and record["reward"] == 1.5
     steps = _transcript(store, "s1")
-    assert [s["op"] for s in steps] == ["exec", "put", "get"]
+    assert [s["op"] for s in steps] == ["exec", "put", "get", "finish"]
     assert steps[0]["exit_code"] == 3 and steps[0]["stderr"] == "oops\n"
     assert steps[1]["sha256"] == steps[2]["sha256"] and steps[1]["size"] == 3
     assert_nothing_left(driver, ledger, "s1", store)  # destroyed before the block returned

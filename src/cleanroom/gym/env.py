@@ -182,14 +182,12 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             episode.facts.update(terminated=terminated, truncated=truncated)
         if self.trajectory:
             episode.record(
-                {
-                    "op": "gym_step",
-                    "t": episode.steps,
-                    "action": _plain(action),
-                    "reward": reward,
-                    "terminated": terminated,
-                    "truncated": truncated,
-                }
+                "gym_step",
+                t=episode.steps,
+                action=_plain(action),
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
             )
         return obs, reward, terminated, truncated, info
 

@@ -30,7 +30,7 @@ from cleanroom.gym import wire
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import release_spares
-from cleanroom.session import Session, session
+from cleanroom.session import AsyncSession, session
 from cleanroom.store import Store, open_store
 
 GUEST_FAULTS = (GymEnvError, ProtocolError)  # the guest's: the episode ends episode_error
@@ -115,7 +115,7 @@ class GymEpisode:
         self.total = 0.0
         self.ended = False
         self.facts: dict[str, Any] = {}
-        self._sb: Session | None = None
+        self._sb: AsyncSession | None = None
         self._done = asyncio.Event()
         self._fault: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -152,12 +152,8 @@ class GymEpisode:
                 opened.set_result(None)
                 await self._done.wait()
                 if isinstance(self._fault, GUEST_FAULTS):
-                    sb.record(
-                        {
-                            "op": "gym_error",
-                            "error": f"{type(self._fault).__name__}: {self._fault}"[-2000:],
-                        }
-                    )
+                    error = f"{type(self._fault).__name__}: {self._fault}"[-2000:]
+                    sb.transcript.add("gym_error", error=error)
                 elif self._fault is not None:
                     raise self._fault
                 else:
@@ -173,6 +169,7 @@ class GymEpisode:
         env = self._sb.episode.env
         if env is None:
             raise GymEnvError(f"episode {self.episode_id}: its env is gone")
+        env.session.require("gym", "cleanroom.gym")  # the native agent has no gym process
         frame = await asyncio.wait_for(
             env.session.request(kind, header, body), self.run.step_timeout_s
         )
@@ -188,9 +185,10 @@ class GymEpisode:
             await self.end(exc)
             raise
 
-    def record(self, entry: dict[str, Any]) -> None:
+    def record(self, op: str, **fields: Any) -> None:
+        """An entry of the episode's transcript (a step of the trajectory)."""
         if self._sb is not None:
-            self._sb.record(entry)
+            self._sb.transcript.add(op, **fields)
 
     async def end(self, fault: BaseException | None = None) -> None:
         """Finish the episode: export its evidence, destroy its VM, confirm it absent."""

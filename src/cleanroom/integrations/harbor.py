@@ -53,7 +53,7 @@ from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import Session, session
+from cleanroom.session import AsyncSession, session
 from cleanroom.store import open_store
 
 __all__ = ["CleanroomEnvironment", "baseline_spec_for", "egress_allowlist"]
@@ -168,8 +168,8 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
     def __init__(self, *args: Any, driver: str = "qemu", store: str | None = None, **kwargs: Any):
         self._driver_name = _vm_driver(driver)
         self._store_ref = store
-        self._session_cm: contextlib.AbstractAsyncContextManager[Session] | None = None
-        self._sb: Session | None = None
+        self._session_cm: contextlib.AbstractAsyncContextManager[AsyncSession] | None = None
+        self._sb: AsyncSession | None = None
         self._ledger: Ledger | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._interrupted = False  # a command was cut short while the guest ran it
@@ -283,7 +283,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         finally:
             self._close_ledger()
 
-    def _finish(self, sb: Session) -> None:
+    def _finish(self, sb: AsyncSession) -> None:
         """The reward Harbor's verifier left in the trial folder (read, never written) as the
         session's result; a trial without one ends ``episode_error`` (no ``finish``)."""
         text, data = self.trial_paths.reward_text_path, self.trial_paths.reward_json_path
@@ -300,7 +300,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         except (OSError, ValueError) as exc:
             self.logger.warning("no reward for %s: %s", self.session_id, exc)
 
-    def _confirm_absent(self, sb: Session) -> None:
+    def _confirm_absent(self, sb: AsyncSession) -> None:
         assert self._ledger is not None
         run_id = sb.episode.key.run_id
         envs = self._ledger.envs(run_id=run_id)
@@ -316,7 +316,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             self._ledger.close()
             self._ledger = None
 
-    def _session(self) -> Session:
+    def _session(self) -> AsyncSession:
         if self._sb is None or self._session_cm is None:
             raise CleanroomError(f"{self.session_id}: not started, or stopped")
         if self._interrupted:

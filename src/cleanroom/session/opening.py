@@ -1,0 +1,187 @@
+"""``session(...)``: open one interactive episode, hand out its ``AsyncSession``, end it.
+
+A session is one episode of a run (ledger intent before the VM, a run lock, an attempt). On
+leaving the block the ending is decided (``AsyncSession.conclude``), the evidence exported (the
+transcript, the command log, the artifacts, then the record), the VM destroyed and confirmed
+absent, and only then does ``async with`` return or raise:
+
+- normally: ``completed`` (or ``episode_error``: see ``core``);
+- ``timeout_s`` / ``idle_timeout_s`` passed: ``timeout``, then ``SessionTimeout`` is raised;
+- the guest broke the protocol (``episode_error``) or died (``env_crashed``): that error;
+- an exception of the caller's: ``infra_error`` (``core.states.classify``), raised again;
+- cancellation: ``cancelled``; an abandoned session (garbage-collected, left open at exit):
+  ``cancelled`` with a ``ResourceWarning``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from cleanroom import private
+from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Failure
+from cleanroom.drivers import get_driver
+from cleanroom.drivers.base import Driver, Owner
+from cleanroom.errors import ManifestError
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext, RunOptions
+from cleanroom.lifecycle.episode import Episode, EpisodeKey
+from cleanroom.manifest import Manifest, describe
+from cleanroom.record import Outcome
+from cleanroom.secrets import provider_from
+from cleanroom.session.core import AsyncSession
+from cleanroom.store import Store, open_store
+
+ABANDONED = "the session was garbage-collected or left open at exit; destroyed"
+
+
+def _manifest(
+    episode_id: str,
+    seed: int,
+    policy: dict[str, Any] | None,
+    task: dict[str, Any] | None,
+    network: list[str] | None,
+    timeout_s: float | None,
+    secret_names: list[str] | None,
+) -> Manifest:
+    return Manifest.model_validate(
+        {
+            "episode_id": episode_id,
+            "seed": seed,
+            "policy": policy or {"id": "interactive"},
+            "task": task or {},
+            "limits": {"timeout_s": timeout_s} if timeout_s is not None else {},
+            "secrets": list(secret_names or []),
+            **({"network": {"allow": network}} if network is not None else {}),
+        }
+    )
+
+
+@asynccontextmanager
+async def session(
+    baseline: Baseline | str | Path,
+    *,
+    driver: Driver | str = "qemu",
+    ledger: Ledger | None = None,
+    store: Store | str | Path | None = None,
+    seed: int = 0,
+    policy: dict[str, Any] | None = None,
+    task: dict[str, Any] | None = None,
+    episode_id: str = "session",
+    run_id: str | None = None,
+    options: RunOptions | None = None,
+    network: list[str] | None = None,
+    timeout_s: float | None = None,
+    idle_timeout_s: float | None = None,
+    secrets: list[str] | None = None,
+    secrets_from: str | None = None,
+) -> AsyncIterator[AsyncSession]:
+    """One interactive episode (module docstring) on a fresh env of ``baseline`` (a
+    ``Baseline``, or a baseline.toml / folder, built if needed, as ``cleanroom.run`` does).
+
+    ``driver``/``ledger``/``store``: default the home's (``qemu``, its ledger, its store).
+    ``run_id``: a run of its own unless it names one this session may take (the run lock
+    applies). ``timeout_s``: the session's whole life from ready (default: the baseline's
+    ``timeout_s``; the deadman ends the VM soon after it even if this process dies);
+    ``idle_timeout_s``: how long it may sit with no call running. ``secrets``: names resolved
+    by the provider (``secrets_from``, as ``cleanroom run``), given to every command as
+    environment variables and redacted everywhere. ``network``: the egress allowlist (within
+    the baseline's; ``[]``: none); None: the baseline's."""
+    async with AsyncExitStack() as stack:
+        if ledger is None or isinstance(store, str | Path | None) or isinstance(driver, str):
+            private.check_home()  # the home is private (0700, ours); else PrivacyError
+        if ledger is None:
+            ledger = stack.enter_context(Ledger())
+        from cleanroom.api import resolve_baseline  # the API's resolution, shared
+
+        ctx = RunContext(
+            get_driver(driver) if isinstance(driver, str) else driver,
+            ledger,
+            store if isinstance(store, Store) else open_store(store),
+            Owner("ses-" + secrets_token()),
+            options or RunOptions(),
+            secret_provider=provider_from(secrets_from),
+        )
+        try:
+            manifest = _manifest(episode_id, seed, policy, task, network, timeout_s, secrets)
+        except ValidationError as exc:
+            raise ManifestError(f"session {episode_id!r}: invalid", describe(exc)) from exc
+        opened = _episode(ctx, resolve_baseline(baseline), manifest, run_id)
+        async with opened as episode, _interact(episode, idle_timeout_s) as sb:
+            yield sb
+
+
+def secrets_token() -> str:
+    return secrets.token_hex(6)
+
+
+@asynccontextmanager
+async def _episode(
+    ctx: RunContext, baseline: Baseline, manifest: Manifest, run_id: str | None
+) -> AsyncIterator[Episode]:
+    """The session's run and its one episode attempt (not yet provisioned)."""
+    ledger, eid = ctx.ledger, manifest.episode_id
+    run_id = run_id or time.strftime("session-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    ledger.start_run(
+        run_id,
+        controller_id=ctx.owner.controller_id,
+        baseline=baseline.digest,
+        driver=ctx.driver.name,
+        parallel=1,
+        meta={"kind": "session"},
+    )
+    status = "failed"
+    try:
+        attempt = ledger.next_attempt(run_id, eid)
+        ledger.episode_queued(run_id, eid, attempt)
+        key = EpisodeKey(run_id, eid, attempt)
+        yield Episode(ctx, key, manifest, baseline, absorb=False)
+        status = "completed"
+    finally:
+        ledger.finish_run(run_id, status)
+
+
+@asynccontextmanager
+async def _interact(episode: Episode, idle_timeout_s: float | None) -> AsyncIterator[AsyncSession]:
+    """Provision, yield the session once, conclude it; raise what ended it (after the env is
+    gone: the ``Episode`` block closes before anything is raised again)."""
+    pending: BaseException | None = None
+    async with episode:
+        await episode.provision()
+        sb = AsyncSession(episode)
+        sb.start_clocks(episode.limits.timeout_s, idle_timeout_s)
+        try:
+            yield sb
+        except asyncio.CancelledError:
+            sb.stop_clocks()
+            if sb.expired is None or sb.owner is None:
+                episode.output = sb.output()  # the transcript, kept with the attempt
+                raise
+            while sb.owner.uncancel() > 0:  # ours (sent again until it arrived)
+                pass
+            await sb.conclude(Failure(Outcome.TIMEOUT, sb.timeout_error().args[0]))
+            pending = sb.timeout_error()
+        except GeneratorExit as exc:  # dropped without closing: the loop's finalizer closes it
+            warnings.warn(f"session {sb.episode_id}: {ABANDONED}", ResourceWarning, stacklevel=1)
+            await sb.conclude(Failure(Outcome.CANCELLED, ABANDONED))
+            pending = exc
+        except BaseException as exc:
+            sb.stop_clocks()
+            if exc is not sb.guard.failed_by or sb.guard.failure is None:
+                episode.output = sb.output()
+                raise
+            await sb.conclude(sb.guard.failure)  # the guest's outcome, with its transcript
+            pending = exc
+        else:
+            await sb.conclude()
+    if pending is not None:
+        raise pending
