@@ -12,6 +12,9 @@ reproducers, and the property tests (``test_fuzz.py``).
 - ``stream``: the guest's whole byte stream as the answer to a request (the first byte picks
   RUN, EXEC, GET, PUT, PING or HELLO): frames, headers, answers, artifact names, result chunks,
   quota; nothing may be written outside the episode's temporary staging folder.
+- ``mux``: the same for a multiplexing agent (HELLO ``features``): the first byte picks exec
+  with stdin and callbacks, spawn then kill, get_stream, put_stream, get_tar or put_tar, all
+  request id 1; only typed errors (``GuestOperationError`` included), nothing left running.
 - ``manifest``: a manifests file (``parse_manifests``).
 - ``spec``: a ``baseline.toml`` (``load_spec``).
 - ``gym``: a Gymnasium answer (``cleanroom.gym.wire``): the first byte picks GYM_SPACES or
@@ -25,14 +28,21 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent import wire
+from cleanroom.agent import protocol, wire
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.spec import load_spec
-from cleanroom.errors import EnvCrashed, ManifestError, ProtocolError, SpecError, UnsafePath
+from cleanroom.errors import (
+    EnvCrashed,
+    GuestOperationError,
+    ManifestError,
+    ProtocolError,
+    SpecError,
+    UnsafePath,
+)
 from cleanroom.manifest import parse_manifests
 from cleanroom.record import parse_guest_result
 from cleanroom.secrets import Redactor
@@ -117,6 +127,38 @@ def stream(data: bytes) -> None:
         assert not outside, f"written outside the staging folder: {outside}"
 
 
+async def _mux_answer(kind: int, session: AgentSession) -> Any:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"z" * 300_000
+
+    try:
+        if kind == 0:
+            seen: list[bytes] = []
+            return await session.exec(["cat"], stdin=b"s" * 70_000, on_stdout=seen.append)
+        if kind == 1:
+            process = await session.spawn(["sleep", "9"])
+            await process.kill()
+            return await process.wait()
+        if kind in (2, 4):
+            stream = session.get_stream("/x") if kind == 2 else session.get_tar("/x")
+            return [len(chunk) async for chunk in stream]
+        if kind == 3:
+            return await session.put_stream("/x", chunks())
+        return await session.put_tar("/x", chunks())
+    finally:
+        await session.aclose()
+
+
+def mux(data: bytes) -> None:
+    kind, guest_bytes = (data[0] % 6, data[1:]) if data else (0, b"")
+    reader = asyncio.StreamReader(loop=_LOOP)
+    reader.feed_data(guest_bytes)
+    reader.feed_eof()
+    session = AgentSession(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
+    session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
+    _LOOP.run_until_complete(_mux_answer(kind, session))
+
+
 def manifest(data: bytes) -> None:
     parse_manifests(data.decode("utf-8", "replace"), "<fuzz>")
 
@@ -150,6 +192,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "result": result,
     "name": name,
     "stream": stream,
+    "mux": mux,
     "manifest": manifest,
     "spec": spec,
     "gym": gym,
@@ -159,6 +202,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "result": (),
     "name": (UnsafePath,),
     "stream": (ProtocolError, EnvCrashed),
+    "mux": (ProtocolError, EnvCrashed, GuestOperationError),
     "manifest": (ManifestError,),
     "spec": (SpecError,),
     "gym": (ProtocolError,),

@@ -126,7 +126,7 @@ class Handlers:
                 preexec_fn=_take_terminal if pty else None,
                 **ids,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # preexec_fn: SubprocessError
             ends.close_all()
             if req is not None:
                 req.send(Kind.STARTED, {"pid": None})
