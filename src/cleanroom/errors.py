@@ -44,7 +44,9 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── SessionPathError        a path that is not a folder (upload_dir, download_dir, list)
     │   └── SessionClosed           a call after the session ended (closed, failed, timed out)
     │       └── SessionTimeout      its ``timeout_s`` or ``idle_timeout_s`` passed (a TimeoutError)
-    └── CheckError                  a check (isolation, repro) could not run to its end
+    ├── CheckError                  a check (isolation, repro) could not run to its end
+    └── GymError                    a cleanroom.gym env used wrongly (step before reset, closed)
+        └── GymEnvError             the in-VM Gymnasium env raised or died (episode_error)
 """
 
 from __future__ import annotations
@@ -247,3 +249,12 @@ class SessionTimeout(SessionClosed, TimeoutError):
 
 class CheckError(CleanroomError):
     """A check (``cleanroom check isolation`` / ``repro``) could not run to its end."""
+
+
+class GymError(CleanroomError):
+    """A ``cleanroom.gym`` env used wrongly: a step before reset, a call after close."""
+
+
+class GymEnvError(GymError):
+    """The Gymnasium env inside the VM raised (its traceback is the message) or its process
+    died; the episode ends ``episode_error`` and the next ``reset`` starts a fresh VM."""

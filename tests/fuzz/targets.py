@@ -17,6 +17,8 @@ reproducers, and the property tests (``test_fuzz.py``).
   request id 1; only typed errors (``GuestOperationError`` included), nothing left running.
 - ``manifest``: a manifests file (``parse_manifests``).
 - ``spec``: a ``baseline.toml`` (``load_spec``).
+- ``gym``: a Gymnasium answer (``cleanroom.gym.wire``): the first byte picks GYM_SPACES or
+  GYM_OBS, the next four the header's length; the header, then the body (raw array bytes).
 """
 
 from __future__ import annotations
@@ -169,6 +171,22 @@ def spec(data: bytes) -> None:
     load_spec(path)
 
 
+def gym(data: bytes) -> None:
+    from cleanroom.agent.protocol import Frame, Kind
+    from cleanroom.gym import wire as gym_wire
+
+    if len(data) < 5:
+        return
+    size = int.from_bytes(data[1:5], "big")
+    header, body = wire.decode_header(data[5 : 5 + size]), data[5 + size :]
+    if data[0] % 2:
+        frame = Frame(Kind.GYM_SPACES, header, body)
+        gym_wire.spaces_of(gym_wire.value(frame, Kind.GYM_SPACES))
+    else:
+        frame = Frame(Kind.GYM_OBS, header, body)
+        gym_wire.step(frame, gym_wire.value(frame, Kind.GYM_OBS))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "header": header,
     "result": result,
@@ -177,6 +195,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "mux": mux,
     "manifest": manifest,
     "spec": spec,
+    "gym": gym,
 }
 ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "header": (ProtocolError,),
@@ -186,6 +205,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "mux": (ProtocolError, EnvCrashed, GuestOperationError),
     "manifest": (ManifestError,),
     "spec": (SpecError,),
+    "gym": (ProtocolError,),
 }
 
 

@@ -76,6 +76,7 @@ PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 RECONNECT_POLL_S = 0.002
+GYM_CONFIG = "/etc/cleanroom/gym.json"  # gym_worker.CONFIG_FILE: a baseline's Gymnasium envs
 ENTRY_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "entry.json")
 
 
@@ -148,6 +149,7 @@ class Agent(Handlers):
         self.warm: Any = None  # warm.Worker: the pre-importing Python worker, if any
         self.entropy = b""  # the host's RESEED bytes (function episodes reseed from them)
         self.helper: ReseedHelper | None = None  # holds the port from a snapshot to RESEED
+        self.gym: Any = None  # gym_worker.Proxy: the gym process, if any (GYM_* frames)
 
     def send(self, kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         data = encode(kind, header, body)
@@ -198,6 +200,8 @@ class Agent(Handlers):
                 self.hello(facts)
             elif "id" in frame.header:
                 self.route(frame)
+            elif frame.kind in (Kind.GYM_RESET, Kind.GYM_STEP) and not self.busy.is_set():
+                gym_module().handle(self, frame)  # inline: a step hands off to no thread
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:
@@ -323,6 +327,8 @@ class Agent(Handlers):
             elif frame.kind == Kind.GET:
                 self.send_file(frame.header["path"], frame.header["path"], "get")
                 self.send(Kind.DONE)
+            elif Kind.GYM_MAKE <= frame.kind <= Kind.GYM_CLOSE:
+                gym_module().handle(self, frame)
             else:
                 self.send(Kind.ERROR, {"message": f"unexpected frame {frame.kind}"})
         except Exception as exc:  # report, never die: the host decides what happens next
@@ -409,11 +415,24 @@ def serve_forever() -> None:
         warm = warm_module()
         config = warm.boot_config(ENTRY_FILE)
         worker = warm.start(config, dict(BASE_ENV)) if config is not None else None
+    gym = gym_module().boot(dict(BASE_ENV)) if os.path.isfile(GYM_CONFIG) else None
     agent = Agent(open_control_port())
     if worker is not None:
         worker.wait_ready(warm.READY_S)
         agent.warm = worker
+    if gym is not None:
+        gym.wait_ready()
+        agent.gym = gym
     agent.serve()
+
+
+def gym_module() -> Any:
+    """``gym_worker.py``, imported on first use (a baseline without Gymnasium never pays)."""
+    if __package__:
+        from cleanroom.agent import gym_worker
+    else:
+        import gym_worker  # type: ignore[import-not-found,no-redef]
+    return gym_worker
 
 
 def become_subreaper() -> None:

@@ -83,10 +83,18 @@ class Kind:
     DOWNLOAD = 26  # [h->g] {id, path, tar}: answered by DATA frames, then DONE {id, size}
     DATA = 27  # [both] {id, offset, eof}, body = one chunk (at most CHUNK) of a stream
     ACK = 28  # [both] {id, size}: the receiver consumed ``size`` bytes of the stream so far
+    # 40-49: Gymnasium envs in the guest (``gym_worker.py``; values: ``gym_codec.py``)
+    GYM_MAKE = 40  # [h->g] {env, kwargs}: construct the env (or take the premade one); SPACES
+    GYM_SPACES = 41  # [g->h] {tree}, body: the env's spaces, metadata and versions
+    GYM_RESET = 42  # [h->g] {seed, options}: answered by GYM_OBS
+    GYM_STEP = 43  # [h->g] {tree}, body: the action; answered by GYM_OBS
+    GYM_OBS = 44  # [g->h] {tree}, body: what reset/step/close returned
+    GYM_CLOSE = 45  # [h->g] close the env: answered by GYM_OBS (None)
+    GYM_ERROR = 46  # [g->h] {message}: the env (not the agent) failed this request
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}
-FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar")  # what guest.py serves
+FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym")  # guest.py serves
 WINDOW = 16 * CHUNK  # bytes of a stream sent and not yet acknowledged (ACK), either way
 EXTENSION_KINDS = range(20, 50)  # 20-39 this protocol, 40-49 other modules (``register_kind``)
 

@@ -310,6 +310,14 @@ class AgentSession:
         """The folder ``src_dir`` of the guest as a tar stream."""
         return transfers.get_stream(self.channel, src_dir, tar=True)
 
+    async def request(
+        self, kind: int, header: dict[str, Any] | None = None, body: bytes = b""
+    ) -> Frame:
+        """One request answered by one frame (an extension's kinds: ``gym_worker``'s 40-46)."""
+        async with self._one_at_a_time():
+            await self._send(kind, header, body)
+            return await self._read()
+
     async def shutdown(self) -> None:
         """Ask the guest to power off (best effort; destroy does not depend on it)."""
         with contextlib.suppress(EnvCrashed, ProtocolError):

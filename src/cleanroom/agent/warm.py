@@ -57,19 +57,7 @@ class Worker:
         self.facts: dict[str, Any] = {}
         self.ahead = False  # a child is forked and waits for its job (true once ready)
         self.error = ""
-        self.sock, theirs = socket.socketpair()
-        argv = [sys.executable, "-I", "-c", LAUNCHER.format(here=HERE)]
-        try:
-            self.proc = subprocess.Popen(
-                [*argv, str(theirs.fileno()), json.dumps(config)],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            theirs.close()
+        self.sock, self.proc = spawn(LAUNCHER.format(here=HERE), json.dumps(config), env)
 
     def serves(self, config: dict[str, Any]) -> bool:
         return self.config == config and self.state != "failed" and self.proc.poll() is None
@@ -109,6 +97,27 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
+
+
+def spawn(code: str, config: str, env: dict[str, str]) -> tuple[socket.socket, Any]:
+    """``python3 -I -c CODE FD CONFIG`` in a session of its own, ``FD`` its end of a new socket
+    pair; returns our end and the process (the warm worker, ``gym_worker``'s gym process)."""
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", code, str(theirs.fileno()), config],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ours, proc
 
 
 def start(config: dict[str, Any], env: dict[str, str]) -> Worker:

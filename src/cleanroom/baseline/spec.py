@@ -64,6 +64,8 @@ AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = (
     "guest.py",
     "guestnet.py",
+    "gym_codec.py",
+    "gym_worker.py",
     "handlers.py",
     "muxed.py",
     "names.py",

@@ -1,0 +1,326 @@
+"""Gymnasium envs in the guest: the agent's proxy (stdlib only) and the gym process it runs.
+
+A baseline that lists its envs in ``/etc/cleanroom/gym.json`` (``{"make": [{"env": id,
+"kwargs": {}}], "preimport": [...], "path": [...]}``) gets its gym process at boot: it imports
+numpy, gymnasium and ``preimport``, constructs every env of ``make``, rehearses one
+``reset``/``step`` of each (lazy imports and first-call caches), and the agent says HELLO only
+once it is ready, so a snapshot template holds the constructed env and every clone restores it.
+Without that file the process starts at the first GYM_MAKE (seconds under TCG).
+
+The agent hands each GYM_* frame (protocol kinds 40-46) to ``handle``: the frame goes to the
+gym process over a socket pair, in the control port's own format, and its one answer (GYM_SPACES,
+GYM_OBS or GYM_ERROR) goes back to the host. The env's code runs only in the gym process (its
+own session and process group): an exception there is a GYM_ERROR, a crash a GYM_ERROR with
+``fatal``; the agent lives on. Values travel as ``gym_codec`` trees (raw array bytes).
+
+GYM_MAKE ``{"env": "CartPole-v1" | "module:Class", "kwargs": {...}}``: the premade env of that
+id and kwargs if there is one (``premade`` in the answer), else ``module:Class(**kwargs)`` when
+``Class`` is an attribute of ``module``, else ``gymnasium.make(env, **kwargs)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+if __package__:  # on the host, as part of the package
+    from cleanroom.agent import gym_codec
+    from cleanroom.agent.protocol import (
+        DEFAULT_MAX_BODY,
+        PREFIX,
+        Kind,
+        dumps,
+        encode,
+        parse_prefix,
+        read_frame,
+    )
+else:  # in the guest (and in the gym process), next to protocol.py
+    import gym_codec  # type: ignore[import-not-found,no-redef]
+    from protocol import DEFAULT_MAX_BODY, PREFIX, Kind, dumps, encode, parse_prefix, read_frame  # type: ignore[import-not-found,no-redef]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG_FILE = "/etc/cleanroom/gym.json"
+READY_S = 60.0
+LAUNCHER = (
+    "import sys; sys.path.insert(0, {here!r}); import gym_worker; sys.exit(gym_worker.main())"
+)
+REQUESTS = (Kind.GYM_MAKE, Kind.GYM_RESET, Kind.GYM_STEP, Kind.GYM_CLOSE)
+ANSWERS = (Kind.GYM_SPACES, Kind.GYM_OBS, Kind.GYM_ERROR)
+MAX_MESSAGE = 2000  # characters of a traceback sent to the host
+
+
+# -- the agent's side ----------------------------------------------------------------------------
+
+
+def load_config(path: str = CONFIG_FILE) -> dict[str, Any] | None:
+    """The baseline's gym config, if it has one."""
+    import json
+
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+class Proxy:
+    """The gym process and the agent's end of its socket pair."""
+
+    def __init__(self, config: dict[str, Any], env: dict[str, str]) -> None:
+        self.ready = False
+        self.error = ""
+        self.sock, self.proc = warm_module().spawn(LAUNCHER.format(here=HERE), dumps(config), env)
+        self.stream = self.sock.makefile("rwb", buffering=0)
+
+    def wait_ready(self, timeout_s: float = READY_S) -> bool:
+        """Wait for the process's imports and premade envs; False (``error`` set) if it failed."""
+        if self.ready or self.error:
+            return self.ready
+        self.sock.settimeout(timeout_s)
+        try:
+            frame = read_frame(self.stream)
+            self.ready = frame.kind == Kind.OK and frame.header.get("ready") is True
+            self.error = "" if self.ready else str(frame.header.get("message") or "not ready")
+        except (OSError, ValueError, EOFError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.sock.settimeout(None)
+        if not self.ready:
+            self.stop()
+        return self.ready
+
+    def ask(self, kind: int, header: dict[str, Any], body: bytes) -> bytes:
+        """One request to the gym process; its answer as the raw frame to pass on (checked
+        for kind and size, not decoded: the host decodes it). A dead process: a fatal
+        GYM_ERROR."""
+        if not self.wait_ready():
+            why = f"gym process: {self.error}"[:MAX_MESSAGE]
+            return encode(Kind.GYM_ERROR, {"message": why, "fatal": True})
+        try:
+            self.stream.write(encode(kind, header, body))
+            prefix = self._read(PREFIX.size)
+            answer, hlen, blen = parse_prefix(prefix, DEFAULT_MAX_BODY)
+            if answer not in ANSWERS:
+                raise ValueError(f"the gym process answered frame {answer}")
+            return prefix + self._read(hlen + blen)
+        except (OSError, ValueError, EOFError) as exc:
+            self.error = f"the gym process died ({type(exc).__name__}: {exc})"
+            self.ready = False
+            self.stop()
+            return encode(Kind.GYM_ERROR, {"message": self.error, "fatal": True})
+
+    def _read(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = self.stream.read(size - len(data))
+            if not chunk:
+                raise EOFError("the gym process closed its channel")
+            data += chunk
+        return bytes(data)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+
+
+def warm_module() -> Any:
+    """``warm.py`` (its ``spawn``), imported when a gym process starts."""
+    if __package__:
+        from cleanroom.agent import warm
+    else:
+        import warm  # type: ignore[import-not-found,no-redef]
+    return warm
+
+
+def boot(env: dict[str, str]) -> Proxy | None:
+    """At agent start: the gym process, if the baseline has a gym config (not yet waited for)."""
+    config = load_config()
+    return Proxy(config, env) if config is not None else None
+
+
+def handle(agent: Any, frame: Any) -> None:
+    """Serve one GYM_* request of the host through ``agent.gym`` (started now if none): the
+    gym process's answer goes to the host as it came."""
+    proxy: Proxy | None = getattr(agent, "gym", None)
+    try:
+        if proxy is None or (proxy.error and not proxy.ready):
+            from_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+            proxy = agent.gym = Proxy(load_config() or {}, from_env)
+        answer = proxy.ask(frame.kind, frame.header, frame.body)
+    except Exception as exc:  # never the agent's end (the main loop may be the caller)
+        answer = encode(Kind.GYM_ERROR, {"message": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE]})
+    view = memoryview(answer)
+    with agent.lock:  # as Agent.send, without decoding and encoding the answer again
+        while view:
+            view = view[agent.stream.write(view) :]
+
+
+# -- the gym process -----------------------------------------------------------------------------
+
+
+def space_value(space: Any) -> Any:
+    """A Gymnasium space as a codec value (arrays stay arrays)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Box):
+        return {"kind": "Box", "low": space.low, "high": space.high}
+    if isinstance(space, spaces.Discrete):
+        return {"kind": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"kind": "MultiDiscrete", "nvec": space.nvec, "start": space.start}
+    if isinstance(space, spaces.MultiBinary):
+        n: Any = space.n
+        return {
+            "kind": "MultiBinary",
+            "n": [int(d) for d in n] if hasattr(n, "__len__") else int(n),
+        }
+    if isinstance(space, spaces.Dict):
+        return {"kind": "Dict", "spaces": {k: space_value(v) for k, v in space.spaces.items()}}
+    if isinstance(space, spaces.Tuple):
+        return {"kind": "Tuple", "spaces": tuple(space_value(v) for v in space.spaces)}
+    raise TypeError(
+        f"{type(space).__name__} spaces are not supported (Box, Discrete, "
+        "MultiDiscrete, MultiBinary, Dict, Tuple are)"
+    )
+
+
+def construct(env_id: str, kwargs: dict[str, Any]) -> Any:
+    """``module:Class(**kwargs)`` if the module has that attribute, else ``gymnasium.make``."""
+    import importlib
+
+    import gymnasium
+
+    module_name, _, attr = env_id.partition(":")
+    if attr:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part, None)
+        if callable(target):
+            return target(**kwargs)
+    return gymnasium.make(env_id, **kwargs)
+
+
+class Server:
+    """The gym process's state: the premade envs and the one this episode made."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.premade: dict[str, Any] = {}
+        self.env: Any = None
+        for item in config.get("make") or []:
+            env = construct(item["env"], item.get("kwargs") or {})
+            env.reset(seed=0)  # a rehearsal: every reset of an episode names its seed
+            env.step(env.action_space.sample())
+            self.premade[dumps([item["env"], item.get("kwargs") or {}])] = env
+
+    def make(self, header: dict[str, Any]) -> Any:
+        import gymnasium
+        import numpy
+
+        env_id, kwargs = header["env"], header.get("kwargs") or {}
+        key = dumps([env_id, kwargs])
+        premade = key in self.premade
+        if self.env is not None:
+            self.env.close()
+        self.env = self.premade.pop(key) if premade else construct(env_id, kwargs)
+        spec = getattr(self.env, "spec", None)
+        metadata = getattr(self.env, "metadata", {}) or {}
+        return {
+            "observation_space": space_value(self.env.observation_space),
+            "action_space": space_value(self.env.action_space),
+            "metadata": {
+                "render_modes": [str(m) for m in metadata.get("render_modes") or []],
+                "render_fps": metadata.get("render_fps"),
+            },
+            "spec_id": getattr(spec, "id", None),
+            "premade": premade,
+            "versions": {
+                "gymnasium": gymnasium.__version__,
+                "numpy": numpy.__version__,
+                "python": sys.version.split()[0],
+            },
+        }
+
+    def answer(
+        self, kind: int, header: dict[str, Any], body: bytes
+    ) -> tuple[int, Any, dict[str, Any]]:
+        """(answer kind, value for the body's tree, header fields: a step's reward and flags;
+        a NaN reward is sent as it is, and the host refuses it)."""
+        if kind == Kind.GYM_MAKE:
+            return Kind.GYM_SPACES, self.make(header), {}
+        if self.env is None:
+            raise RuntimeError("no env: GYM_MAKE comes first")
+        if kind == Kind.GYM_RESET:
+            obs, info = self.env.reset(seed=header.get("seed"), options=header.get("options"))
+            return Kind.GYM_OBS, (obs, info), {}
+        if kind == Kind.GYM_STEP:
+            action = gym_codec.decode(header.get("tree"), body)
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            flags = {"r": float(reward), "te": bool(terminated), "tr": bool(truncated)}
+            return Kind.GYM_OBS, (obs, info), flags
+        if kind == Kind.GYM_CLOSE:
+            self.env.close()
+            self.env = None
+            return Kind.GYM_OBS, None, {}
+        raise RuntimeError(f"unexpected frame {kind}")
+
+
+def serve(stream: Any, server: Server) -> None:
+    """Answer requests until the agent closes the channel."""
+    import traceback
+
+    while True:
+        try:
+            frame = read_frame(stream, max_body=DEFAULT_MAX_BODY)
+        except EOFError:
+            return
+        try:
+            kind, value, fields = server.answer(frame.kind, frame.header, frame.body)
+            node, body = gym_codec.encode(value)
+            if len(body) > DEFAULT_MAX_BODY:
+                raise ValueError(f"an answer of {len(body)} bytes exceeds {DEFAULT_MAX_BODY}")
+            reply = encode(kind, {"tree": node, **fields}, body)
+        except Exception:
+            reply = encode(Kind.GYM_ERROR, {"message": traceback.format_exc()[-MAX_MESSAGE:]})
+        stream.write(reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+    import traceback
+
+    argv = sys.argv if argv is None else argv
+    sys.path[:] = [p for p in sys.path if p != HERE]  # protocol, gym_codec: imported already
+    stream = socket.socket(fileno=int(argv[1])).makefile("rwb", buffering=0)
+    started = time.monotonic()
+    try:
+        config = json.loads(argv[2])
+        sys.path[:0] = [p for p in config.get("path") or [] if p not in sys.path]
+        for name in ("numpy", "gymnasium", *(config.get("preimport") or [])):
+            __import__(name)
+        server = Server(config)
+    except BaseException:
+        stream.write(
+            encode(Kind.OK, {"ready": False, "message": traceback.format_exc()[-MAX_MESSAGE:]})
+        )
+        return 1
+    stream.write(
+        encode(
+            Kind.OK,
+            {
+                "ready": True,
+                "premade": len(server.premade),
+                "import_s": round(time.monotonic() - started, 4),
+            },
+        )
+    )
+    serve(stream, server)
+    return 0

@@ -1,0 +1,223 @@
+"""``CleanroomEnv``: a Gymnasium env whose simulator runs in a fresh microVM per episode.
+
+    env = CleanroomEnv("examples/gym/baseline.toml", env="CartPole-v1")
+    obs, info = env.reset(seed=3)          # a fresh VM (a spare clone), the env made in it
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+    env.close()                            # the last episode exported, every VM confirmed gone
+
+Nothing boots in ``__init__``. Each ``reset`` ends the previous episode (its evidence exported,
+its VM destroyed and confirmed absent) and starts the next on a fresh VM: one episode of the
+env's run (``run_id``; ``cleanroom status/report`` show it). Seeding follows Gymnasium:
+``super().reset(seed=seed)`` seeds ``np_random``, which draws the seed the in-VM env is reset
+with (the record's ``seed``), so the same seed gives the same trajectory. A ``step`` is one
+round trip (arrays as raw bytes, ``gym_codec``). The spaces come from the in-VM env: learned
+once per (baseline, env, kwargs) and kept in the home (``spaces.SpaceCache``), so a vector
+env's dummy copy or a worker reads them without a VM (the first ever look boots one, recorded
+as an episode of policy ``gym-probe``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from cleanroom.agent import gym_codec
+from cleanroom.agent.protocol import Kind
+from cleanroom.baseline.model import Baseline
+from cleanroom.errors import GymError
+from cleanroom.gym import spaces as space_cache
+from cleanroom.gym import wire
+from cleanroom.gym.episodes import GymEpisode, GymRun
+from cleanroom.gym.loop import LoopThread
+from cleanroom.lifecycle.context import RunOptions
+
+SEED_RANGE = 2**31 - 1
+
+
+class CleanroomEnv(gymnasium.Env[Any, Any]):
+    """A Gymnasium env (``env``: a Gymnasium id or ``module:Class``, made with ``env_kwargs``)
+    run inside fresh VMs of ``baseline`` (a ``Baseline``, a spec path or a digest)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        baseline: Baseline | str | Path,
+        env: str = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        driver: str = "qemu",
+        store: str | Path | None = None,
+        run_id: str | None = None,
+        step_timeout_s: float = 60.0,
+        trajectory: bool = True,
+        options: RunOptions | None = None,
+    ) -> None:
+        if not isinstance(env, str) or not env:
+            raise GymError(f"CleanroomEnv: env must be a Gymnasium id or module:Class, not {env!r}")
+        if not math.isfinite(step_timeout_s) or step_timeout_s <= 0:
+            raise GymError(f"CleanroomEnv: step_timeout_s must be > 0, not {step_timeout_s!r}")
+        self.env_id, self.env_kwargs = env, dict(env_kwargs or {})
+        self.trajectory = trajectory
+        self._run = GymRun(
+            baseline,
+            env,
+            self.env_kwargs,
+            driver,
+            store,
+            run_id or "",
+            options or RunOptions(parallel=1, spares=1),
+            step_timeout_s,
+        )
+        self._loop: LoopThread | None = None
+        self._episode: GymEpisode | None = None
+        self._spaces: tuple[gymnasium.Space[Any], gymnasium.Space[Any]] | None = None
+        self._closed = False
+
+    # -- spaces (from the in-VM env) -------------------------------------------------------------
+
+    @property
+    def observation_space(self) -> gymnasium.Space[Any]:
+        return self._learned_spaces()[0]
+
+    @observation_space.setter
+    def observation_space(self, value: gymnasium.Space[Any]) -> None:
+        self._spaces = (value, self._learned_spaces()[1])
+
+    @property
+    def action_space(self) -> gymnasium.Space[Any]:
+        return self._learned_spaces()[1]
+
+    @action_space.setter
+    def action_space(self, value: gymnasium.Space[Any]) -> None:
+        self._spaces = (self._learned_spaces()[0], value)
+
+    @property
+    def run_id(self) -> str:
+        """The run every episode of this env belongs to (set at the first reset)."""
+        return self._run.run_id
+
+    def _learned_spaces(self) -> tuple[gymnasium.Space[Any], gymnasium.Space[Any]]:
+        if self._spaces is None:
+            self._spaces = self._call(self._probe())
+        return self._spaces
+
+    async def _probe(self) -> tuple[gymnasium.Space[Any], gymnasium.Space[Any]]:
+        await self._run.start()
+        assert self._run.baseline is not None
+        cache = space_cache.SpaceCache(self._run.baseline.digest, self.env_id, self.env_kwargs)
+        known = cache.load()
+        if known is not None:
+            return known
+        episode = await self._run.episode(0, None, "gym-probe")
+        await episode.end()
+        return cache.save(episode.made)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _call(self, coro: Any) -> Any:
+        if self._closed:
+            coro.close()
+            raise GymError(f"CleanroomEnv({self.env_id}): closed")
+        if self._loop is None or not self._loop.owned():  # first use, or a fork's copy
+            if self._loop is not None:  # the parent's episode is the parent's to end
+                self._episode, self._run = None, self._run.fresh_copy()
+            self._loop = LoopThread(f"cleanroom-gym-{self.env_id}")
+        return self._loop.call(coro)
+
+    # -- the Gymnasium API ------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        inner_seed = int(self.np_random.integers(0, SEED_RANGE))
+        return self._call(self._reset(inner_seed, seed, options))  # type: ignore[no-any-return]
+
+    async def _reset(
+        self, inner_seed: int, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        started = time.perf_counter()
+        if self._episode is not None:
+            episode, self._episode = self._episode, None
+            await episode.end()
+        ended = time.perf_counter()
+        episode = await self._run.episode(inner_seed, seed, "gym")
+        made = time.perf_counter()
+        obs_space, act_space, facts = wire.spaces_of(episode.made)
+        episode.facts = {**facts, "seed": inner_seed, "reset_seed": seed}
+        if self._spaces is None:
+            self._spaces = (obs_space, act_space)
+        _, answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
+        self._episode = episode
+        obs, info = wire.reset(answer)
+        timings = {  # seconds: the last episode's end (export, destroy, confirm); a fresh VM
+            "end_previous_s": round(ended - started, 6),  # with the env made in it; its reset
+            "start_s": round(made - ended, 6),
+            "reset_s": round(time.perf_counter() - made, 6),
+        }
+        ids = {"episode_id": episode.episode_id, "run_id": self._run.run_id}
+        return obs, {**info, **ids, "cleanroom_timings": timings}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        episode = self._episode
+        if episode is None or episode.ended:
+            raise GymError(f"CleanroomEnv({self.env_id}): step before reset (or after an error)")
+        node, body = gym_codec.encode(action)
+        return self._call(self._step(episode, node, body, action))  # type: ignore[no-any-return]
+
+    async def _step(
+        self, episode: GymEpisode, node: dict[str, Any], body: bytes, action: Any
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        frame, answer = await episode.ask(Kind.GYM_STEP, {"tree": node}, body)
+        obs, reward, terminated, truncated, info = wire.step(frame, answer)
+        episode.steps += 1
+        episode.total += reward
+        if terminated or truncated:
+            episode.facts.update(terminated=terminated, truncated=truncated)
+        if self.trajectory:
+            episode.record(
+                "gym_step",
+                t=episode.steps,
+                action=_plain(action),
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+            )
+        return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """End the last episode (exported, VM confirmed gone), release the spares. Idempotent."""
+        if self._closed:
+            return
+        loop, self._loop = self._loop, None
+        if loop is not None and loop.owned():
+            try:
+                loop.call(self._aclose())
+            finally:
+                loop.stop()
+        self._closed = True
+
+    async def _aclose(self) -> None:
+        episode, self._episode = self._episode, None
+        try:
+            if episode is not None:
+                await episode.end()
+        finally:
+            await self._run.aclose()
+
+
+def _plain(value: Any) -> Any:
+    """An action as JSON for the transcript."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, int | float | bool | str) or value is None else repr(value)

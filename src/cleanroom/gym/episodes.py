@@ -1,0 +1,201 @@
+"""The async half of ``CleanroomEnv``: one run, an episode (a session on a fresh VM) per reset.
+
+Runs on the env's loop thread (``loop.LoopThread``). ``GymRun`` holds the driver (one spare kept
+started ahead, so a reset takes a clone that is already up), the ledger and the store; each
+``GymEpisode`` is ``cleanroom.session.session`` held open by a task until ``end``: on the way
+out the transcript (with one ``gym_step`` entry per step: the trajectory) is exported, then the
+record (``completed`` with the return as its reward once ended normally), then the VM is
+destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or of its answers
+(``ProtocolError``) ends the episode ``episode_error`` (the guest's fault, said in the
+transcript); a crash, a timeout or a cancellation ends it the way any episode ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleanroom.agent.protocol import Frame, Kind
+from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.drivers import get_driver
+from cleanroom.drivers.base import Driver, Owner
+from cleanroom.errors import GymEnvError, ProtocolError
+from cleanroom.gym import wire
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext, RunOptions
+from cleanroom.lifecycle.lease import release_spares
+from cleanroom.session import AsyncSession, session
+from cleanroom.store import Store, open_store
+
+GUEST_FAULTS = (GymEnvError, ProtocolError)  # the guest's: the episode ends episode_error
+
+
+@dataclass
+class GymRun:
+    """Where a ``CleanroomEnv``'s episodes go: one run of the ledger and store."""
+
+    baseline_ref: Baseline | str | Path
+    env: str
+    kwargs: dict[str, Any]
+    driver_name: str = "qemu"
+    store_ref: str | Path | None = None
+    run_id: str = ""
+    options: RunOptions = field(default_factory=lambda: RunOptions(parallel=1, spares=1))
+    step_timeout_s: float = 60.0
+    baseline: Baseline | None = None
+    driver: Driver | None = None
+    ledger: Ledger | None = None
+    store: Store | None = None
+    count: int = 0
+
+    async def start(self) -> None:
+        """Resolve (or build) the baseline; open the driver, ledger and store."""
+        if self.baseline is not None:
+            return
+        ref = self.baseline_ref
+        self.baseline = (
+            ref
+            if isinstance(ref, Baseline)
+            else await asyncio.to_thread(resolve_or_build, str(ref))
+        )
+        self.run_id = self.run_id or time.strftime("gym-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        self.driver = get_driver(self.driver_name)
+        self.ledger = Ledger()
+        self.store = open_store(self.store_ref)
+        spares = self.options.spares
+        self.driver.keep_spares(1 if spares is None else spares)
+
+    async def episode(self, seed: int, reset_seed: int | None, policy: str) -> GymEpisode:
+        """A fresh VM with the env made in it (the GYM_SPACES answer is ``episode.made``)."""
+        await self.start()
+        self.count += 1
+        episode = GymEpisode(self, f"ep-{self.count:06d}", seed)
+        task = {"gym": {"env": self.env, "kwargs": self.kwargs, "reset_seed": reset_seed}}
+        await episode.open(task, policy)
+        return episode
+
+    def fresh_copy(self) -> GymRun:
+        """This run's settings without its parts (a forked process's own: a run of its own)."""
+        started = self.driver is not None
+        return GymRun(
+            self.baseline_ref,
+            self.env,
+            self.kwargs,
+            self.driver_name,
+            self.store_ref,
+            f"{self.run_id}-{os.getpid()}" if started and self.run_id else self.run_id,
+            self.options,
+            self.step_timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        """Destroy the spares (confirmed, in the ledger), then close the ledger."""
+        if self.driver is not None and self.ledger is not None:
+            ctx = RunContext(self.driver, self.ledger, self.store, Owner("gym-" + self.run_id))
+            await release_spares(ctx, self.run_id)
+        if self.ledger is not None:
+            self.ledger.close()
+        self.driver = self.ledger = self.store = None
+        self.baseline = None if not isinstance(self.baseline_ref, Baseline) else self.baseline
+
+
+class GymEpisode:
+    """One reset's episode: a session held open by a task until ``end``."""
+
+    def __init__(self, run: GymRun, episode_id: str, seed: int) -> None:
+        self.run, self.episode_id, self.seed = run, episode_id, seed
+        self.made: Any = None
+        self.steps = 0
+        self.total = 0.0
+        self.ended = False
+        self.facts: dict[str, Any] = {}
+        self._sb: AsyncSession | None = None
+        self._done = asyncio.Event()
+        self._fault: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self, task: dict[str, Any], policy: str) -> None:
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.ensure_future(self._hold(task, policy, opened))
+        try:
+            await opened
+        except BaseException:
+            await asyncio.gather(self._task, return_exceptions=True)
+            raise
+
+    async def _hold(self, task: dict[str, Any], policy: str, opened: asyncio.Future[None]) -> None:
+        run = self.run
+        assert run.baseline is not None and run.driver is not None and run.ledger is not None
+        assert run.store is not None
+        try:
+            async with session(
+                run.baseline,
+                driver=run.driver,
+                ledger=run.ledger,
+                store=run.store,
+                seed=self.seed,
+                policy={"id": policy},
+                task=task,
+                episode_id=self.episode_id,
+                run_id=run.run_id,
+                options=run.options,
+            ) as sb:
+                self._sb = sb
+                made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
+                self.made = wire.value(made, Kind.GYM_SPACES)
+                opened.set_result(None)
+                await self._done.wait()
+                if isinstance(self._fault, GUEST_FAULTS):
+                    error = f"{type(self._fault).__name__}: {self._fault}"[-2000:]
+                    sb.transcript.add("gym_error", error=error)
+                elif self._fault is not None:
+                    raise self._fault
+                else:
+                    sb.finish(self.total, {"length": self.steps, **self.facts})
+        except BaseException as exc:
+            if not opened.done():
+                opened.set_exception(exc)
+            elif exc is not self._fault:
+                raise
+
+    async def _ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> Frame:
+        assert self._sb is not None
+        env = self._sb.episode.env
+        if env is None:
+            raise GymEnvError(f"episode {self.episode_id}: its env is gone")
+        env.session.require("gym", "cleanroom.gym")  # the native agent has no gym process
+        frame = await asyncio.wait_for(
+            env.session.request(kind, header, body), self.run.step_timeout_s
+        )
+        return frame
+
+    async def ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> tuple[Frame, Any]:
+        """A GYM_RESET/STEP answer (the frame, its decoded tree); any failure ends the
+        episode first, then raises."""
+        try:
+            frame = await self._ask(kind, header, body)
+            return frame, wire.value(frame, Kind.GYM_OBS)
+        except BaseException as exc:
+            await self.end(exc)
+            raise
+
+    def record(self, op: str, **fields: Any) -> None:
+        """An entry of the episode's transcript (a step of the trajectory)."""
+        if self._sb is not None:
+            self._sb.transcript.add(op, **fields)
+
+    async def end(self, fault: BaseException | None = None) -> None:
+        """Finish the episode: export its evidence, destroy its VM, confirm it absent."""
+        if self.ended:
+            return
+        self.ended = True
+        self._fault = fault
+        self._done.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=fault is not None)

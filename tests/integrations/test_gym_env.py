@@ -1,0 +1,118 @@
+"""``CleanroomEnv`` on the fake driver (the real guest agent and gym process as host processes):
+the Gymnasium contract and the episode contract, fast. The same on real VMs: test_gym_vm.py.
+
+Protects issue 19: nothing boots in ``__init__``; ``close`` is idempotent; each reset is one
+episode of the env's run whose record (return, length, seed) and transcript (the trajectory)
+are durable and whose env is gone before the next; the same seed gives the same trajectory;
+a failing in-VM env is a ``GymEnvError`` and an ``episode_error``, and the next reset works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium", reason="gymnasium not installed (cleanroom[gym])")
+
+import cleanroom.gym as cgym  # noqa: E402
+from cleanroom.drivers.fake import FakeDriver  # noqa: E402
+from cleanroom.errors import GymEnvError, GymError  # noqa: E402
+from cleanroom.ledger import Ledger  # noqa: E402
+from cleanroom.store import LocalStore  # noqa: E402
+
+from ..conftest import make_fake_baseline  # noqa: E402
+from .gymkit import assert_run_is_evidence, forget_spaces, play, transcript  # noqa: E402
+
+CARTPOLE = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"  # importable with python -I
+
+
+def test_nothing_boots_before_a_reset_and_close_is_idempotent(tmp_path: Path) -> None:
+    env = cgym.make("CartPole-v1", baseline=tmp_path / "no-such-baseline.toml", driver="fake")
+    env.close()
+    env.close()
+    assert env.run_id == ""  # no run was ever started (a bad baseline path was never read)
+    with pytest.raises(GymError, match="closed"):
+        env.reset(seed=1)
+
+
+def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
+    with pytest.raises(GymError, match="env must be"):
+        cgym.CleanroomEnv(tmp_path, env="")
+    with pytest.raises(GymError, match="step_timeout_s"):
+        cgym.CleanroomEnv(tmp_path, env="CartPole-v1", step_timeout_s=0)
+
+
+def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
+    baseline = make_fake_baseline(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    forget_spaces()
+    env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
+    try:
+        with pytest.raises(GymError, match="before reset"):
+            env.step(0)
+        assert isinstance(env.action_space, gymnasium.spaces.Discrete)  # the probe episode
+        first, first_return = play(env, 7, [0, 1] * 300)
+        second, _ = play(env, 7, [0, 1] * 300)  # same seed, same actions: same trajectory
+        third, _ = play(env, 8, [0, 1] * 300)
+        with Ledger() as ledger:
+            live = [e for e in ledger.envs(run_id=env.run_id) if e.confirmed_absent_at is None]
+        assert len(live) == 1  # the episodes before this one are destroyed and confirmed
+    finally:
+        env.close()
+    env.close()
+    assert len(first) == len(second) and all(map(np.array_equal, first, second))
+    assert not np.array_equal(first[0], third[0])
+    records = assert_run_is_evidence(env, FakeDriver(), store, expected=4)
+    probe, one, two, three = records
+    assert probe["policy"]["id"] == "gym-probe" and one["policy"]["id"] == "gym"
+    assert [r["outcome"] for r in records] == ["completed"] * 4
+    assert one["reward"] == first_return == len(first) - 1  # CartPole: +1 a step
+    assert one["seed"] == two["seed"] != three["seed"]  # the in-VM env's seed, from np_random
+    info = one["info"]
+    assert (info["length"], info["reset_seed"], info["terminated"]) == (len(first) - 1, 7, True)
+    steps = [s for s in transcript(store, env.run_id, one["episode_id"]) if s["op"] == "gym_step"]
+    assert [s["action"] for s in steps] == [0, 1] * (len(steps) // 2) + [0] * (len(steps) % 2)
+    assert sum(s["reward"] for s in steps) == first_return
+
+
+def test_a_failing_in_vm_env_ends_its_episode_and_the_next_reset_works(tmp_path: Path) -> None:
+    baseline = make_fake_baseline(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
+    try:
+        env.action_space  # noqa: B018 - learned (a probe episode) before the first reset
+        env.reset(seed=1)
+        with pytest.raises(GymEnvError, match="AssertionError"):
+            env.step(5)  # not in Discrete(2): CartPole asserts
+        with pytest.raises(GymError, match="before reset"):
+            env.step(0)  # that episode is over
+        play(env, 2, [0, 0, 0])
+    finally:
+        env.close()
+    records = assert_run_is_evidence(env, FakeDriver(), store, expected=3)
+    assert [r["outcome"] for r in records] == ["completed", "episode_error", "completed"]
+    failed = transcript(store, env.run_id, records[1]["episode_id"])
+    assert failed[-1]["op"] == "gym_error" and "AssertionError" in failed[-1]["error"]
+
+
+def test_an_unknown_env_is_a_gym_env_error(tmp_path: Path) -> None:
+    env = cgym.CleanroomEnv(make_fake_baseline(tmp_path), env="NoSuchEnv-v9", driver="fake")
+    try:
+        with pytest.raises(GymEnvError, match="NoSuchEnv"):
+            env.reset(seed=0)
+    finally:
+        env.close()
+
+
+def test_registered_under_the_cleanroom_namespace(tmp_path: Path) -> None:
+    """``gymnasium.make("cleanroom/<id>")`` makes a CleanroomEnv of ``<id>`` (and passes the
+    baseline and settings on); the module prefix form needs no import of cleanroom.gym."""
+    env = gymnasium.make("cleanroom/CartPole-v1", baseline=tmp_path, driver="fake")
+    assert isinstance(env.unwrapped, cgym.CleanroomEnv)
+    assert env.unwrapped.env_id == "CartPole-v1"
+    env.close()
+    again = gymnasium.make("cleanroom.gym:cleanroom/MountainCar-v0", baseline=tmp_path)
+    assert again.unwrapped.env_id == "MountainCar-v0"  # type: ignore[attr-defined]
+    again.close()
