@@ -42,6 +42,7 @@ shadow ``lastchg`` of 0 would force a password change."""
 BUILDER_SOURCES = (
     "builder.py",
     "dockerfile.py",
+    "image_user.py",
     "initramfs.py",
     "kernel.py",
     "layers.py",
@@ -49,6 +50,7 @@ BUILDER_SOURCES = (
     "oci.py",
     "pyinstall.py",
     "rootfs.py",
+    "runas.c",
     "spec.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached

@@ -76,16 +76,18 @@ class Session:
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        """Run ``argv`` in the guest; its exit status is data (``check()`` raises)."""
+        """Run ``argv`` in the guest; its exit status is data (``check()`` raises). It runs as
+        the image config's ``User`` if the baseline's image names one, unless ``user="root"``."""
         started = time.time()
-        result: ExecResult = await self._env().exec(
-            list(argv), timeout_s=timeout_s, env=env, cwd=cwd
-        )
+        wrapped = self.episode.baseline.as_user(list(argv), user)
+        result: ExecResult = await self._env().exec(wrapped, timeout_s=timeout_s, env=env, cwd=cwd)
         self._note(
             {
                 "op": "exec",
                 "argv": list(argv),
+                "user": user or (run_as.user if (run_as := self.episode.baseline.run_as) else None),
                 "cwd": cwd,
                 "env_names": sorted(env or {}),  # names, never values
                 "started_at": started,
