@@ -39,7 +39,14 @@ from cleanroom.baseline import oci
 from cleanroom.baseline.dockerfile import build_image
 from cleanroom.baseline.image_user import RUNAS_PATH, RUNAS_SOURCE, RunAs, resolve_user
 from cleanroom.baseline.layers import resolve_in_root
-from cleanroom.baseline.lock import apt_preferences, check_packages, dpkg_packages, tree_packages
+from cleanroom.baseline.lock import (
+    apt_preferences,
+    check_packages,
+    check_pinned,
+    dpkg_packages,
+    spec_pins,
+    tree_packages,
+)
 from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
@@ -115,8 +122,11 @@ def release_dates(tarball: Path) -> list[str]:
 def debootstrap_tarball(
     base: BaseSection, progress: Progress = quiet, pins: dict[str, str] | None = None
 ) -> Path:
-    """The cached mmdebstrap tarball for ``base`` (with apt pinned to ``pins``, if given),
-    running mmdebstrap (~30 s) if absent."""
+    """The cached mmdebstrap tarball for ``base`` (with apt pinned to ``pins``, if given, and
+    to the spec's own ``name=version`` packages), running mmdebstrap (~30 s) if absent. The
+    pins go into apt's preferences: an ``--include`` version alone is not enough for a package
+    the variant installs anyway (minbase's tzdata stayed at the newest version)."""
+    pins = {**(pins or {}), **spec_pins(base.packages)} or None
     folder = cache_dir() / "rootfs"
     folder.mkdir(parents=True, exist_ok=True)
     tarball = folder / f"{base_cache_key(base, pins)}.tar"
@@ -183,8 +193,10 @@ def extract_base(
         "rootfs",
     )
     rootfs.chmod(0o755)
+    got = tree_packages(rootfs)
     if pins:
-        check_packages(pins, tree_packages(rootfs))
+        check_packages(pins, got)
+    check_pinned(spec_pins(base.packages), got)
     return release_dates(tarball)
 
 
