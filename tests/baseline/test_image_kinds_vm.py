@@ -86,6 +86,8 @@ async def test_a_busybox_image_runs_as_its_user(tmp_path: Path, harness: Harness
         baseline, driver=driver, ledger=ledger, store=store, run_id="vm-user-session"
     ) as sb:
         assert (await sb.exec(["id", "-u"])).check().stdout == b"1000\n"
+        where = (await sb.exec(["sh", "-c", 'echo "$HOME $(pwd) $PATH"'])).check().stdout
+        assert where == b"/home/app /opt/img /bin\n"  # docker exec: the image's Env, WorkingDir
         assert (await sb.exec(["id", "-u"], user="root")).check().stdout == b"0\n"
         touched = await sb.exec(["touch", "/etc/by-app"])
         assert touched.exit_code != 0  # the user really is not root

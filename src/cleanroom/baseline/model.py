@@ -112,9 +112,13 @@ class Baseline:
     def image_env(self) -> dict[str, str]:
         """The image config's ``Env`` as a mapping (empty for a Debian baseline); with a
         ``User``, ``HOME`` is that user's home unless ``Env`` sets one (as ``docker run``)."""
+        return self.env_for()
+
+    def env_for(self, user: str | None = None) -> dict[str, str]:
+        """``image_env`` for a command run as ``user`` (``"root"``: no image user's HOME)."""
         pairs = (item.partition("=") for item in (self.image or {}).get("env", []))
         env = {name: value for name, _, value in pairs if name}
-        if self.run_as is not None:
+        if self.run_as is not None and user != "root":
             env.setdefault("HOME", self.run_as.home)
         return env
 

@@ -78,16 +78,23 @@ class Session:
         cwd: str | None = None,
         user: str | None = None,
     ) -> ExecResult:
-        """Run ``argv`` in the guest; its exit status is data (``check()`` raises). It runs as
-        the image config's ``User`` if the baseline's image names one, unless ``user="root"``."""
+        """Run ``argv`` in the guest; its exit status is data (``check()`` raises). As with
+        ``docker exec``, an image baseline's ``Env`` (under ``env``) and ``WorkingDir`` (unless
+        ``cwd``) apply, and it runs as the image's ``User`` unless ``user="root"``."""
         started = time.time()
-        wrapped = self.episode.baseline.as_user(list(argv), user)
-        result: ExecResult = await self._env().exec(wrapped, timeout_s=timeout_s, env=env, cwd=cwd)
+        baseline = self.episode.baseline
+        wrapped = baseline.as_user(list(argv), user)
+        result: ExecResult = await self._env().exec(
+            wrapped,
+            timeout_s=timeout_s,
+            env={**baseline.env_for(user), **(env or {})} or None,
+            cwd=cwd or baseline.workdir,
+        )
         self._note(
             {
                 "op": "exec",
                 "argv": list(argv),
-                "user": user or (run_as.user if (run_as := self.episode.baseline.run_as) else None),
+                "user": user or (run_as.user if (run_as := baseline.run_as) else None),
                 "cwd": cwd,
                 "env_names": sorted(env or {}),  # names, never values
                 "started_at": started,
