@@ -166,3 +166,27 @@ def test_a_baseline_wraps_commands_only_when_its_image_names_a_user() -> None:
     plain = Baseline.__new__(Baseline)
     object.__setattr__(plain, "image", {"env": ["HOME=/x"]})
     assert plain.as_user(["true"]) == ["true"] and plain.image_env == {"HOME": "/x"}
+
+
+def test_any_passwd_group_and_user_resolve_or_fail_typed(tmp_path: Path) -> None:
+    """An image's tables are untrusted input: any bytes there and any ``User`` give numbers in
+    range or a ``BuildError``, never another exception."""
+    hypothesis = pytest.importorskip("hypothesis", reason="hypothesis not installed (make setup)")
+    st = hypothesis.strategies
+    fields = st.text(alphabet="ab0123456789:,/\n#x-é²٣", max_size=40)
+    (tmp_path / "etc").mkdir()
+
+    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.given(fields, fields, st.text(alphabet="ab0129:x²", max_size=12))
+    def check(passwd: str, group: str, spec: str) -> None:
+        (tmp_path / "etc" / "passwd").write_bytes(passwd.encode())
+        (tmp_path / "etc" / "group").write_bytes(group.encode())
+        try:
+            run_as = resolve_user(tmp_path, spec, "img")
+        except BuildError:
+            return
+        if run_as is not None:
+            assert all(0 <= n < 2**32 - 1 for n in (run_as.uid, run_as.gid, *run_as.groups))
+            assert run_as.groups[0] == run_as.gid
+
+    check()

@@ -77,7 +77,8 @@ def _table(tree: Path, name: str, source: str) -> list[list[str]]:
 
 
 def _id(text: str) -> int | None:
-    return int(text) if text.isdigit() and int(text) < 2**32 - 1 else None
+    ok = text.isascii() and text.isdigit() and len(text) <= 10  # "²".isdigit() is True
+    return int(text) if ok and int(text) < 2**32 - 1 else None
 
 
 def _group_id(tables: list[list[str]], group: str, spec: str, source: str) -> int:
