@@ -5,7 +5,7 @@
 - musl-only (Alpine-like, pulled from a real registry on 127.0.0.1): a program dynamically
   linked against musl, no glibc in the image, is the image's ``Entrypoint``.
 - distroless-like (``docker save``-style archive made by skopeo): one static program and
-  ``/etc/passwd``, ``User: nonroot``, no shell at all.
+  ``/etc/passwd``, ``User: nonroot``, no shell at all; a command episode and a session.
 
 Protects: the image config's ``User`` (today ignored: every command ran as root), and that the
 agent and the helpers cleanroom adds need nothing from the image's libc or shell.
@@ -133,3 +133,12 @@ async def test_a_distroless_image_runs_its_program_as_nonroot(
     }
     assert store.get_bytes("vm-distroless", "ep", "artifacts/who.txt") == b"uid 65532\n"
     assert_nothing_left(driver, ledger, "vm-distroless")
+
+    async with session(
+        baseline, driver=driver, ledger=ledger, store=store, run_id="vm-distroless-session"
+    ) as sb:  # no shell in the image: the program itself, as nonroot, in its WorkingDir
+        assert (await sb.exec(["/app/entry"])).check().stdout == b"hello from musl\n"
+        raw = await sb.get("/run/cleanroom/result.json")
+        assert b'"uid": 65532' in raw and b'"cwd": "/home/nonroot"' in raw
+        sb.finish(reward=1.0)
+    assert_nothing_left(driver, ledger, "vm-distroless-session")
