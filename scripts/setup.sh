@@ -17,6 +17,7 @@ APT_PACKAGES=(
   runsc  # gVisor, for --driver gvisor (a user-space kernel sandbox: no VM, no KVM needed)
   skopeo  # container images as baselines: docker:// pulls and archive conversions
   buildah  # [base] dockerfile = ...: daemonless image builds (RUN isolated by chroot)
+  musl-tools  # the musl-only and distroless test images (a program linked by musl-gcc)
   docker-registry  # a real registry on 127.0.0.1 for the image tests
   chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
 )

@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.vm, pytest.mark.build]
 ENTRY = b"""#!/bin/sh
 issue=absent; [ -e /etc/issue ] && issue=present
 docs=$(ls /usr/share/doc | tr '\\n' ' ')
-printf '{"reward": 1, "info": {"greeting": "%s", "cwd": "%s", "issue": "%s", "docs": "%s"}}' \\
-  "$IMG_GREETING" "$(pwd)" "$issue" "$docs" > /run/cleanroom/result.json
+f='{"reward": 1, "info": {"greeting": "%s", "cwd": "%s", "issue": "%s", "docs": "%s", '
+printf "$f"'"user": "%s"}}' "$IMG_GREETING" "$(pwd)" "$issue" "$docs" "$(id -un) $HOME" \\
+  > /run/cleanroom/result.json
 """
 
 
@@ -53,6 +54,7 @@ def _image_spec(tmp_path: Path) -> Path:
     config = {
         "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "IMG_GREETING=hello from the image"],
         "WorkingDir": "/opt/img",
+        "User": "nobody:nogroup",
         "Cmd": ["/bin/sh", "/opt/img/entry.sh"],
     }
     folder = layout(tmp_path / "layout", [debian, layer_bytes(top, gzip=True)], config)
@@ -68,9 +70,9 @@ def _image_spec(tmp_path: Path) -> Path:
 async def test_image_baseline_runs_with_its_config_and_layers(
     tmp_path: Path, harness: Harness
 ) -> None:
-    """Whiteouts and opaque dirs hold in the VM, the image's Env/WorkingDir/Cmd reach the
-    entrypoint, the image digests are in the baseline and the record, and a second build of the
-    same archive gives the same digest."""
+    """Whiteouts and opaque dirs hold in the VM, the image's Env/WorkingDir/User/Cmd reach the
+    entrypoint (User through the Python agent), the image digests are in the baseline and the
+    record, and a second build of the same archive gives the same digest."""
     needs_root_tools()
     spec = _image_spec(tmp_path)
     baseline = build(spec)
@@ -89,6 +91,7 @@ async def test_image_baseline_runs_with_its_config_and_layers(
     assert info["cwd"] == "/opt/img"
     assert info["issue"] == "absent"
     assert info["docs"].split() == ["only-this"]
+    assert info["user"] == "nobody /nonexistent"  # the image's User, run by the Python agent
     assert record["provenance"]["baseline"] == baseline.digest
     assert record["provenance"]["image"]["layers"] == baseline.image["layers"]
     assert_nothing_left(driver, ledger, "vm-image")
@@ -144,6 +147,7 @@ async def test_dockerfile_from_a_loopback_registry(
     info = record["info"]
     assert info["greeting"] == "hello from the dockerfile built-by-buildah"
     assert info["cwd"] == "/opt/img" and info["issue"] == "absent"
+    assert info["user"] == "root /root"  # no USER: root, HOME as the agent sets it
     assert_nothing_left(driver, ledger, "vm-dockerfile")
 
 

@@ -132,3 +132,59 @@ def test_cli_build_image_and_diff(tmp_path: Path) -> None:
     assert "entrypoint:" in diff.stdout and "image: null" in diff.stdout
     none = subprocess.run([*cli, "build"], capture_output=True, text=True)
     assert none.returncode == 2 and "--image" in none.stderr
+
+
+def test_spec_pins_are_checked_by_name() -> None:
+    assert lock.spec_pins(["tzdata=2025b-0+deb12u1", "curl", "a+b=1:2.0~rc1"]) == {
+        "tzdata": "2025b-0+deb12u1",
+        "a+b": "1:2.0~rc1",
+    }
+    lock.check_pinned({"tzdata": "1"}, {"tzdata": "1", "bash": "5"})
+    named = r"tzdata=1 \(the tree has 2\), zz=3 \(the tree has none\)"
+    with pytest.raises(BuildError, match=named):
+        lock.check_pinned({"tzdata": "1", "zz": "3"}, {"tzdata": "2"})
+
+
+def _two_versions(package: str) -> tuple[str, str]:
+    """Two versions of ``package`` the Debian mirrors offer (bookworm and its updates or
+    security suite, which mmdebstrap adds for a stable release), per the host's apt lists."""
+    if shutil.which("apt-cache") is None:
+        pytest.skip("apt-cache not installed")
+    out = subprocess.run(
+        ["apt-cache", "madison", package], capture_output=True, text=True, check=True
+    ).stdout
+    versions = list(dict.fromkeys(line.split("|")[1].strip() for line in out.splitlines()))
+    if len(versions) < 2:
+        pytest.skip(f"the host's apt lists offer one version of {package}: {versions}")
+    return versions[0], versions[1]
+
+
+@pytest.mark.build
+def test_an_apt_pin_is_built_for_real_and_locked(tmp_path: Path) -> None:
+    """A spec pinning ``tzdata=V`` is built by mmdebstrap with exactly V; the lock (beside the
+    spec and in baseline.json) records V; pinning the other version gives another digest and
+    ``diff`` names the change; a version the mirror lacks fails the build naming it."""
+    needs_root_tools()
+    built = {}
+    for version in _two_versions("tzdata"):
+        folder = tmp_path / version
+        shutil.copytree(TINY_SPEC.parent, folder)
+        (folder / "baseline.lock").unlink(missing_ok=True)
+        spec = folder / "baseline.toml"
+        text = spec.read_text().replace('name = "tiny"', 'name = "tiny-tzdata"')
+        spec.write_text(text.replace("packages = []", f'packages = ["tzdata={version}"]', 1))
+        built[version] = build(spec)
+        written = json.loads((folder / "baseline.lock").read_text())
+        assert written["debian"]["packages"]["tzdata"] == version
+        assert built[version].lock == written
+    (a, first), (b, second) = built.items()
+    assert first.digest != second.digest
+    assert f"deb tzdata: {a} -> {b}" in lock.diff(first.lock or {}, second.lock or {})
+
+    folder = tmp_path / "missing"
+    shutil.copytree(TINY_SPEC.parent, folder)
+    spec = folder / "baseline.toml"
+    text = spec.read_text().replace('name = "tiny"', 'name = "tiny-nope"')
+    spec.write_text(text.replace("packages = []", 'packages = ["tzdata=0.0-nope"]', 1))
+    with pytest.raises(BuildError, match="tzdata"):
+        build(spec)

@@ -35,6 +35,7 @@ from typing import Any
 
 from cleanroom.agent import native
 from cleanroom.baseline import lock, store
+from cleanroom.baseline.image_user import RunAs
 from cleanroom.baseline.initramfs import build_initramfs
 from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
 from cleanroom.baseline.model import (
@@ -143,16 +144,20 @@ def check_function_entry(spec: BaselineSpec, tree: Path, progress: Progress = qu
         )
 
 
-def image_record(image: Image | None) -> dict[str, Any] | None:
-    """What a baseline records of its container image: digests, and the config it honours."""
+def image_record(image: Image | None, run_as: RunAs | None = None) -> dict[str, Any] | None:
+    """What a baseline records of its container image: digests, and the config it honours
+    (``run_as``: its ``User`` resolved to numbers, when not root)."""
     if image is None:
         return None
-    return {
+    record = {
         **{k: v for k, v in image.identity().items() if k != "ref"},  # the spec names the source
         "env": list(image.config.env),
         "working_dir": image.config.working_dir,
         "user": image.config.user,
     }
+    if run_as is not None:
+        record["run_as"] = run_as.to_json()
+    return record
 
 
 def _entrypoint(spec: BaselineSpec, image: Image | None) -> tuple[str, ...]:
@@ -223,7 +228,7 @@ def _assemble(
         sdigest,
         function,
         network=network,
-        image=image_record(image),
+        image=image_record(image, facts.run_as),
         lock_digest=lock.lock_digest(the_lock),
     )
     digest = digest_of(ident)
@@ -242,7 +247,7 @@ def _assemble(
         spec=spec.canonical(),
         function=function,
         network=network,
-        image=image_record(image),
+        image=image_record(image, facts.run_as),
         lock=the_lock,
     )
     data = baseline.to_json()

@@ -118,6 +118,23 @@ def apt_preferences(packages: dict[str, str]) -> str:
     )
 
 
+def spec_pins(packages: list[str]) -> dict[str, str]:
+    """``name -> version`` of the spec's ``[base] packages`` written ``name=version``."""
+    pairs = (item.partition("=") for item in packages)
+    return {name: version for name, sep, version in pairs if sep}
+
+
+def check_pinned(pinned: dict[str, str], got: dict[str, str]) -> None:
+    """Fail by name unless every ``name=version`` of the spec is what the tree holds."""
+    wrong = [
+        f"{name}={version} (the tree has {got.get(name, 'none')})"
+        for name, version in sorted(pinned.items())
+        if got.get(name) != version
+    ]
+    if wrong:
+        raise BuildError(f"[base] packages: pinned versions not installed: {', '.join(wrong)}")
+
+
 def check_packages(locked: dict[str, str], got: dict[str, str]) -> None:
     """Fail by name unless the tree holds exactly the locked Debian packages."""
     wrong = [

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleanroom.baseline.image_user import RunAs
 from cleanroom.digests import digest_of
 from cleanroom.manifest import Limits
 
@@ -109,9 +110,29 @@ class Baseline:
 
     @property
     def image_env(self) -> dict[str, str]:
-        """The image config's ``Env`` as a mapping (empty for a Debian baseline)."""
+        """The image config's ``Env`` as a mapping (empty for a Debian baseline); with a
+        ``User``, ``HOME`` is that user's home unless ``Env`` sets one (as ``docker run``)."""
+        return self.env_for()
+
+    def env_for(self, user: str | None = None) -> dict[str, str]:
+        """``image_env`` for a command run as ``user`` (``"root"``: no image user's HOME)."""
         pairs = (item.partition("=") for item in (self.image or {}).get("env", []))
-        return {name: value for name, _, value in pairs if name}
+        env = {name: value for name, _, value in pairs if name}
+        if self.run_as is not None and user != "root":
+            env.setdefault("HOME", self.run_as.home)
+        return env
+
+    @property
+    def run_as(self) -> RunAs | None:
+        """The image config's ``User`` (resolved at build time), if the image runs as one."""
+        data = (self.image or {}).get("run_as")
+        return RunAs.from_json(data) if isinstance(data, dict) else None
+
+    def as_user(self, argv: list[str], user: str | None = None) -> list[str]:
+        """``argv`` as the guest agent should run it: through the ``User`` helper when the
+        image names a user (``user="root"``: as root, like ``docker exec -u root``)."""
+        run_as = self.run_as
+        return argv if run_as is None or user == "root" else run_as.wrap(argv)
 
     @property
     def workdir(self) -> str | None:

@@ -37,8 +37,16 @@ from typing import Any
 from cleanroom.agent import native
 from cleanroom.baseline import oci, users
 from cleanroom.baseline.dockerfile import build_image
+from cleanroom.baseline.image_user import RUNAS_PATH, RUNAS_SOURCE, RunAs, resolve_user
 from cleanroom.baseline.layers import resolve_in_root
-from cleanroom.baseline.lock import apt_preferences, check_packages, dpkg_packages, tree_packages
+from cleanroom.baseline.lock import (
+    apt_preferences,
+    check_packages,
+    check_pinned,
+    dpkg_packages,
+    spec_pins,
+    tree_packages,
+)
 from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
@@ -114,8 +122,11 @@ def release_dates(tarball: Path) -> list[str]:
 def debootstrap_tarball(
     base: BaseSection, progress: Progress = quiet, pins: dict[str, str] | None = None
 ) -> Path:
-    """The cached mmdebstrap tarball for ``base`` (with apt pinned to ``pins``, if given),
-    running mmdebstrap (~30 s) if absent."""
+    """The cached mmdebstrap tarball for ``base`` (with apt pinned to ``pins``, if given, and
+    to the spec's own ``name=version`` packages), running mmdebstrap (~30 s) if absent. The
+    pins go into apt's preferences: an ``--include`` version alone is not enough for a package
+    the variant installs anyway (minbase's tzdata stayed at the newest version)."""
+    pins = {**(pins or {}), **spec_pins(base.packages)} or None
     folder = cache_dir() / "rootfs"
     folder.mkdir(parents=True, exist_ok=True)
     tarball = folder / f"{base_cache_key(base, pins)}.tar"
@@ -182,8 +193,10 @@ def extract_base(
         "rootfs",
     )
     rootfs.chmod(0o755)
+    got = tree_packages(rootfs)
     if pins:
-        check_packages(pins, tree_packages(rootfs))
+        check_packages(pins, got)
+    check_pinned(spec_pins(base.packages), got)
     return release_dates(tarball)
 
 
@@ -249,9 +262,19 @@ RESEED_CFLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
 def build_reseed_helper(dest: Path) -> None:
     """Compile the agent's native reseed helper (``agent/reseed.c``) to ``dest/reseed``:
     static, so it runs whatever the image's libc."""
-    binary = dest / "reseed"
-    run(["gcc", *RESEED_CFLAGS, "-o", binary, AGENT_DIR / "reseed.c"], "files")
+    _static_binary(AGENT_DIR / "reseed.c", dest / "reseed")
+
+
+def _static_binary(source: Path, binary: Path) -> None:
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    run(["gcc", *RESEED_CFLAGS, "-o", binary, source], "files")
     binary.chmod(0o755)
+
+
+def install_runas(rootfs: Path) -> None:
+    """Compile the image-``User`` helper (``runas.c``) to ``RUNAS_PATH``: static, like the
+    reseed helper, so it runs in an image with any libc or none."""
+    _static_binary(RUNAS_SOURCE, rootfs / RUNAS_PATH.lstrip("/"))
 
 
 def install_native_agent(rootfs: Path) -> None:
@@ -375,6 +398,7 @@ class RootfsFacts:
     """What a rootfs build resolved: the lock's tree parts (``lock.py``) and its image."""
 
     image: Image | None = None
+    run_as: RunAs | None = None  # the image's User, if not root (``image_user.py``)
     packages: dict[str, str] = field(default_factory=dict)
     release: list[str] = field(default_factory=list)
     pip: list[dict[str, str]] = field(default_factory=list)
@@ -393,7 +417,7 @@ def build_rootfs(
     Runs under umask 022 (restored after), so no host umask reaches the image's modes.
     """
     previous = os.umask(0o022)
-    image, release = None, []
+    image, release, run_as = None, [], None
     try:
         if spec.base.from_image:
             image = unpack_image(spec, tree, progress)
@@ -411,8 +435,14 @@ def build_rootfs(
         else:
             install_agent(tree, spec.warm_config())
             byte_compile(tree, spec, progress)
+        if image is not None:
+            source = str(spec.base.image or spec.base.dockerfile)
+            run_as = resolve_user(tree, image.config.user, source)
+            if run_as is not None:
+                progress("files", f"User {run_as.user}: uid {run_as.uid}, gid {run_as.gid}")
+                install_runas(tree)
         scrub(tree)
         make_erofs(tree, out, progress)
     finally:
         os.umask(previous)
-    return RootfsFacts(image=image, packages=packages, release=release, pip=wheels)
+    return RootfsFacts(image, run_as, packages=packages, release=release, pip=wheels)

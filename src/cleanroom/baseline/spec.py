@@ -42,6 +42,7 @@ shadow ``lastchg`` of 0 would force a password change."""
 BUILDER_SOURCES = (
     "builder.py",
     "dockerfile.py",
+    "image_user.py",
     "initramfs.py",
     "kernel.py",
     "layers.py",
@@ -49,8 +50,9 @@ BUILDER_SOURCES = (
     "oci.py",
     "pyinstall.py",
     "rootfs.py",
-    "users.py",
+    "runas.c",
     "spec.py",
+    "users.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached
 build, not in the spec digest: editing the builder makes the next ``build`` rebuild (seconds,

@@ -345,6 +345,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
                 timeout_s=float(timeout_sec) if timeout_sec else None,
                 env=self._merge_env(env),
                 cwd=cwd or self.task_env_config.workdir,
+                user="root",  # _argv drops to the task's user itself
             )
         except asyncio.CancelledError:
             self._interrupted = True

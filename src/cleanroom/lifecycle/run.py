@@ -123,8 +123,9 @@ def _regular(path: Path) -> Path | None:
 
 
 def _entry(baseline: Baseline) -> dict[str, Any]:
-    """What RUN says to run: the function (the agent's warm worker calls it) or the command."""
+    """What RUN says to run: the function (the agent's warm worker calls it) or the command
+    (as the image's ``User``, if it names one)."""
     where = {"cwd": baseline.workdir} if baseline.workdir else {}
     if baseline.function is not None:
         return {"function": baseline.function.to_json(), **where}
-    return {"entrypoint": list(baseline.entrypoint), **where}
+    return {"entrypoint": baseline.as_user(list(baseline.entrypoint)), **where}

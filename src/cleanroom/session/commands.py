@@ -99,30 +99,42 @@ class Commands:
         """Run ``cmd``; a ``CommandResult``, or with ``background`` a ``CommandHandle``
         (``stdin`` is then its first input; more with ``send_stdin``)."""
         argv = argv_of(cmd)
+        baseline = self._guard.episode.baseline
+        run_as = baseline.run_as
         ask: dict[str, Any] = {
             "argv": argv,
             "cwd": cwd,
-            "user": user,
+            "user": user or (run_as.user if run_as is not None else None),
             "env_names": sorted(env or {}),
         }
+        # As ``docker exec`` does, an image baseline's Env and WorkingDir apply, and a command
+        # runs as the image's User (through its static helper) unless another user is named.
         kw = self._kwargs(
-            timeout_s=timeout, env=env, cwd=cwd, user=user, on_stdout=on_stdout, on_stderr=on_stderr
+            timeout_s=timeout,
+            env={**baseline.env_for(user), **(env or {})} or None,
+            cwd=cwd or baseline.workdir,
+            user=None if user == "root" else user,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
         )
+        guest_argv = baseline.as_user(argv, user) if user in (None, "root") else argv
         if background:
-            return await self._spawn(ask, kw, stdin)
+            return await self._spawn(ask, kw, stdin, guest_argv)
         started = time.time()
         async with self._guard.call() as e:
             try:
-                r = await e.exec(argv, **kw, stdin=stdin)
+                r = await e.exec(guest_argv, **kw, stdin=stdin)
             except BaseException as exc:
                 self._guard.transcript.command(**ask, started_at=started, error=repr(exc))
                 raise
         self._guard.transcript.command(**ask, started_at=started, **_ended(r))
         return _result(argv, r)
 
-    async def _spawn(self, ask: dict[str, Any], kw: dict[str, Any], stdin: bytes | None) -> Any:
+    async def _spawn(
+        self, ask: dict[str, Any], kw: dict[str, Any], stdin: bytes | None, argv: list[str]
+    ) -> Any:
         async with self._guard.call() as e:
-            process = await e.spawn(ask["argv"], **kw)
+            process = await e.spawn(argv, **kw)
             if stdin is not None:
                 await process.write_stdin(stdin)
         self._guard.transcript.add("spawn", id=process.id, **ask)
