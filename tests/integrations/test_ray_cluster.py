@@ -212,20 +212,33 @@ async def test_slots_are_respected_and_every_episode_has_one_record(
         assert ledger.outcome_counts("slots") == {"completed": 8}
 
 
+def _store_at(where: str, tmp_path: Path, bucket: str) -> str | Path:
+    """A folder store under ``tmp_path``, or an S3 bucket on the moto server."""
+    if where == "folder":
+        return tmp_path / "store"
+    import s3fs
+
+    s3fs.S3FileSystem().mkdir(bucket)
+    return f"s3://{bucket}/cr"
+
+
+@pytest.mark.parametrize("where", ["folder", "s3"])
 async def test_a_killed_node_leaves_one_record_per_episode_and_nothing_running(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, where: str
 ) -> None:
-    """A node's raylet SIGKILLed mid-run: its episodes are queued again elsewhere (attempt 2),
-    each episode has exactly one record (a dying node's attempt may still get out first: then
-    the retry is ``superseded``, and the result is the record's), no env process of that node is
-    left, and its reaper leaves no unconfirmed ledger row."""
-    run, ledger_c = await _run_until_node_busy(cluster, "c", tmp_path, "kill", seconds=2)
+    """A node's raylet SIGKILLed mid-run, on a folder store and on S3: its episodes are queued
+    again elsewhere (attempt 2), each episode has exactly one record (a dying node's attempt
+    may still get out first: then the retry is ``superseded``, and the result is the record's),
+    no env process of that node is left, and its reaper leaves no unconfirmed ledger row."""
+    at = _store_at(where, tmp_path, "kill-run")
+    name = f"c-{where}"
+    run, ledger_c = await _run_until_node_busy(cluster, name, tmp_path, "kill", seconds=2, store=at)
     pids = [e.pid for e in ledger_c.envs("kill") if e.pid]
-    raylet = cluster.nodes["c"].all_processes["raylet"][0].process
+    raylet = cluster.nodes[name].all_processes["raylet"][0].process
     os.kill(raylet.pid, signal.SIGKILL)
     result = await asyncio.wait_for(run, 90)
     assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
-    store = open_store(tmp_path / "store")
+    store = open_store(at)
     assert len(store.list_records("kill")) == 6
     for e in result.episodes:  # whichever attempt got out first is the episode's result
         record = store.get_record("kill", e.episode_id)
@@ -234,12 +247,12 @@ async def test_a_killed_node_leaves_one_record_per_episode_and_nothing_running(
         attempts = [r.attempt for r in ledger.episodes("kill", all_attempts=True)]
     assert max(attempts) == 2, "no episode of the killed node was queued again"
     await _until(lambda: not any(_alive(p) for p in pids), 15)
-    home = cluster.root / "c"
+    home = cluster.root / name
     report = await reap(FakeDriver(run_root=home / "run" / "fake"), ledger_c, store)
     assert not report.failed
     assert all(e.confirmed_absent_at for e in ledger_c.envs("kill"))
     ledger_c.close()
-    cluster.remove("c")
+    cluster.remove(name)
 
 
 @pytest.mark.parametrize("where", ["folder", "s3"])
@@ -250,12 +263,7 @@ async def test_a_stalled_node_finishes_late_and_is_superseded(
     store and on S3 (moto on loopback): the durable record is the retry's, the late attempt
     ends ``superseded`` in that node's ledger, and every file the winner's record lists still
     holds the winner's bytes."""
-    store: str | Path = tmp_path / "store"
-    if where == "s3":
-        import s3fs
-
-        s3fs.S3FileSystem().mkdir("stall-run")
-        store = "s3://stall-run/cr"
+    store = _store_at(where, tmp_path, "stall-run")
     run, ledger_d = await _run_until_node_busy(
         cluster, f"d-{where}", tmp_path, "stall", seconds=3, store=store
     )
@@ -572,3 +580,50 @@ async def test_a_nodes_reaper_confirms_what_its_dead_controller_left(
     assert not any(e.pid and _alive(e.pid) for e in ledger_e.envs("reaper"))
     ledger_e.close()
     cluster.remove("e")
+
+
+@pytest.mark.vm
+async def test_qemu_group_forks_on_one_node(
+    cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
+) -> None:
+    """Real microVMs: a group of 2 on the cluster forks from one warm parent on one node (its
+    setup ran once, in the parent: both clones see its file), and the node's ledger has the
+    snapshot and every env confirmed gone."""
+    import cleanroom.api as cr
+
+    warm = "/root/warm.txt"
+    setup = ["sh", "-c", f"head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {warm}"]
+    episodes = [
+        {
+            "episode_id": f"qg-{i}",
+            "seed": i,
+            "policy": {"id": "p"},
+            "task": {"mode": "write", "paths": [], "probe": [warm]},
+        }
+        for i in range(2)
+    ]
+    ms = cr.group("qg", {"command": setup, "timeout_s": 120}, episodes)
+    result = await run_on_cluster(
+        RayCluster(parallel_per_node=2),
+        ms,
+        tiny_baseline,
+        store=tmp_path / "store",
+        run_id="qemu-group",
+        driver="qemu",
+        options=RunOptions(parallel=2, spares=0),
+    )
+    assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
+    [report] = result.groups
+    assert report.mode == "fork" and report.snapshot is not None, report
+    seen = {e.record["info"]["seen"][warm] for e in result.episodes if e.record}
+    assert len(seen) == 1 and len(seen.pop()) == 16  # the parent's file, in both clones
+    ran = []
+    for name in ("a", "b"):
+        with cluster.ledger(name) as ledger:
+            envs = ledger.envs("qemu-group")
+            if envs:
+                ran.append(name)
+                assert all(e.confirmed_absent_at for e in envs)
+                [snap] = ledger.snapshots(run_id="qemu-group")
+                assert snap.state == "absent"
+    assert len(ran) == 1, f"the group ran on {ran}"
