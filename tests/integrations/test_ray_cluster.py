@@ -457,6 +457,21 @@ def test_cli_run_on_the_cluster_then_status_report_inspect(
     assert shown.exit_code == 0 and "completed" in shown.output, shown.output
 
 
+def _qemu_run(
+    ms: list[Any], baseline: Any, tmp_path: Path, run_id: str, per_node: int
+) -> Coroutine[Any, Any, RunResult]:
+    """A cluster run on real microVMs, ``per_node`` at once on each node, no spares."""
+    return run_on_cluster(
+        RayCluster(parallel_per_node=per_node),
+        ms,
+        baseline,
+        store=tmp_path / "store",
+        run_id=run_id,
+        driver="qemu",
+        options=RunOptions(parallel=per_node, spares=0),
+    )
+
+
 @pytest.mark.vm
 async def test_qemu_smoke_across_two_nodes(
     cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
@@ -464,15 +479,7 @@ async def test_qemu_smoke_across_two_nodes(
     """Real microVMs: one episode on each node of the cluster, each durable, each VM confirmed
     gone in the ledger of the node that ran it."""
     ms = [manifest(f"q{i}", seed=i) for i in range(2)]
-    result = await run_on_cluster(
-        RayCluster(parallel_per_node=1),
-        ms,
-        tiny_baseline,
-        store=tmp_path / "store",
-        run_id="qemu",
-        driver="qemu",
-        options=RunOptions(parallel=1, spares=0),
-    )
+    result = await _qemu_run(ms, tiny_baseline, tmp_path, "qemu", per_node=1)
     assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
     for name in ("a", "b"):
         with cluster.ledger(name) as ledger:
@@ -603,15 +610,7 @@ async def test_qemu_group_forks_on_one_node(
         for i in range(2)
     ]
     ms = cr.group("qg", {"command": setup, "timeout_s": 120}, episodes)
-    result = await run_on_cluster(
-        RayCluster(parallel_per_node=2),
-        ms,
-        tiny_baseline,
-        store=tmp_path / "store",
-        run_id="qemu-group",
-        driver="qemu",
-        options=RunOptions(parallel=2, spares=0),
-    )
+    result = await _qemu_run(ms, tiny_baseline, tmp_path, "qemu-group", per_node=2)
     assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
     [report] = result.groups
     assert report.mode == "fork" and report.snapshot is not None, report
