@@ -9,15 +9,24 @@ per episode in ms, a bare actor round trip, and the node join cost (``add_node``
 run's setup: actors started, store checked, predecessors reaped, baseline re-hashed). Results:
 bench/results/ray.txt. All of it on one host: the cluster adds no CPUs here, only its costs.
 
-    python bench/ray.py [--episodes 40] [--parallel 2] [--rounds 2] [--driver qemu]
+Before the timed rounds one untimed warm-up run on each side builds what a first run builds
+(each node's snapshot template; the local one is usually cached already), so the rounds compare
+steady state; the warm-up's cluster wall is printed as the first run's cost. The profile: CPU
+seconds per episode of the controller side, locally (this process) and on the cluster (this
+process, the head's and nodes' Ray processes and the node actors' workers; never the VMs),
+read from /proc around each timed run.
+
+    python bench/ray.py [--episodes 40] [--parallel 2] [--rounds 3] [--driver qemu]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,6 +55,79 @@ ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in task.read_text().split()]
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def ray_pids(cluster) -> set[int]:  # type: ignore[no-untyped-def]
+    """The cluster's own processes and their children, but no VM (qemu) and nothing under one."""
+    roots = []
+    for node in [cluster.head_node, *cluster.worker_nodes]:
+        for infos in node.all_processes.values():
+            roots += [i.process.pid for i in infos]
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in seen or _comm(pid).startswith("qemu"):
+            continue
+        seen.add(pid)
+        todo += _children(pid)
+    return seen
+
+
+def cpu_s(pids: set[int]) -> dict[int, float]:
+    """utime + stime of each pid (its own, not its children's), in seconds."""
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def profile(store_root: Path, run_ids: list[str], slots: int) -> dict[str, float]:
+    """Medians over the runs' records, in ms: each phase of an episode, and the slot time per
+    episode spent outside any episode (scheduling, destroy, idle): wall x slots - their spans."""
+    from cleanroom.store import open_store
+
+    store = open_store(store_root)
+    phases: dict[str, list[float]] = {"provision_s": [], "run_s": [], "export_s": []}
+    outside = []
+    for run_id in run_ids:
+        records = store.list_records(run_id)
+        spans = [(r["timings"]["started_at"], r["timings"]["ended_at"]) for r in records]
+        wall = max(e for _, e in spans) - min(s for s, _ in spans)
+        outside.append((wall * slots - sum(e - s for s, e in spans)) / len(spans))
+        for r in records:
+            for name, values in phases.items():
+                values.append(r["timings"].get(name, 0.0))
+    out = {name: statistics.median(v) * 1000 for name, v in phases.items()}
+    out["outside"] = statistics.median(outside) * 1000
+    return out
+
+
 def manifests(n: int, tag: str) -> list[Manifest]:
     return [
         Manifest.model_validate(
@@ -65,7 +147,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--driver", default="qemu")
     ap.add_argument("--keep-nodes", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
@@ -106,45 +188,69 @@ async def main() -> None:
         ray.get(echo.ping.remote())
         trips.append(time.perf_counter() - t1)
 
-    local_s, cluster_s, setup_s = [], [], []
-    for r in range(args.rounds):
-        wall, res = await timed(
-            arun(
-                manifests(args.episodes, f"local{r}"),
-                baseline=baseline,
-                store=tmp / "store",
-                driver=args.driver,
-                options=opts,
-            )
+    def run(tag: str, on_cluster: bool = False, on_event=None):  # type: ignore[no-untyped-def]
+        where = RayCluster(address=cluster.address, keep_nodes=args.keep_nodes)
+        return arun(
+            manifests(args.episodes, tag),
+            baseline=baseline,
+            store=tmp / "store",
+            driver=args.driver,
+            options=opts,
+            on_event=on_event,
+            cluster=where if on_cluster else None,
         )
+
+    warm_local, res = await timed(run("warm-local"))
+    assert res.ok, res.counts()  # type: ignore[attr-defined]
+    warm_cluster, res = await timed(run("warm-ray", True))
+    assert res.ok, res.counts()  # type: ignore[attr-defined]
+    print(f"warm-up: local {warm_local:.2f} s, cluster {warm_cluster:.2f} s")
+    before, t_idle = cpu_s(ray_pids(cluster)), time.perf_counter()
+    await asyncio.sleep(10)  # Ray's own background, nothing running (node actors kept)
+    after = cpu_s(ray_pids(cluster))
+    idle = sum(v - before.get(pid, 0.0) for pid, v in after.items())
+    idle_share = idle / (time.perf_counter() - t_idle)
+
+    local_s, cluster_s, setup_s, local_cpu, cluster_cpu = [], [], [], [], []
+    local_ids: list[str] = []
+    cluster_ids: list[str] = []
+    for r in range(args.rounds):
+        c0 = own_cpu_s()
+        wall, res = await timed(run(f"local{r}"))
         assert res.ok, res.counts()  # type: ignore[attr-defined]
         local_s.append(wall)
+        local_ids.append(res.run_id)  # type: ignore[attr-defined]
+        local_cpu.append(own_cpu_s() - c0)
         marks: dict[str, float] = {}
         start = time.perf_counter()
 
         def mark(kind: str, data: dict[str, object], marks: dict[str, float] = marks) -> None:
             marks.setdefault(kind, time.perf_counter())
 
-        wall, res = await timed(
-            arun(
-                manifests(args.episodes, f"ray{r}"),
-                baseline=baseline,
-                store=tmp / "store",
-                driver=args.driver,
-                options=opts,
-                on_event=mark,
-                cluster=RayCluster(address=cluster.address, keep_nodes=args.keep_nodes),
-            )
-        )
+        before, c0 = cpu_s(ray_pids(cluster)), own_cpu_s()
+        wall, res = await timed(run(f"ray{r}", True, mark))
         assert res.ok, res.counts()  # type: ignore[attr-defined]
+        after = cpu_s(ray_pids(cluster))
+        ray_cpu = sum(v - before.get(pid, 0.0) for pid, v in after.items())
+        cluster_cpu.append(own_cpu_s() - c0 + ray_cpu)
         cluster_s.append(wall)
+        cluster_ids.append(res.run_id)  # type: ignore[attr-defined]
         setup_s.append(marks["run_started"] - start)
-        print(f"round {r + 1}: local {local_s[-1]:.2f} s, cluster {cluster_s[-1]:.2f} s")
+        print(
+            f"round {r + 1}: local {local_s[-1]:.2f} s ({local_cpu[-1]:.1f} CPU s), "
+            f"cluster {cluster_s[-1]:.2f} s ({cluster_cpu[-1]:.1f} CPU s)"
+        )
     ray.shutdown()
     cluster.shutdown()
 
     n, lm, cm = args.episodes, statistics.median(local_s), statistics.median(cluster_s)
     setup = statistics.median(setup_s)
+    paired = statistics.median(c / loc for loc, c in zip(local_s, cluster_s, strict=True))
+    cpu_local = statistics.median(local_cpu) / n * 1000
+    lp = profile(tmp / "store", local_ids, args.parallel)
+    cp = profile(tmp / "store", cluster_ids, 2 * max(1, args.parallel // 2))
+    shutil.rmtree(tmp, ignore_errors=True)
+    cpu_cluster = statistics.median(cluster_cpu) / n * 1000
     lines = [
         f"# bench/ray.py: {n} function episodes (warm baseline, driver {args.driver}), "
         f"parallel {args.parallel} locally vs 2 nodes x {max(1, args.parallel // 2)} slots, "
@@ -159,9 +265,30 @@ async def main() -> None:
         f"  of which the run's setup (per run)    {setup:8.2f} s  "
         "(actors, store check, reap, baseline re-hash on each node)",
         f"wall ratio without the run's setup      {(cm - setup) / lm:8.3f}",
+        f"wall ratio, median of the rounds' pairs {paired:8.3f}  (each cluster run / the local "
+        "run just before it)",
+        f"host-side CPU per episode, local        {cpu_local:8.1f} ms  (this process; not the VMs)",
+        f"host-side CPU per episode, cluster      {cpu_cluster:8.1f} ms  "
+        "(driver, head, raylets, node actors; not the VMs)",
+        "per episode, p50 (ms)                      local   cluster   ratio",
+        *(
+            f"  {label:40} {lp[key]:7.1f}  {cp[key]:8.1f}  {cp[key] / max(lp[key], 1e-9):6.2f}"
+            for key, label in (
+                ("provision_s", "provision (spare or clone)"),
+                ("run_s", "run (in the guest)"),
+                ("export_s", "export (store)"),
+                ("outside", "slot time outside episodes (per ep.)"),
+            )
+        ),
+        f"Ray's own CPU, idle (10 s, kept actors) {idle_share * 100:8.1f} % of a core",
         f"actor round trip p50 (200 pings)        {statistics.median(trips) * 1000:8.2f} ms",
+        f"first run on fresh nodes (warm-up)      {warm_cluster:8.2f} s  "
+        f"(local warm-up {warm_local:.2f} s): each node's first template",
         f"head start                              {head_s:8.2f} s",
         "node join (add_node, each)              " + ", ".join(f"{j:.2f}" for j in joins) + " s",
+        "# rounds (local / cluster wall s): "
+        + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(local_s, cluster_s, strict=True)),
+        f"# load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
     ]
     write(ROOT / "bench" / "results" / "ray.txt", lines)
 

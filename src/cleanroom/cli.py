@@ -327,43 +327,53 @@ def runs() -> None:
 
 
 @app.command()
-def ps(driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu") -> None:
+def ps(
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
+    ray: Annotated[
+        str | None,
+        typer.Option(help="every node of a Ray cluster: auto | ADDRESS (cleanroom[ray])"),
+    ] = None,
+) -> None:
     """Live environments: what the ledger says, and what the host really has."""
-    import time
-
     from rich.table import Table
 
     from cleanroom.drivers import get_driver
+    from cleanroom.live_envs import LiveEnv, live_envs
 
-    chosen = get_driver(driver)
-    on_host = set(chosen.list_owned())
-    table = Table("env id", "age", "episode", "run", "owner pid", "on host")
-    with Ledger() as ledger:
-        rows = ledger.envs(live_only=True)
-    for row in rows:
-        age = time.time() - (row.intent_at or time.time())
-        table.add_row(
-            row.env_id,
-            f"{age:.0f}s",
-            row.episode_id or "",
-            row.run_id or "",
-            str(row.owner_pid or ""),
-            "yes" if row.env_id in on_host else "no",
-        )
-    for env_id in sorted(on_host - {r.env_id for r in rows}):
-        owner = chosen.owner_of(env_id) or {}
-        spare = (owner.get("labels") or {}).get("spare") == "true"  # started ahead, not yet used
-        created = owner.get("created_at")
-        table.add_row(
-            env_id,
-            f"{time.time() - created:.0f}s" if isinstance(created, (int, float)) else "?",
-            "(spare, not in ledger)" if spare else "(not in ledger)",
-            "",
-            str(owner.get("pid") or ""),
-            "yes",
-        )
+    table = Table(*(["node"] if ray else []), "env id", "age", "episode", "run", "owner pid")
+    table.add_column("on host")
+
+    def add(e: LiveEnv) -> None:
+        cells = [
+            e.env_id,
+            f"{e.age_s:.0f}s" if e.age_s is not None else "?",
+            e.episode,
+            e.run,
+            str(e.owner_pid or ""),
+            "yes" if e.on_host else "no",
+        ]
+        table.add_row(*([e.node[:12]] if ray else []), *cells)
+
+    if ray is None:
+        for e in live_envs(get_driver(driver)):
+            add(e)
+        out.print(table)
+        _print_live_snapshots()
+        return
+    from cleanroom.integrations.ray import RayCluster
+    from cleanroom.integrations.ray.ps import cluster_envs
+
+    try:
+        answers = cluster_envs(RayCluster(address=ray), driver)
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    for node in answers:
+        for e in node.envs:
+            add(e)
+        if node.error:
+            table.add_row(node.node[:12], "", "", f"(no answer: {node.error})", "", "", "")
     out.print(table)
-    _print_live_snapshots()
+    err.print(f"{len(answers)} nodes, {sum(len(n.envs) for n in answers)} live envs")
 
 
 def _print_live_snapshots() -> None:

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cleanroom.batch.result import RunResult
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.integrations.ray import RayCluster
+from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.scheduler import run_on_cluster
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
@@ -125,6 +129,51 @@ def driver_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "driver"))
 
 
+def _fake_run(
+    ms: list[Any],
+    baseline: Any,
+    tmp_path: Path,
+    run_id: str,
+    config: RayCluster | None = None,
+    store: str | Path | None = None,
+    on_event: Any = None,
+) -> Coroutine[Any, Any, RunResult]:
+    """A cluster run of ``ms`` on the fake driver, its store a folder under ``tmp_path``."""
+    return run_on_cluster(
+        config or RayCluster(),
+        ms,
+        baseline,
+        store=store or tmp_path / "store",
+        run_id=run_id,
+        driver="fake",
+        options=OPTS,
+        on_event=on_event,
+    )
+
+
+async def _run_until_node_busy(
+    cluster: LocalCluster,
+    name: str,
+    tmp_path: Path,
+    run_id: str,
+    *,
+    seconds: float,
+    config: RayCluster | None = None,
+    store: str | Path | None = None,
+) -> tuple[asyncio.Future[RunResult], Ledger]:
+    """A new node ``name``, then a 6-episode fake run (each sleeping ``seconds``) started in
+    the background, returned once the node has an env ready (and the run is not done): the
+    run and that node's ledger."""
+    cluster.add(name)
+    baseline = make_fake_baseline(tmp_path)
+    ms = [manifest(f"{run_id}{i}", seed=i, mode="sleep", seconds=seconds) for i in range(6)]
+    run = asyncio.ensure_future(_fake_run(ms, baseline, tmp_path, run_id, config, store))
+    ledger = cluster.ledger(name)
+    await _until(lambda: run.done() or any(e.ready_at for e in ledger.envs(run_id)), 30)
+    assert not run.done(), run.result()
+    return run, ledger
+
+
 def _intervals(ledger: Ledger, run_id: str) -> list[tuple[float, float]]:
     return [(e.intent_at, e.destroyed_at or time.time()) for e in ledger.envs(run_id)]
 
@@ -145,15 +194,7 @@ async def test_slots_are_respected_and_every_episode_has_one_record(
     node, one record per episode, and the driver's ledger holds the run's aggregate."""
     baseline = make_fake_baseline(tmp_path)
     ms = [manifest(f"e{i}", seed=i, mode="sleep", seconds=0.5) for i in range(8)]
-    result = await run_on_cluster(
-        RayCluster(),
-        ms,
-        baseline,
-        store=tmp_path / "store",
-        run_id="slots",
-        driver="fake",
-        options=OPTS,
-    )
+    result = await _fake_run(ms, baseline, tmp_path, "slots")
     assert result.counts() == {"completed": 8}, [e.error for e in result.episodes]
     store = open_store(tmp_path / "store")
     assert sorted(r["episode_id"] for r in store.list_records("slots")) == sorted(
@@ -171,36 +212,33 @@ async def test_slots_are_respected_and_every_episode_has_one_record(
         assert ledger.outcome_counts("slots") == {"completed": 8}
 
 
+def _store_at(where: str, tmp_path: Path, bucket: str) -> str | Path:
+    """A folder store under ``tmp_path``, or an S3 bucket on the moto server."""
+    if where == "folder":
+        return tmp_path / "store"
+    import s3fs
+
+    s3fs.S3FileSystem().mkdir(bucket)
+    return f"s3://{bucket}/cr"
+
+
+@pytest.mark.parametrize("where", ["folder", "s3"])
 async def test_a_killed_node_leaves_one_record_per_episode_and_nothing_running(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, where: str
 ) -> None:
-    """A node's raylet SIGKILLed mid-run: its episodes are queued again elsewhere (attempt 2),
-    each episode has exactly one record (a dying node's attempt may still get out first: then
-    the retry is ``superseded``, and the result is the record's), no env process of that node is
-    left, and its reaper leaves no unconfirmed ledger row."""
-    cluster.add("c")
-    baseline = make_fake_baseline(tmp_path)
-    ms = [manifest(f"k{i}", seed=i, mode="sleep", seconds=2) for i in range(6)]
-    run = asyncio.ensure_future(
-        run_on_cluster(
-            RayCluster(),
-            ms,
-            baseline,
-            store=tmp_path / "store",
-            run_id="kill",
-            driver="fake",
-            options=OPTS,
-        )
-    )
-    ledger_c = cluster.ledger("c")
-    await _until(lambda: run.done() or any(e.ready_at for e in ledger_c.envs("kill")), 30)
-    assert not run.done(), run.result()
+    """A node's raylet SIGKILLed mid-run, on a folder store and on S3: its episodes are queued
+    again elsewhere (attempt 2), each episode has exactly one record (a dying node's attempt
+    may still get out first: then the retry is ``superseded``, and the result is the record's),
+    no env process of that node is left, and its reaper leaves no unconfirmed ledger row."""
+    at = _store_at(where, tmp_path, "kill-run")
+    name = f"c-{where}"
+    run, ledger_c = await _run_until_node_busy(cluster, name, tmp_path, "kill", seconds=2, store=at)
     pids = [e.pid for e in ledger_c.envs("kill") if e.pid]
-    raylet = cluster.nodes["c"].all_processes["raylet"][0].process
+    raylet = cluster.nodes[name].all_processes["raylet"][0].process
     os.kill(raylet.pid, signal.SIGKILL)
     result = await asyncio.wait_for(run, 90)
     assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
-    store = open_store(tmp_path / "store")
+    store = open_store(at)
     assert len(store.list_records("kill")) == 6
     for e in result.episodes:  # whichever attempt got out first is the episode's result
         record = store.get_record("kill", e.episode_id)
@@ -209,39 +247,29 @@ async def test_a_killed_node_leaves_one_record_per_episode_and_nothing_running(
         attempts = [r.attempt for r in ledger.episodes("kill", all_attempts=True)]
     assert max(attempts) == 2, "no episode of the killed node was queued again"
     await _until(lambda: not any(_alive(p) for p in pids), 15)
-    home = cluster.root / "c"
+    home = cluster.root / name
     report = await reap(FakeDriver(run_root=home / "run" / "fake"), ledger_c, store)
     assert not report.failed
     assert all(e.confirmed_absent_at for e in ledger_c.envs("kill"))
     ledger_c.close()
-    cluster.remove("c")
+    cluster.remove(name)
 
 
+@pytest.mark.parametrize("where", ["folder", "s3"])
 async def test_a_stalled_node_finishes_late_and_is_superseded(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, where: str
 ) -> None:
-    """A node SIGSTOPped until its episodes ran again elsewhere, then SIGCONTed: the durable
-    record is the retry's, the late attempt ends ``superseded`` in that node's ledger."""
-    cluster.add("d")
-    baseline = make_fake_baseline(tmp_path)
-    ms = [manifest(f"s{i}", seed=i, mode="sleep", seconds=3) for i in range(6)]
-    run = asyncio.ensure_future(
-        run_on_cluster(
-            RayCluster(),
-            ms,
-            baseline,
-            store=tmp_path / "store",
-            run_id="stall",
-            driver="fake",
-            options=OPTS,
-        )
+    """A node SIGSTOPped until its episodes ran again elsewhere, then SIGCONTed, on a folder
+    store and on S3 (moto on loopback): the durable record is the retry's, the late attempt
+    ends ``superseded`` in that node's ledger, and every file the winner's record lists still
+    holds the winner's bytes."""
+    store = _store_at(where, tmp_path, "stall-run")
+    run, ledger_d = await _run_until_node_busy(
+        cluster, f"d-{where}", tmp_path, "stall", seconds=3, store=store
     )
-    ledger_d = cluster.ledger("d")
-    await _until(lambda: run.done() or any(e.ready_at for e in ledger_d.envs("stall")), 30)
-    assert not run.done(), run.result()
     rows = [e for e in ledger_d.envs("stall") if e.ready_at]
     worker = rows[0].owner_pid
-    raylet = cluster.nodes["d"].all_processes["raylet"][0].process
+    raylet = cluster.nodes[f"d-{where}"].all_processes["raylet"][0].process
     stopped = [raylet.pid, worker] + [e.pid for e in ledger_d.envs("stall") if e.pid]
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -251,39 +279,136 @@ async def test_a_stalled_node_finishes_late_and_is_superseded(
         for pid in stopped[1:]:  # the node's controller and its envs; its raylet stays down
             os.kill(pid, signal.SIGCONT)
     assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
-    store = open_store(tmp_path / "store")
-    late = {(e.episode_id, e.attempt) for e in ledger_d.episodes("stall", all_attempts=True)}
+    opened = open_store(store)
 
-    def superseded() -> bool:
+    def late() -> list[Any]:
         rows = ledger_d.episodes("stall", all_attempts=True)
-        return any(r.outcome == Outcome.SUPERSEDED.value for r in rows)
+        return [r for r in rows if r.outcome == Outcome.SUPERSEDED.value]
 
-    await _until(superseded, 30)
-    for eid, attempt in late:
-        record = store.get_record("stall", eid)
-        assert record is not None
-        row = [r for r in ledger_d.episodes("stall", all_attempts=True) if r.attempt == attempt]
-        if any(r.outcome == Outcome.SUPERSEDED.value for r in row):
-            assert record["attempt"] != attempt
+    await _until(late, 30)
+    for row in late():
+        record = opened.get_record("stall", row.episode_id)
+        assert record is not None and record["attempt"] != row.attempt
+        listed = [(f"artifacts/{a['name']}", a) for a in record["artifacts"]]
+        listed += [(f"logs/{f['name']}", f) for f in record["logs"]]
+        assert listed, "the winner's record lists no files"
+        for rel, entry in listed:
+            data = opened.get_bytes("stall", row.episode_id, rel)
+            assert data is not None and hashlib.sha256(data).hexdigest() == entry["sha256"], rel
     os.kill(raylet.pid, signal.SIGKILL)
     ledger_d.close()
-    cluster.remove("d")
+    cluster.remove(f"d-{where}")
 
 
-async def test_the_store_on_s3_takes_the_records(cluster: LocalCluster, tmp_path: Path) -> None:
-    """The object-store path: every node writes its records to an S3-compatible server with
-    the conditional create; the run's records are all there."""
+async def test_ps_ray_lists_every_nodes_envs(cluster: LocalCluster, tmp_path: Path) -> None:
+    """``cleanroom ps --ray``: each node's live envs as its own ledger and driver see them,
+    with the node they are on (a task on each node; a busy node still answers)."""
+    from typer.testing import CliRunner
+
+    from cleanroom.cli import app
+    from cleanroom.integrations.ray.ps import cluster_envs
+
+    run, ledger_f = await _run_until_node_busy(cluster, "f", tmp_path, "ps", seconds=3)
+    busy = {e.env_id for e in ledger_f.envs("ps") if e.ready_at and not e.destroyed_at}
+    node_f = cluster.nodes["f"].node_id
+    answers = {n.node: n for n in await asyncio.to_thread(cluster_envs, RayCluster(), "fake")}
+    assert set(answers) >= {node.node_id for node in cluster.nodes.values()}
+    assert all(n.error is None for n in answers.values()), answers
+    seen = {e.env_id: e for e in answers[node_f].envs}
+    assert busy <= set(seen), (busy, seen)
+    assert all(seen[i].node == node_f and seen[i].on_host for i in busy)
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, app, ["ps", "--ray", cluster.cluster.address, "--driver", "fake"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert node_f[:12] in shown.output and "live envs" in shown.output, shown.output
+    result = await asyncio.wait_for(run, 90)
+    assert result.counts() == {"completed": 6}
+    ledger_f.close()
+    cluster.remove("f")
+
+
+def _hide_the_driver_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes are told of no folder and no spec (as on hosts that share no file system with the
+    driver): they must get the baseline from the run's store."""
+    from cleanroom.integrations.ray import scheduler
+
+    def hidden(baseline: Any, source: str | None = None) -> BaselineRef:
+        return BaselineRef(baseline.digest, folder=None, spec=None)
+
+    monkeypatch.setattr(scheduler.BaselineRef, "of", hidden)
+
+
+def _imported_on(cluster: LocalCluster, name: str, digest: str) -> bool:
+    meta = cluster.root / name / "baselines" / digest.removeprefix("sha256:") / "baseline.json"
+    return meta.is_file() and "imported" in json.loads(meta.read_text()).get("built", {})
+
+
+async def test_the_store_on_s3_takes_the_records_and_carries_the_baseline(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object-store path: nodes that cannot see the driver's baseline import its archive
+    from the S3-compatible server (put there once, on their asking, and verified), then write
+    their records with the conditional create; the run's records are all there."""
     import s3fs
 
     s3fs.S3FileSystem().mkdir("cluster-run")
-    baseline = make_fake_baseline(tmp_path)
+    _hide_the_driver_folder(monkeypatch)
+    baseline = make_fake_baseline(tmp_path / "driver")  # in the driver's baseline store
     ms = [manifest(f"o{i}", seed=i) for i in range(4)]
     url = "s3://cluster-run/cr"
-    result = await run_on_cluster(
-        RayCluster(), ms, baseline, store=url, run_id="s3", driver="fake", options=OPTS
-    )
+    events: list[str] = []
+    hook = lambda kind, _data: events.append(kind)  # noqa: E731
+    result = await _fake_run(ms, baseline, tmp_path, "s3", store=url, on_event=hook)
     assert result.counts() == {"completed": 4}, [e.error for e in result.episodes]
     assert len(open_store(url).list_records("s3")) == 4
+    assert events.count("baseline_shared") == 1
+    tar = f"cluster-run/cr/baselines/{baseline.digest.removeprefix('sha256:')}.tar"
+    assert s3fs.S3FileSystem().exists(tar)
+    assert all(_imported_on(cluster, n, baseline.digest) for n in ("a", "b"))
+
+
+async def test_a_group_goes_whole_to_one_node(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups on a cluster: each group's episodes all run on one node (where its warm parent
+    and snapshot would be), singles spread beside them, one record per episode with its group;
+    the baseline reaches nodes that cannot see it through the folder store."""
+    import cleanroom.api as cr
+
+    _hide_the_driver_folder(monkeypatch)
+    baseline = make_fake_baseline(tmp_path / "driver")
+    setup = {"command": ["true"], "timeout_s": 30}
+    ms = []
+    for gid in ("g1", "g2"):
+        ms += cr.group(
+            gid,
+            setup,
+            [
+                {"episode_id": f"{gid}-{i}", "seed": i, "policy": {"id": "p"}, "task": {}}
+                for i in range(3)
+            ],
+        )
+    ms += [manifest(f"single{i}", seed=i) for i in range(2)]
+    result = await _fake_run(ms, baseline, tmp_path, "groups")
+    assert result.counts() == {"completed": 8}, [e.error for e in result.episodes]
+    assert [e.episode_id for e in result.episodes] == [m.episode_id for m in ms]
+    assert sorted(g.group_id for g in result.groups) == ["g1", "g2"]
+    where: dict[str, set[str]] = {}
+    for name in ("a", "b"):
+        with cluster.ledger(name) as ledger:
+            for env in ledger.envs("groups"):
+                where.setdefault(env.episode_id or "", set()).add(name)
+            assert all(e.confirmed_absent_at for e in ledger.envs("groups"))
+    for gid in ("g1", "g2"):
+        nodes = set().union(*(where[f"{gid}-{i}"] for i in range(3)))
+        assert len(nodes) == 1, f"group {gid} ran on {nodes}"
+    store = open_store(tmp_path / "store")
+    for m in ms:
+        record = store.get_record("groups", m.episode_id)
+        assert record is not None
+        assert record.get("group") == (m.group.id if m.group else None)
+    assert all(_imported_on(cluster, n, baseline.digest) for n in ("a", "b"))
 
 
 def _alive(pid: int) -> bool:
@@ -332,6 +457,21 @@ def test_cli_run_on_the_cluster_then_status_report_inspect(
     assert shown.exit_code == 0 and "completed" in shown.output, shown.output
 
 
+def _qemu_run(
+    ms: list[Any], baseline: Any, tmp_path: Path, run_id: str, per_node: int
+) -> Coroutine[Any, Any, RunResult]:
+    """A cluster run on real microVMs, ``per_node`` at once on each node, no spares."""
+    return run_on_cluster(
+        RayCluster(parallel_per_node=per_node),
+        ms,
+        baseline,
+        store=tmp_path / "store",
+        run_id=run_id,
+        driver="qemu",
+        options=RunOptions(parallel=per_node, spares=0),
+    )
+
+
 @pytest.mark.vm
 async def test_qemu_smoke_across_two_nodes(
     cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
@@ -339,15 +479,7 @@ async def test_qemu_smoke_across_two_nodes(
     """Real microVMs: one episode on each node of the cluster, each durable, each VM confirmed
     gone in the ledger of the node that ran it."""
     ms = [manifest(f"q{i}", seed=i) for i in range(2)]
-    result = await run_on_cluster(
-        RayCluster(parallel_per_node=1),
-        ms,
-        tiny_baseline,
-        store=tmp_path / "store",
-        run_id="qemu",
-        driver="qemu",
-        options=RunOptions(parallel=1, spares=0),
-    )
+    result = await _qemu_run(ms, tiny_baseline, tmp_path, "qemu", per_node=1)
     assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
     for name in ("a", "b"):
         with cluster.ledger(name) as ledger:
@@ -439,23 +571,9 @@ async def test_a_nodes_reaper_confirms_what_its_dead_controller_left(
     """The node's controller actor SIGKILLed mid-episode (the node itself lives): its envs die
     with it, and the node's detached reaper, not any run, destroys and confirms their ledger
     rows and marks the lost attempts; the episodes run again elsewhere."""
-    cluster.add("e")
-    baseline = make_fake_baseline(tmp_path)
-    ms = [manifest(f"p{i}", seed=i, mode="sleep", seconds=2) for i in range(6)]
-    run = asyncio.ensure_future(
-        run_on_cluster(
-            RayCluster(reap_every_s=0.5),
-            ms,
-            baseline,
-            store=tmp_path / "store",
-            run_id="reaper",
-            driver="fake",
-            options=OPTS,
-        )
+    run, ledger_e = await _run_until_node_busy(
+        cluster, "e", tmp_path, "reaper", seconds=2, config=RayCluster(reap_every_s=0.5)
     )
-    ledger_e = cluster.ledger("e")
-    await _until(lambda: run.done() or any(e.ready_at for e in ledger_e.envs("reaper")), 30)
-    assert not run.done(), run.result()
     os.kill(ledger_e.envs("reaper")[0].owner_pid, signal.SIGKILL)  # the node's controller
     result = await asyncio.wait_for(run, 90)
     assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
@@ -469,3 +587,42 @@ async def test_a_nodes_reaper_confirms_what_its_dead_controller_left(
     assert not any(e.pid and _alive(e.pid) for e in ledger_e.envs("reaper"))
     ledger_e.close()
     cluster.remove("e")
+
+
+@pytest.mark.vm
+async def test_qemu_group_forks_on_one_node(
+    cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
+) -> None:
+    """Real microVMs: a group of 2 on the cluster forks from one warm parent on one node (its
+    setup ran once, in the parent: both clones see its file), and the node's ledger has the
+    snapshot and every env confirmed gone."""
+    import cleanroom.api as cr
+
+    warm = "/root/warm.txt"
+    setup = ["sh", "-c", f"head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {warm}"]
+    episodes = [
+        {
+            "episode_id": f"qg-{i}",
+            "seed": i,
+            "policy": {"id": "p"},
+            "task": {"mode": "write", "paths": [], "probe": [warm]},
+        }
+        for i in range(2)
+    ]
+    ms = cr.group("qg", {"command": setup, "timeout_s": 120}, episodes)
+    result = await _qemu_run(ms, tiny_baseline, tmp_path, "qemu-group", per_node=2)
+    assert result.counts() == {"completed": 2}, [e.error for e in result.episodes]
+    [report] = result.groups
+    assert report.mode == "fork" and report.snapshot is not None, report
+    seen = {e.record["info"]["seen"][warm] for e in result.episodes if e.record}
+    assert len(seen) == 1 and len(seen.pop()) == 16  # the parent's file, in both clones
+    ran = []
+    for name in ("a", "b"):
+        with cluster.ledger(name) as ledger:
+            envs = ledger.envs("qemu-group")
+            if envs:
+                ran.append(name)
+                assert all(e.confirmed_absent_at for e in envs)
+                [snap] = ledger.snapshots(run_id="qemu-group")
+                assert snap.state == "absent"
+    assert len(ran) == 1, f"the group ran on {ran}"

@@ -8,11 +8,14 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cleanroom.errors import BaselineError, ConfigError
-from cleanroom.integrations.ray import shared_store
+import cleanroom.api as cr
+from cleanroom.baseline.model import Baseline
+from cleanroom.errors import BaselineError, BaselineNotFound, ConfigError, TransferError
+from cleanroom.integrations.ray import baseline_ref, baseline_share, shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.integrations.ray.node import NodeController
 from cleanroom.ledger import Ledger
@@ -20,7 +23,8 @@ from cleanroom.lifecycle.context import RunOptions
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
-from ..conftest import ROOT, make_fake_baseline
+from ..conftest import ROOT, TINY_ENTRY, make_fake_baseline
+from ..forking_fake import ForkingFake
 from ..test_controller import manifest
 
 
@@ -112,3 +116,98 @@ def test_parallel_per_node_without_ray_is_refused(tmp_path: Path) -> None:
     args = ["run", str(tmp_path / "m.jsonl"), "--baseline", "x", "--parallel-per-node", "2"]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 2 and "--ray" in done.output, done.output
+
+
+def _hidden(baseline: Baseline, **more: Any) -> BaselineRef:
+    """The run's baseline as a node that can neither see the driver's folder nor build it."""
+    return BaselineRef(baseline.digest, folder=None, spec=None, **more)
+
+
+def test_a_node_imports_the_archive_the_driver_put_in_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects baselines on every node: a node without the baseline (no folder it sees, no
+    spec) says BaselineNotFound; once the driver published the exported archive to the run's
+    store, the node imports it, verified, into its own baseline store."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "driver"))
+    baseline = make_fake_baseline(tmp_path / "driver")  # in the driver's baseline store
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "node"))
+    with pytest.raises(BaselineNotFound, match="no archive"):
+        resolve_on_node(_hidden(baseline), "n1", store)
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "driver"))
+    url = baseline_share.publish(store, baseline)
+    assert Path(url).is_file() and Path(url).parent == store.root / "baselines"
+    assert baseline_share.publish(store, baseline) == url  # once per store
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "node"))
+    got = resolve_on_node(_hidden(baseline, archive=url), "n1", store)
+    assert got.digest == baseline.digest
+    assert got.path.parent == tmp_path / "node" / "baselines"  # the node's own copy
+
+
+def test_a_tampered_archive_in_the_store_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive in the store is not trusted: one byte changed in a component and the node
+    refuses the import (nothing installed), naming the file."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "driver"))
+    baseline = make_fake_baseline(tmp_path / "driver")
+    store = LocalStore(tmp_path / "store")
+    url = baseline_share.publish(store, baseline)
+    data = bytearray(Path(url).read_bytes())
+    at = data.index(b"import")  # inside entry.py's bytes
+    data[at] ^= 0x20
+    Path(url).write_bytes(bytes(data))
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "node"))
+    with pytest.raises(TransferError, match=r"entry\.py"):
+        resolve_on_node(_hidden(baseline, archive=url), "n1", store)
+    assert not any((tmp_path / "node" / "baselines").glob("[0-9a-f]*"))
+
+
+def test_a_node_whose_build_differs_refuses_and_names_both_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that has only the spec builds it; a build that comes out with another digest (a
+    different package mirror, say) refuses the run, naming the run's digest and its own."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "node"))
+    run = make_fake_baseline(tmp_path / "driver")
+    other = tmp_path / "other.py"
+    other.write_text(TINY_ENTRY.read_text() + "\n# built elsewhere\n")
+    theirs = make_fake_baseline(tmp_path / "node-build", other)
+    spec = tmp_path / "baseline.toml"
+    spec.write_text("# the run's spec (its build is stubbed: the node's build differs)\n")
+    monkeypatch.setattr(baseline_ref, "resolve_or_build", lambda _spec: theirs)
+    ref = BaselineRef(run.digest, folder=None, spec=str(spec))
+    with pytest.raises(BaselineError, match="refusing") as refused:
+        resolve_on_node(ref, "n1")
+    assert run.digest in str(refused.value) and theirs.digest in str(refused.value)
+
+
+async def test_a_group_runs_whole_on_one_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects groups on a cluster: ``NodeController.group`` runs a group's members on this
+    node, forked from one warm parent where the driver forks (setup once), and gives one
+    result per member with ``provenance.group``."""
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    baseline = make_fake_baseline(tmp_path)
+    node = _node(tmp_path, tmp_path / "store")
+    forking = ForkingFake(tmp_path / "fork")
+    node.ctx = dataclasses.replace(node.ctx, driver=forking)
+    counter = tmp_path / "setup-ran"
+    setup = [sys.executable, "-c", f"open({str(counter)!r}, 'a').write('x')"]
+    ms = cr.group(
+        "g1",
+        {"command": setup, "timeout_s": 30},
+        [{"episode_id": f"g{i}", "seed": i, "policy": {"id": "p"}} for i in range(3)],
+    )
+    dumped = [m.model_dump(mode="json") for m in ms]
+    await node.open_run("r", BaselineRef.of(baseline), dumped)
+    ended, report = await node.group("r", [(m, 1) for m in dumped])
+    assert [e.episode_id for e in ended] == ["g0", "g1", "g2"]
+    assert all(e.outcome is Outcome.COMPLETED for e in ended), [e.error for e in ended]
+    assert report.mode == "fork" and counter.read_text() == "x"  # one setup for three
+    for e in ended:
+        assert e.record is not None and e.record["provenance"]["group"]["id"] == "g1"
+    await node.close_run("r")
+    assert forking.list_owned() == [] and forking.list_snapshots() == []

@@ -9,6 +9,7 @@ Ray here): ``actor`` makes it a Ray actor, and tests can drive it directly.
     await node.start(marker)                       # store shared? reap what a predecessor left
     await node.open_run(run_id, BaselineRef.of(b), [m.model_dump(mode="json") for m in ms])
     result = await node.episode(run_id, manifest_json, attempt=1)   # one EpisodeResult
+    results, report = await node.group(run_id, [(manifest_json, 1), ...])  # one group, here
     await node.close_run(run_id)                   # the spares nobody took
 """
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cleanroom import paths
+from cleanroom.batch.group_report import GroupReport
+from cleanroom.batch.groups import run_group
 from cleanroom.batch.preflight import preflight
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import Batch, Controller
@@ -86,7 +89,7 @@ class NodeController:
         """Resolve and verify the run's baseline here, run the local preflight; its digest."""
         if run_id in self._runs:
             return self._runs[run_id].baseline.digest
-        baseline = await asyncio.to_thread(resolve_on_node, ref, self.node)
+        baseline = await asyncio.to_thread(resolve_on_node, ref, self.node, self.ctx.store)
         items = [Manifest.model_validate(m) for m in manifests]
         verifiers = Verifiers(self.ctx)
         await preflight(self.ctx, verifiers, items, baseline)
@@ -97,16 +100,50 @@ class NodeController:
 
     async def episode(self, run_id: str, manifest: dict[str, Any], attempt: int) -> EpisodeResult:
         """Run one attempt to its confirmed end (``Batch.episode``: never raises but cancel)."""
-        batch = self._runs.get(run_id)
-        if batch is None:
-            raise ConfigError(f"node {self.node}: run {run_id} was not opened here")
+        batch = self._batch(run_id)
         item = Manifest.model_validate(manifest)
         self.ctx.ledger.episode_queued(run_id, item.episode_id, attempt)
         await batch.episode(item, attempt)
-        for i, done in enumerate(batch.result.episodes):
-            if done.episode_id == item.episode_id and done.attempt == attempt:
-                return batch.result.episodes.pop(i)
-        raise AssertionError("Batch.episode always lands its result")  # pragma: no cover
+        return self._take(batch, [], [(item.episode_id, attempt)])[0]
+
+    async def group(
+        self, run_id: str, members: list[tuple[dict[str, Any], int]]
+    ) -> tuple[list[EpisodeResult], GroupReport]:
+        """One group's attempts, all on this node (``run_group``: forked from one warm parent
+        where the driver can fork, else the setup in each env); a result per member."""
+        batch = self._batch(run_id)
+        items = [(Manifest.model_validate(m), attempt) for m, attempt in members]
+        for item, attempt in items:
+            self.ctx.ledger.episode_queued(run_id, item.episode_id, attempt)
+        reports: list[GroupReport] = []
+        ended: list[EpisodeResult] = []
+        await run_group(
+            self.ctx, batch.gate, run_id, items, batch.baseline, batch.episode, reports, ended
+        )
+        keys = [(item.episode_id, attempt) for item, attempt in items]
+        return self._take(batch, ended, keys), reports[0]
+
+    def _batch(self, run_id: str) -> Batch:
+        batch = self._runs.get(run_id)
+        if batch is None:
+            raise ConfigError(f"node {self.node}: run {run_id} was not opened here")
+        return batch
+
+    @staticmethod
+    def _take(
+        batch: Batch, ended: list[EpisodeResult], keys: list[tuple[str, int]]
+    ) -> list[EpisodeResult]:
+        """The results of ``keys`` (episode id, attempt), taken out of the batch's result."""
+        found: dict[tuple[str, int], EpisodeResult] = {}
+        for pool in (batch.result.episodes, ended):
+            for done in list(pool):
+                key = (done.episode_id, done.attempt)
+                if key in keys and key not in found:
+                    found[key] = done
+                    pool.remove(done)
+        missing = [k for k in keys if k not in found]
+        assert not missing, f"Batch.episode always lands its result: {missing}"
+        return [found[k] for k in keys]
 
     async def close_run(self, run_id: str) -> list[str]:
         """Destroy the spares nobody took, drop the run's staging; the ids still present."""
