@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MARKER_PREFIX = "cleanroom-"
@@ -171,18 +172,19 @@ def pids_with_marker(env_id: str) -> list[int]:
     return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
 
 
-def env_ids_running(*needles: bytes, uid: int | None = None) -> set[str]:
+def env_ids_running(*needles: bytes, owned: Callable[[int | None], bool] | None = None) -> set[str]:
     """Env ids of every cleanroom env process on this host.
 
     ``needles`` keep only command lines that contain all of them (e.g. ``b"qemu-system"`` and
     the driver's run folder), so a driver lists its own envs, never another driver's or those
-    of a controller configured with another run folder; ``uid`` only processes of that user.
+    of a controller configured with another run folder; ``owned`` only processes whose uid it
+    accepts (``jail.ours``: the controller's, or a jail uid).
     """
     found: set[str] = set()
     for pid, cmd in _cmdlines():
         if pid == os.getpid() or not all(needle in cmd for needle in needles):
             continue
-        if uid is not None and uid_of(pid) != uid:
+        if owned is not None and not owned(uid_of(pid)):
             continue
         match = ENV_ID_RE.search(cmd)
         if match:
@@ -251,17 +253,28 @@ async def wait_gone(pids: list[int], timeout_s: float) -> bool:
     return True
 
 
-def supervised(argv: list[str], deadline_s: float) -> list[str]:
+JAIL_BOUNDING_SET = "-all,+dac_override,+sys_chroot,+setuid,+setgid"  # a VMM until it drops
+
+
+def supervised(argv: list[str], deadline_s: float, *, jailed: bool = False) -> list[str]:
     """Wrap argv so it dies with its parent and, at the latest, after ``deadline_s``.
 
-    ``setpriv --pdeathsig KILL`` makes the kernel kill the process when its parent dies;
-    ``timeout -s KILL`` is a host-side hard deadline that needs no controller. Chained, a
-    SIGKILLed controller takes ``timeout`` with it, which takes the VM with it.
+    ``timeout -s KILL`` is a host-side hard deadline that needs no controller, and it gets
+    SIGALRM as its parent-death signal (``setpriv --pdeathsig ALRM``): the death of the
+    controller is its deadline, so it SIGKILLs its child and their process group at once. That
+    holds for a child that changed its uid (a jailed QEMU's ``-runas``), whose own parent-death
+    signal the kernel clears with the change; ``timeout`` stays root, which a jailed VMM cannot
+    signal. The child also gets ``--pdeathsig KILL`` (kept if it never changes uid: it dies
+    even with a SIGKILLed ``timeout``), and ``jailed``, a bounding set of only what it needs to
+    chroot and drop to its jail uid (``JAIL_BOUNDING_SET``) and no inheritable capabilities.
+    A controller killed before ``setpriv`` set the signal (a few ms after the fork) leaves the
+    chain to the hard deadline and to ``cleanroom reap``.
     """
+    trim = [f"--bounding-set={JAIL_BOUNDING_SET}", "--inh-caps=-all"] if jailed else []
     return [
         "setpriv",
         "--pdeathsig",
-        "KILL",
+        "ALRM",
         "--",
         "timeout",
         "--signal=KILL",
@@ -269,6 +282,7 @@ def supervised(argv: list[str], deadline_s: float) -> list[str]:
         "setpriv",
         "--pdeathsig",
         "KILL",
+        *trim,
         "--",
         *argv,
     ]
