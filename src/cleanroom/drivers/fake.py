@@ -19,7 +19,7 @@ from pathlib import Path
 from cleanroom import paths
 from cleanroom.agent import guest
 from cleanroom.agent.session import AgentSession
-from cleanroom.drivers import hostproc, sockets
+from cleanroom.drivers import cgroups, hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -124,8 +124,10 @@ class FakeDriver(RunFolderDriver):
             killed = await self._kill_tree(proc.pid)
             hostproc.kill_group(proc.pid, signal.SIGKILL)
             await proc.wait()
-        pids = killed + hostproc.pids_with_marker(env_id)
-        hostproc.kill_pids(pids, signal.SIGKILL)
+        strays = cgroups.own_pids_with_marker(env_id)  # never another user's (issue 15 §6)
+        hostproc.kill_pids(killed, signal.SIGKILL)
+        cgroups.pidfd_kill(strays)
+        pids = killed + strays
         tree_gone = await hostproc.wait_gone(pids, 2.0)
         sockets.remove_env_dir(env_id)
         hostproc.remove_tree(self.run_dir(env_id))
@@ -155,7 +157,7 @@ class FakeDriver(RunFolderDriver):
         return (
             self.run_dir(env_id).exists()
             or sockets.env_dir(env_id).exists()
-            or bool(hostproc.pids_with_marker(env_id))
+            or bool(cgroups.own_pids_with_marker(env_id))
         )
 
     def alive(self, env_id: str) -> bool:
