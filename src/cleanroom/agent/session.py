@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -74,14 +75,20 @@ class EpisodeOutput:
 
 
 class _Quota:
-    def __init__(self, limit: int) -> None:
+    """The bytes of one episode's output so far; ``charged``: bytes counted elsewhere (its
+    console, which the driver reads) that share the same limit."""
+
+    def __init__(self, limit: int, charged: Callable[[], int] | None = None) -> None:
         self.limit = limit
         self.used = 0
+        self.charged = charged
 
     def take(self, n: int) -> None:
         self.used += n
-        if self.used > self.limit:
-            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes")
+        other = self.charged() if self.charged is not None else 0
+        if self.used + other > self.limit:
+            console = f" (console: {other} bytes)" if other else ""
+            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes{console}")
 
 
 class AgentSession:
@@ -247,11 +254,18 @@ class AgentSession:
             await self._send(Kind.SHUTDOWN)
 
     async def run_episode(
-        self, request: dict[str, Any], staging: Path, *, quota_bytes: int
+        self,
+        request: dict[str, Any],
+        staging: Path,
+        *,
+        quota_bytes: int,
+        charged: Callable[[], int] | None = None,
     ) -> EpisodeOutput:
-        """Send RUN and stage everything the episode returns under ``staging``."""
+        """Send RUN and stage everything the episode returns under ``staging`` (``charged``:
+        bytes the quota also counts, such as its console)."""
         async with self._lock:
-            return await _EpisodeCollector(self, staging, _Quota(quota_bytes)).run(request)
+            quota = _Quota(quota_bytes, charged)
+            return await _EpisodeCollector(self, staging, quota).run(request)
 
     async def aclose(self) -> None:
         self._writer.close()

@@ -12,8 +12,13 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
+
+from cleanroom.errors import QuotaExceeded
+
+T = TypeVar("T")
 
 MARKER_PREFIX = "cleanroom-"
 ENV_ID_RE = re.compile(rb"cleanroom-(env-[0-9a-f]{16})")
@@ -28,12 +33,22 @@ _PIPE_READ = 64 * 1024
 
 class Ring:
     """The last ``size`` bytes written to it, in a buffer of that fixed size, and how many
-    bytes were written in all (``total``)."""
+    bytes were written in all (``total``); ``alarm(total)`` is an event set once ``total``
+    bytes were written (an episode's quota, charged with its console)."""
 
     def __init__(self, size: int) -> None:
         self.buf = bytearray(size)
         self.size = size
         self.total = 0
+        self._alarm: tuple[int, asyncio.Event] | None = None
+
+    def alarm(self, total: int | None) -> asyncio.Event:
+        """An event set once ``total`` bytes in all were written (None: no alarm any more)."""
+        event = asyncio.Event()
+        self._alarm = (total, event) if total is not None else None
+        if total is not None and self.total >= total:
+            event.set()
+        return event
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)[-self.size :]
@@ -42,12 +57,40 @@ class Ring:
         self.buf[pos : pos + first] = view[:first]
         self.buf[: len(view) - first] = view[first:]
         self.total += len(data)
+        if self._alarm is not None and self.total >= self._alarm[0]:
+            self._alarm[1].set()
 
     def tail(self) -> bytes:
         if self.total <= self.size:
             return bytes(self.buf[: self.total])
         pos = self.total % self.size
         return bytes(self.buf[pos:] + self.buf[:pos])
+
+
+async def charged_to_console(
+    console: Ring, quota_bytes: int, run: Callable[[Callable[[], int]], Awaitable[T]]
+) -> T:
+    """``run(charged)`` with the console's bytes from now on charged to ``quota_bytes``:
+    ``charged()`` (what the console printed since) is counted with every frame of output, and
+    a console that alone goes past the quota ends the run at once (``QuotaExceeded``), even
+    from a guest that sends nothing else."""
+    start = console.total
+    over = console.alarm(start + quota_bytes + 1)
+    step = asyncio.ensure_future(run(lambda: console.total - start))
+    alarm = asyncio.ensure_future(over.wait())
+    try:
+        await asyncio.wait({step, alarm}, return_when=asyncio.FIRST_COMPLETED)
+        if step.done():
+            return step.result()
+        printed = console.total - start
+        raise QuotaExceeded(
+            f"episode output exceeds its quota of {quota_bytes} bytes (console: {printed} bytes)"
+        )
+    finally:
+        console.alarm(None)
+        for task in (step, alarm):
+            task.cancel()
+        await asyncio.gather(step, alarm, return_exceptions=True)
 
 
 async def spawn_with_console(
