@@ -7,7 +7,6 @@ a console alone past the quota ends the episode ``episode_error``, durable and f
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,9 +19,10 @@ from cleanroom.errors import QuotaExceeded
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
 
+from ..agent import test_hostile_vm
 from ..vmkit import Harness, assert_nothing_left, harness, manifest
 
-HOSTILE_SPEC = Path(__file__).resolve().parents[1] / "baselines" / "hostile" / "baseline.toml"
+hostile_baseline = test_hostile_vm.hostile_baseline  # the fixture: built once, shared
 
 
 async def test_a_console_alone_past_the_quota_ends_the_run() -> None:
@@ -80,15 +80,6 @@ async def test_frames_and_console_share_one_quota() -> None:
     quota.take(400)
     with pytest.raises(QuotaExceeded, match="console: 500 bytes"):
         quota.take(200)
-
-
-@pytest.fixture(scope="module")
-def hostile_baseline() -> Baseline:
-    from cleanroom.baseline.resolve import resolve_or_build
-
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
-    return resolve_or_build(str(HOSTILE_SPEC), progress=lambda step, detail: print(step, detail))
 
 
 @pytest.fixture
