@@ -228,3 +228,31 @@ def test_a_malformed_range_is_a_config_error(monkeypatch: pytest.MonkeyPatch) ->
             jail.configured_range()
     monkeypatch.setenv(jail.SWITCH_ENV, "off")
     assert "off" in (jail.unavailable() or "")
+
+
+def test_an_egress_vm_runs_unjailed_and_says_why(tmp_path: Path) -> None:
+    """A networked env gets no jail uid or chroot (its slirp helper must run the host's Python
+    and pass the proxy's peer-uid check: unjailed, that broke every guest connection), and its
+    provenance says so; a plain env of the same request gets both."""
+    import dataclasses
+
+    from cleanroom.drivers.qemu.jail import EGRESS, Jail
+    from cleanroom.network.qemu_args import Attachment
+
+    from ..conftest import make_fake_baseline
+
+    if jail.unavailable() is not None:
+        pytest.skip(f"no VMM jail on this host: {jail.unavailable()}")
+    plain = request(make_fake_baseline(tmp_path))
+    networked = dataclasses.replace(plain, network=Attachment("sock", ()))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    egress = Jail.open(networked, tmp_path / "a")
+    assert egress.args is None and egress.why == EGRESS
+    assert EGRESS in egress.facts(networked)["user"]
+    jailed = Jail.open(plain, tmp_path / "b")
+    try:
+        assert jailed.args is not None and jailed.args.chroot == tmp_path / "b" / "root"
+        assert jailed.facts(plain)["uid"] == jailed.args.uid
+    finally:
+        jailed.spawned()

@@ -3,12 +3,13 @@ provenance says about them.
 
 ``Jail.open`` (at spawn, before the process): a uid from ``drivers.jail`` (its lock fd goes to
 the process tree, so the uid stays taken while QEMU lives), the chroot folder ``<run_dir>/root``
-(empty, 0700, root's: the jailed QEMU can neither list nor write it; an egress VM gets none, its
-slirp helper is a program QEMU runs from the host's filesystem), and ``limits``: the manifest's
+(empty, 0700, root's: the jailed QEMU can neither list nor write it), and ``limits``: the manifest's
 memory plus the VMM's own (``VMM_OVERHEAD_MIB``), and ``PIDS_PER_ENV`` tasks (QEMU's threads:
 main, RCU, one per vCPU, its I/O thread pool of up to 64; egress helpers). Where the host has
 no jail (not root, or switched off) QEMU runs as the controller's user with every other layer,
-and ``facts`` says why.
+and ``facts`` says why. So does an egress VM (``EGRESS``): its slirp runs a helper per guest
+connection, the host's Python with ``network/fdpass.py``, which must read the controller's
+files and pass the egress proxy's peer-uid check; it keeps its limits and seccomp.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MIB = 1024 * 1024
 VMM_OVERHEAD_MIB = 384  # QEMU's own memory beside the guest's (TCG's code cache, devices)
 PIDS_PER_ENV = 128  # QEMU's threads (its thread pool alone may reach 64), helpers, wrappers
 ROOT_DIR = "root"  # the chroot folder inside the run folder
+EGRESS = "egress: slirp's helper runs the host's Python as the controller's user"
 
 
 def env_limits(request: EnvRequest) -> EnvLimits:
@@ -50,13 +52,11 @@ class Jail:
     @classmethod
     def open(cls, request: EnvRequest, run_dir: Path) -> Jail:
         """Take a uid and make the empty root (ConfigError if no uid is free)."""
-        why = uids.unavailable()
+        why = uids.unavailable() or (EGRESS if request.network is not None else None)
         if why is not None:
             return cls(None, None, why)
-        chroot: Path | None = None
-        if request.network is None:
-            chroot = run_dir / ROOT_DIR
-            chroot.mkdir(mode=0o700)
+        chroot = run_dir / ROOT_DIR
+        chroot.mkdir(mode=0o700)
         lease = uids.allocate()
         return cls(lease, JailArgs(lease.uid, lease.gid, chroot), None)
 
@@ -74,13 +74,11 @@ class Jail:
         if self.args is None:
             user = f"uid {os.geteuid()} (no jail: {self.why})"
             return {"user": user, "seccomp": sandbox(request, False)}
-        no_root = "egress: slirp's helper runs from the host's files"
         return {
             "user": f"{self.args.uid}:{self.args.gid}",
             "uid": self.args.uid,
             "gid": self.args.gid,
             "chroot": str(self.args.chroot) if self.args.chroot is not None else None,
-            "chroot_note": None if self.args.chroot else no_root,
             "capabilities": f"none after the drop (bounding set before it: {JAIL_BOUNDING_SET})",
             "no_new_privs": True,
             "seccomp": sandbox(request, True),
