@@ -68,6 +68,9 @@ async def test_every_record_of_a_run_has_every_field(h: Harness) -> None:
 
 def test_missing_names_what_is_absent() -> None:
     assert "provenance.baseline" in provenance.missing({"provenance": {"baseline": ""}})
+    jailed = {"provenance": {"driver": "qemu", "jail": {"identity": "cgroup", "user": "1:1"}}}
+    assert "provenance.jail.limits" in provenance.missing(jailed)  # a qemu jail says its limits
+    assert "provenance.jail.user" not in provenance.missing(jailed)
     assert provenance.lookup({"a": {"b": 1}}, "a.b") == 1
     assert provenance.lookup({"a": 1}, "a.b") is None
 

@@ -38,6 +38,12 @@ REQUIRED: tuple[str, ...] = (
 )
 """Every field a record must carry (``timings.phases.verify.*`` only when it has a verdict)."""
 
+JAIL_REQUIRED = ("identity",)
+QEMU_JAIL_REQUIRED = ("user", "seccomp", "limits", "enforced")
+"""``provenance.jail``, where a driver records one: what names the env's processes; for qemu
+also who QEMU ran as (``UID:GID``, or why it had no jail), its seccomp policy, its cgroup
+limits and where they were enforced (``uid``, ``gid`` and ``chroot`` come with a jail)."""
+
 GROUP_REQUIRED = ("id", "mode", "setup_digest")
 GROUP_FORK_REQUIRED = ("snapshot", "digest", "snapshot_id", "parent_env")
 """A group episode's ``provenance.group`` fields (and, forked, which warm state it came from)."""
@@ -62,6 +68,11 @@ def required(record: dict[str, Any]) -> list[str]:
     """``REQUIRED`` as it applies to this record (plus ``provenance.group`` in a group)."""
     skip = "" if "verify" in phases(record) else "timings.phases.verify."
     out = [p for p in REQUIRED if not (skip and p.startswith(skip))]
+    if lookup(record, "provenance.jail") is not None:
+        fields: tuple[str, ...] = JAIL_REQUIRED
+        if lookup(record, "provenance.driver") == "qemu":
+            fields += QEMU_JAIL_REQUIRED
+        out += [f"provenance.jail.{name}" for name in fields]
     if record.get("group") is not None:
         forked = lookup(record, "provenance.group.mode") == "fork"
         fields = GROUP_REQUIRED + (GROUP_FORK_REQUIRED if forked else ())

@@ -29,6 +29,11 @@ IDENTITY = (
     "attempt",
     "provenance.env_id",
     "provenance.jail.cgroup",  # the env's own cgroup: its path names the env
+    "provenance.jail.limit_cgroups",  # so do its limit cgroups
+    "provenance.jail.chroot",  # its empty root, inside its run folder
+    "provenance.jail.uid",  # a jail uid of its own, whichever was free
+    "provenance.jail.gid",
+    "provenance.jail.user",
     "verdict.verifier.env_id",
 )
 """Names this run gave: a new run, attempt and env every time."""

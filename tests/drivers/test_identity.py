@@ -109,7 +109,8 @@ async def test_without_cgroups_the_marker_fallback_still_ignores_other_users(
     finally:
         cgroups.detect.cache_clear()
     env = await driver.create(request(tiny_baseline))
-    assert env.info.jail == {"identity": cgroups.FALLBACK, "cgroup": None}
+    assert env.info.jail is not None
+    assert (env.info.jail["identity"], env.info.jail["cgroup"]) == (cgroups.FALLBACK, None)
     try:
         assert driver.alive(env.env_id) and env.env_id in driver.list_owned()
         same = spoofer(env.env_id)

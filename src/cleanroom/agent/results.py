@@ -45,14 +45,20 @@ class ExecResult:
 
 
 class Quota:
-    def __init__(self, limit: int) -> None:
+    """The bytes of one episode's output so far; ``charged``: bytes counted elsewhere (its
+    console, which the driver reads) that share the same limit."""
+
+    def __init__(self, limit: int, charged: Callable[[], int] | None = None) -> None:
         self.limit = limit
         self.used = 0
+        self.charged = charged
 
     def take(self, n: int) -> None:
         self.used += n
-        if self.used > self.limit:
-            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes")
+        other = self.charged() if self.charged is not None else 0
+        if self.used + other > self.limit:
+            console = f" (console: {other} bytes)" if other else ""
+            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes{console}")
 
 
 OutputCallback = Callable[[bytes], Any]  # called with each chunk; may return an awaitable

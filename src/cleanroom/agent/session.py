@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -324,11 +324,18 @@ class AgentSession:
             await self._send(Kind.SHUTDOWN)
 
     async def run_episode(
-        self, request: dict[str, Any], staging: Path, *, quota_bytes: int
+        self,
+        request: dict[str, Any],
+        staging: Path,
+        *,
+        quota_bytes: int,
+        charged: Callable[[], int] | None = None,
     ) -> EpisodeOutput:
-        """Send RUN and stage everything the episode returns under ``staging``."""
+        """Send RUN and stage everything the episode returns under ``staging`` (``charged``:
+        bytes the quota also counts, such as its console)."""
         async with self._one_at_a_time():
-            return await _EpisodeCollector(self, staging, Quota(quota_bytes)).run(request)
+            quota = Quota(quota_bytes, charged)
+            return await _EpisodeCollector(self, staging, quota).run(request)
 
     async def aclose(self) -> None:
         await self.channel.aclose()

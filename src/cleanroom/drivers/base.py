@@ -244,7 +244,17 @@ class Env:
     async def run_episode(
         self, request: dict[str, Any], staging: Path, *, quota_bytes: int
     ) -> EpisodeOutput:
-        return await self.session.run_episode(request, staging, quota_bytes=quota_bytes)
+        """RUN the episode; where the driver reads a console, what it prints meanwhile is
+        charged to the same quota (``hostproc.charged_to_console``)."""
+        if self.info.console is None:
+            return await self.session.run_episode(request, staging, quota_bytes=quota_bytes)
+        return await hostproc.charged_to_console(
+            self.info.console,
+            quota_bytes,
+            lambda charged: self.session.run_episode(
+                request, staging, quota_bytes=quota_bytes, charged=charged
+            ),
+        )
 
     def alive(self) -> bool:
         """Is the environment's process still running?"""

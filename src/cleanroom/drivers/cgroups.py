@@ -17,6 +17,9 @@ Layout: ``<tree>/cleanroom/<scope>/<env_id>``, ``scope`` naming the driver and i
 (two controllers with different homes never list or kill each other's envs). A process joins
 its env's cgroup before it execs anything else (``wrap``: a shell writes its own pid into
 ``cgroup.procs``, then execs the real command), so every descendant is inside from the start.
+An env made with ``EnvLimits`` also gets memory and pids limits (``cgroup_limits.py``: in the
+env's own v2 cgroup, or in v1 ``memory``/``pids`` cgroups of the same layout that ``wrap``
+joins too); ``jail()`` records them and where they were enforced.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleanroom.drivers import hostproc
+from cleanroom.drivers import cgroup_limits, hostproc, jail
+from cleanroom.drivers.cgroup_limits import EnvLimits
 
 SYSFS = Path("/sys/fs/cgroup")
 TOP = "cleanroom"  # our folder in the tree: <tree>/cleanroom/<scope>/<env_id>
@@ -65,10 +69,14 @@ def _v1_freezer(root: Path) -> Tree | None:
     return Tree("v1-freezer", root) if (root / TOP / "freezer.state").exists() else None
 
 
+def switched_off() -> bool:
+    return os.environ.get(SWITCH_ENV, "").strip().lower() == "off"
+
+
 @functools.cache
 def detect() -> Tree | None:
     """The tree env cgroups go in on this host (None: none usable, or switched off)."""
-    if os.environ.get(SWITCH_ENV, "").strip().lower() == "off":
+    if switched_off():
         return None
     if (SYSFS / "cgroup.controllers").exists():  # pure v2
         return _v2_tree(SYSFS)
@@ -92,34 +100,54 @@ class EnvGroups:
     def __init__(self, tree: Tree | None, scope: str) -> None:
         self.tree = tree
         self.base = tree.root / TOP / scope if tree is not None else None
+        v2_root = tree.root if tree is not None and tree.kind == "v2" else None
+        found = [] if switched_off() else cgroup_limits.hierarchies(v2_root, scope)
+        self.limit = cgroup_limits.Limit(found, scope)
+        self._limits: dict[str, EnvLimits] = {}  # env_id -> the limits it was made with
+        self._joined: dict[str, list[Path]] = {}  # env_id -> v1 limit cgroups it joins
 
     def path(self, env_id: str) -> Path | None:
         return self.base / env_id if self.base is not None else None
 
     def jail(self, env_id: str) -> dict[str, Any]:
-        """What identifies the env's processes, for provenance."""
+        """What identifies the env's processes and limits them, for provenance."""
         path = self.path(env_id)
-        if self.tree is None or path is None:
-            return {"identity": FALLBACK, "cgroup": None}
-        return {"identity": "cgroup", "cgroup": str(path), "cgroup_kind": self.tree.kind}
+        facts: dict[str, Any] = {"identity": FALLBACK, "cgroup": None}
+        if self.tree is not None and path is not None:
+            facts = {"identity": "cgroup", "cgroup": str(path), "cgroup_kind": self.tree.kind}
+        limits = self._limits.get(env_id)
+        if limits is not None:
+            facts["limits"] = {"memory_bytes": limits.memory_bytes, "pids": limits.pids}
+            facts["enforced"] = self.limit.enforced(limits)
+            facts["limit_cgroups"] = [str(p) for p in self._joined.get(env_id, [])]
+        return facts
 
-    def create(self, env_id: str) -> None:
-        """Make the env's (empty) cgroup; OSError if it cannot be made."""
+    def create(self, env_id: str, limits: EnvLimits | None = None) -> None:
+        """Make the env's (empty) cgroup, with ``limits`` where the host can enforce them;
+        OSError if it cannot be made (or a limit cannot be written)."""
         path = self.path(env_id)
-        if path is None:
-            return
-        try:
-            path.mkdir(parents=True)
-        except FileNotFoundError:  # the scope went with its last env meanwhile: make it again
-            path.mkdir(parents=True)
+        if limits is not None:
+            self.limit.prepare()
+        if path is not None:
+            try:
+                path.mkdir(parents=True)
+            except FileNotFoundError:  # the scope went with its last env meanwhile: again
+                path.mkdir(parents=True)
+        if limits is not None:
+            self._limits[env_id] = limits
+            self._joined[env_id] = self.limit.create(env_id, limits, path)
 
     def wrap(self, env_id: str, argv: list[str]) -> list[str]:
-        """``argv`` run inside the env's cgroup from its first instruction on."""
+        """``argv`` run inside the env's cgroup (and its limit cgroups) from its first
+        instruction on."""
         path = self.path(env_id)
-        if path is None:
+        procs = [*([path] if path is not None else []), *self._joined.get(env_id, [])]
+        if not procs:
             return argv
-        join = 'echo $$ > "$0" && exec "$@"'
-        return ["/bin/sh", "-c", join, str(path / "cgroup.procs"), *argv]
+        n = len(procs)
+        join = " && ".join(f'echo $$ > "${i}"' if i else 'echo $$ > "$0"' for i in range(n))
+        files = [str(p / "cgroup.procs") for p in procs]
+        return ["/bin/sh", "-c", f'{join} && shift {n - 1} && exec "$@"', *files, *argv]
 
     def pids(self, env_id: str) -> list[int]:
         """The processes in the env's cgroup (fallback: root's with the env's marker)."""
@@ -158,7 +186,7 @@ class EnvGroups:
         """Wait for the cgroup to empty, then remove it; True once it is gone."""
         path = self.path(env_id)
         if path is None:
-            return not own_pids_with_marker(env_id)
+            return not own_pids_with_marker(env_id) and self.remove_limits(env_id)
         end = time.monotonic() + timeout_s
         delay = 0.0005
         while True:
@@ -174,7 +202,15 @@ class EnvGroups:
             delay = min(delay * 2, 0.02)
         with contextlib.suppress(OSError):  # the scope goes with its last env (EBUSY if not)
             path.parent.rmdir()
-        return True
+        return self.remove_limits(env_id)
+
+    def remove_limits(self, env_id: str) -> bool:
+        """Remove the env's v1 limit cgroups (its processes are gone); True once gone."""
+        gone = self.limit.remove(env_id)
+        if gone:
+            self._limits.pop(env_id, None)
+            self._joined.pop(env_id, None)
+        return gone
 
     def listed(self) -> set[str]:
         """Env ids that have a cgroup under this scope."""
@@ -184,16 +220,16 @@ class EnvGroups:
 
 
 def own_pids_with_marker(env_id: str) -> list[int]:
-    """Processes with the env's marker that run as this controller's uid (an env of an older
-    version, or the fallback); another user's ``exec -a cleanroom-env-<id>`` is not one."""
-    me = os.geteuid()
-    return [pid for pid in hostproc.pids_with_marker(env_id) if hostproc.uid_of(pid) == me]
+    """Processes with the env's marker that are ours (``jail.ours``: this controller's uid or
+    a jail uid; an env of an older version, or the fallback); another user's ``exec -a
+    cleanroom-env-<id>`` is not one."""
+    return [pid for pid in hostproc.pids_with_marker(env_id) if jail.ours(hostproc.uid_of(pid))]
 
 
 def pidfd_kill(pids: list[int]) -> None:
-    """SIGKILL through a pidfd, and only a process of this uid: the uid is read once the pidfd
-    is open and trusted only if the process is still alive after (so its pid was not reused)."""
-    me = os.geteuid()
+    """SIGKILL through a pidfd, and only a process of ours (``jail.ours``): the uid is read
+    once the pidfd is open and trusted only if the process is still alive after (so its pid
+    was not reused)."""
     for pid in pids:
         try:
             fd = os.pidfd_open(pid)
@@ -202,7 +238,7 @@ def pidfd_kill(pids: list[int]) -> None:
         try:
             uid = hostproc.uid_of(pid)
             signal.pidfd_send_signal(fd, 0)  # ESRCH if it died: /proc/<pid> may be another
-            if uid == me:
+            if jail.ours(uid):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
         except OSError:
             pass

@@ -19,7 +19,7 @@ from pathlib import Path
 from cleanroom import paths
 from cleanroom.agent import guest
 from cleanroom.agent.session import AgentSession
-from cleanroom.drivers import hostproc, sockets
+from cleanroom.drivers import cgroups, hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -42,6 +42,8 @@ class FakeDriver(RunFolderDriver):
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         # the agent runs on the host: no console to keep
         self._live: dict[str, hostproc.ConsoleProcess] = {}
+        scope = cgroups.scope_of(self.name, self.run_root)  # identity: as qemu's (cgroups.py)
+        self.groups = cgroups.EnvGroups(cgroups.detect(), scope)
 
     def describe(self) -> dict[str, str]:
         return {
@@ -86,8 +88,9 @@ class FakeDriver(RunFolderDriver):
             "CLEANROOM_GUEST_ROOT": str(run_dir / "root"),
         }
         argv = [sys.executable, guest.__file__, hostproc.marker(request.env_id)]
+        self.groups.create(request.env_id)
         proc = await asyncio.create_subprocess_exec(
-            *hostproc.supervised(argv, request.hard_deadline_s),
+            *self.groups.wrap(request.env_id, hostproc.supervised(argv, request.hard_deadline_s)),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,
@@ -113,6 +116,7 @@ class FakeDriver(RunFolderDriver):
             run_dir=run_dir,
             created_at=time.time(),
             ready_s=time.monotonic() - started,
+            jail=self.groups.jail(request.env_id),
         )
         return Env(self, info, session)
 
@@ -124,12 +128,16 @@ class FakeDriver(RunFolderDriver):
             killed = await self._kill_tree(proc.pid)
             hostproc.kill_group(proc.pid, signal.SIGKILL)
             await proc.wait()
-        pids = killed + hostproc.pids_with_marker(env_id)
-        hostproc.kill_pids(pids, signal.SIGKILL)
+        self.groups.kill(env_id)
+        strays = cgroups.own_pids_with_marker(env_id)  # never another user's (issue 15 §6)
+        hostproc.kill_pids(killed, signal.SIGKILL)
+        cgroups.pidfd_kill(strays)
+        pids = killed + strays
         tree_gone = await hostproc.wait_gone(pids, 2.0)
         sockets.remove_env_dir(env_id)
         hostproc.remove_tree(self.run_dir(env_id))
-        gone = tree_gone and not self.exists(env_id)
+        removed = await self.groups.remove(env_id)
+        gone = tree_gone and removed and not self.exists(env_id)
         return DestroyReport(env_id, gone, 1, (time.perf_counter() - start) * 1000)
 
     @staticmethod
@@ -155,7 +163,8 @@ class FakeDriver(RunFolderDriver):
         return (
             self.run_dir(env_id).exists()
             or sockets.env_dir(env_id).exists()
-            or bool(hostproc.pids_with_marker(env_id))
+            or self.groups.exists(env_id)
+            or bool(cgroups.own_pids_with_marker(env_id))
         )
 
     def alive(self, env_id: str) -> bool:
@@ -163,7 +172,7 @@ class FakeDriver(RunFolderDriver):
         return proc is not None and proc.returncode is None
 
     def list_owned(self) -> list[str]:
-        found: set[str] = set()
+        found = self.groups.listed()
         with contextlib.suppress(FileNotFoundError):
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)

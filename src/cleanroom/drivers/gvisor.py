@@ -9,13 +9,17 @@ under runsc's memory overlay, so every write of the episode dies with the sandbo
 bind-mounted socket (``--host-uds=open``). The container id is the env marker
 (``cleanroom-<env_id>``), so the sandbox, its gofer (via the bundle path) and its ptrace stubs
 all carry it. ``runsc run`` runs under ``hostproc.supervised`` and keeps the sandbox attached:
-it dies with its controller and at its hard deadline.
+it dies with its controller and at its hard deadline. Like a qemu env, the env's processes
+live in an identity cgroup only the controller makes (``cgroups.EnvGroups``, the driver's own
+scope; runsc's own per-controller cgroups hold its limits): ``runsc run`` joins it before it
+execs, so the sandbox, gofer and stubs are inside; a marker alone counts only in a process of
+ours (``cgroups.own_pids_with_marker``), never another user's.
 
 destroy = ``runsc kill`` (then SIGKILL of the supervisor group if needed), ``runsc delete
---force``, SIGKILL of any process still carrying the marker, removal of the cgroup leaves and
-the run and socket folders, then a confirm-absent check: no process, no run or socket folder,
-no runsc state, no cgroup. ``CLEANROOM_GVISOR_PLATFORM`` picks the runsc platform (``ptrace``
-by default).
+--force``, a kill of the identity cgroup and SIGKILL (by pidfd) of any process of ours still
+carrying the marker, removal of the cgroups and the run and socket folders, then a
+confirm-absent check: no process, no run or socket folder, no runsc state, no cgroup.
+``CLEANROOM_GVISOR_PLATFORM`` picks the runsc platform (``ptrace`` by default).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from typing import Any
 
 from cleanroom import paths
 from cleanroom.agent.session import AgentSession
+from cleanroom.drivers import cgroups, hostproc, jail, sockets
 from cleanroom.drivers import gvisor_bundle as bundle_mod
-from cleanroom.drivers import hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -101,6 +105,8 @@ class GvisorDriver(RunFolderDriver):
         self.runsc_root = runsc_root or self.run_root / "runsc-root"
         self.platform = platform or default_platform()
         self._live: dict[str, _Live] = {}
+        scope = cgroups.scope_of(self.name, self.run_root)
+        self.groups = cgroups.EnvGroups(cgroups.detect(), scope)
 
     @property
     def accelerator(self) -> str:
@@ -161,7 +167,9 @@ class GvisorDriver(RunFolderDriver):
             sock = str(ctl_dir / bundle_mod.SOCKET_NAME)
             server = await asyncio.start_unix_server(on_connect, sock, limit=1 << 22)
             started = time.monotonic()
-            proc, console_fd = await hostproc.spawn_with_console(self.command(request, bundle))
+            self.groups.create(env_id)
+            argv = self.groups.wrap(env_id, self.command(request, bundle))
+            proc, console_fd = await hostproc.spawn_with_console(argv)
         except BaseException as exc:
             if server is not None:
                 server.close()
@@ -197,6 +205,7 @@ class GvisorDriver(RunFolderDriver):
             run_dir=run_dir,
             created_at=time.time(),
             ready_s=time.monotonic() - started,
+            jail=self.groups.jail(env_id),
         )
         return Env(self, info, session)
 
@@ -246,6 +255,7 @@ class GvisorDriver(RunFolderDriver):
                     leaf.rmdir()
             sockets.remove_env_dir(env_id)
             hostproc.remove_tree(self.run_dir(env_id))
+            await self.groups.remove(env_id)
             left = self.remains(env_id)
             if not left:
                 break
@@ -283,9 +293,10 @@ class GvisorDriver(RunFolderDriver):
             if not await _exited(live.proc, GRACE_S):
                 hostproc.kill_group(live.proc.pid, signal.SIGKILL)
                 await live.proc.wait()
-        pids = hostproc.pids_with_marker(env_id)  # the sandbox, gofer, stubs; or strays
+        self.groups.kill(env_id)  # the sandbox, gofer and stubs are in its cgroup
+        pids = cgroups.own_pids_with_marker(env_id)  # strays of ours (an older version's)
         if pids:
-            hostproc.kill_pids(pids, signal.SIGKILL)
+            cgroups.pidfd_kill(pids)
             await hostproc.wait_gone(pids, 2.0)
 
     async def _delete_state(self, env_id: str) -> None:
@@ -310,11 +321,11 @@ class GvisorDriver(RunFolderDriver):
             left.append("run folder")
         if sockets.env_dir(env_id).exists():
             left.append("socket folder")
-        if pids := hostproc.pids_with_marker(env_id):
+        if pids := self.groups.pids(env_id) or cgroups.own_pids_with_marker(env_id):
             left.append(f"processes {pids}")
         if self._state_files(cid):
             left.append("runsc state")
-        if bundle_mod.cgroup_leaves(cid):
+        if bundle_mod.cgroup_leaves(cid) or self.groups.exists(env_id):
             left.append("cgroup")
         return left
 
@@ -323,9 +334,10 @@ class GvisorDriver(RunFolderDriver):
 
     def list_owned(self) -> list[str]:
         """Envs of this driver and run folder: processes (sandbox, gofer, stubs name the
-        runsc root or the bundle), runsc state, run folders."""
-        found = hostproc.env_ids_running(b"runsc", str(self.run_root).encode())
-        found |= hostproc.env_ids_running(b"runsc", str(self.runsc_root).encode())
+        runsc root or the bundle) of ours, identity cgroups, runsc state, run folders."""
+        found = self.groups.listed()
+        found |= hostproc.env_ids_running(b"runsc", str(self.run_root).encode(), owned=jail.ours)
+        found |= hostproc.env_ids_running(b"runsc", str(self.runsc_root).encode(), owned=jail.ours)
         with contextlib.suppress(FileNotFoundError):
             for path in self.runsc_root.iterdir():
                 match = hostproc.ENV_ID_RE.search(path.name.encode())

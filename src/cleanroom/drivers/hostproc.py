@@ -12,7 +12,13 @@ import os
 import re
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
+
+from cleanroom.errors import QuotaExceeded
+
+T = TypeVar("T")
 
 MARKER_PREFIX = "cleanroom-"
 ENV_ID_RE = re.compile(rb"cleanroom-(env-[0-9a-f]{16})")
@@ -27,12 +33,22 @@ _PIPE_READ = 64 * 1024
 
 class Ring:
     """The last ``size`` bytes written to it, in a buffer of that fixed size, and how many
-    bytes were written in all (``total``)."""
+    bytes were written in all (``total``); ``alarm(total)`` is an event set once ``total``
+    bytes were written (an episode's quota, charged with its console)."""
 
     def __init__(self, size: int) -> None:
         self.buf = bytearray(size)
         self.size = size
         self.total = 0
+        self._alarm: tuple[int, asyncio.Event] | None = None
+
+    def alarm(self, total: int | None) -> asyncio.Event:
+        """An event set once ``total`` bytes in all were written (None: no alarm any more)."""
+        event = asyncio.Event()
+        self._alarm = (total, event) if total is not None else None
+        if total is not None and self.total >= total:
+            event.set()
+        return event
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)[-self.size :]
@@ -41,12 +57,40 @@ class Ring:
         self.buf[pos : pos + first] = view[:first]
         self.buf[: len(view) - first] = view[first:]
         self.total += len(data)
+        if self._alarm is not None and self.total >= self._alarm[0]:
+            self._alarm[1].set()
 
     def tail(self) -> bytes:
         if self.total <= self.size:
             return bytes(self.buf[: self.total])
         pos = self.total % self.size
         return bytes(self.buf[pos:] + self.buf[:pos])
+
+
+async def charged_to_console(
+    console: Ring, quota_bytes: int, run: Callable[[Callable[[], int]], Awaitable[T]]
+) -> T:
+    """``run(charged)`` with the console's bytes from now on charged to ``quota_bytes``:
+    ``charged()`` (what the console printed since) is counted with every frame of output, and
+    a console that alone goes past the quota ends the run at once (``QuotaExceeded``), even
+    from a guest that sends nothing else."""
+    start = console.total
+    over = console.alarm(start + quota_bytes + 1)
+    step = asyncio.ensure_future(run(lambda: console.total - start))
+    alarm = asyncio.ensure_future(over.wait())
+    try:
+        await asyncio.wait({step, alarm}, return_when=asyncio.FIRST_COMPLETED)
+        if step.done():
+            return step.result()
+        printed = console.total - start
+        raise QuotaExceeded(
+            f"episode output exceeds its quota of {quota_bytes} bytes (console: {printed} bytes)"
+        )
+    finally:
+        console.alarm(None)
+        for task in (step, alarm):
+            task.cancel()
+        await asyncio.gather(step, alarm, return_exceptions=True)
 
 
 async def spawn_with_console(
@@ -171,18 +215,19 @@ def pids_with_marker(env_id: str) -> list[int]:
     return [pid for pid, cmd in _cmdlines() if needle in cmd and pid != os.getpid()]
 
 
-def env_ids_running(*needles: bytes, uid: int | None = None) -> set[str]:
+def env_ids_running(*needles: bytes, owned: Callable[[int | None], bool] | None = None) -> set[str]:
     """Env ids of every cleanroom env process on this host.
 
     ``needles`` keep only command lines that contain all of them (e.g. ``b"qemu-system"`` and
     the driver's run folder), so a driver lists its own envs, never another driver's or those
-    of a controller configured with another run folder; ``uid`` only processes of that user.
+    of a controller configured with another run folder; ``owned`` only processes whose uid it
+    accepts (``jail.ours``: the controller's, or a jail uid).
     """
     found: set[str] = set()
     for pid, cmd in _cmdlines():
         if pid == os.getpid() or not all(needle in cmd for needle in needles):
             continue
-        if uid is not None and uid_of(pid) != uid:
+        if owned is not None and not owned(uid_of(pid)):
             continue
         match = ENV_ID_RE.search(cmd)
         if match:
@@ -251,17 +296,28 @@ async def wait_gone(pids: list[int], timeout_s: float) -> bool:
     return True
 
 
-def supervised(argv: list[str], deadline_s: float) -> list[str]:
+JAIL_BOUNDING_SET = "-all,+dac_override,+sys_chroot,+setuid,+setgid"  # a VMM until it drops
+
+
+def supervised(argv: list[str], deadline_s: float, *, jailed: bool = False) -> list[str]:
     """Wrap argv so it dies with its parent and, at the latest, after ``deadline_s``.
 
-    ``setpriv --pdeathsig KILL`` makes the kernel kill the process when its parent dies;
-    ``timeout -s KILL`` is a host-side hard deadline that needs no controller. Chained, a
-    SIGKILLed controller takes ``timeout`` with it, which takes the VM with it.
+    ``timeout -s KILL`` is a host-side hard deadline that needs no controller, and it gets
+    SIGALRM as its parent-death signal (``setpriv --pdeathsig ALRM``): the death of the
+    controller is its deadline, so it SIGKILLs its child and their process group at once. That
+    holds for a child that changed its uid (a jailed QEMU's ``-runas``), whose own parent-death
+    signal the kernel clears with the change; ``timeout`` stays root, which a jailed VMM cannot
+    signal. The child also gets ``--pdeathsig KILL`` (kept if it never changes uid: it dies
+    even with a SIGKILLed ``timeout``), and ``jailed``, a bounding set of only what it needs to
+    chroot and drop to its jail uid (``JAIL_BOUNDING_SET``) and no inheritable capabilities.
+    A controller killed before ``setpriv`` set the signal (a few ms after the fork) leaves the
+    chain to the hard deadline and to ``cleanroom reap``.
     """
+    trim = [f"--bounding-set={JAIL_BOUNDING_SET}", "--inh-caps=-all"] if jailed else []
     return [
         "setpriv",
         "--pdeathsig",
-        "KILL",
+        "ALRM",
         "--",
         "timeout",
         "--signal=KILL",
@@ -269,6 +325,7 @@ def supervised(argv: list[str], deadline_s: float) -> list[str]:
         "setpriv",
         "--pdeathsig",
         "KILL",
+        *trim,
         "--",
         *argv,
     ]

@@ -5,19 +5,21 @@ the driver still finds (process or run folder), processes whose command line car
 marker or a canary token, unix sockets naming an env, and files naming a token under the
 driver's run folders, the staging folder and each env's guest root on the host (drivers without
 a VM). Each finding is a ``Leftover`` and makes the check fail; processes and envs found are
-then removed (by pid / ``driver.destroy``), so a failed check leaves the host clean too.
+then removed (through a pidfd / ``driver.destroy``), so a failed check leaves the host clean too.
+
+Only processes that are ours count (``ours``: running as the controller's uid or a jail uid, or
+inside a cleanroom cgroup, which only root can put a process in): another user's process that
+merely carries an env's marker or a token in its command line is neither counted nor signalled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleanroom import paths
-from cleanroom.drivers import hostproc
+from cleanroom.drivers import cgroups, hostproc, jail
 from cleanroom.drivers.base import Driver
 from cleanroom.verify import guest_prefix
 
@@ -39,8 +41,23 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def in_our_cgroup(pid: int) -> bool:
+    """Is the process in a cleanroom cgroup (``<tree>/cleanroom/...``, any hierarchy)?"""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    return any(line.split(":", 2)[-1].startswith(f"/{cgroups.TOP}/") for line in lines)
+
+
+def ours(pid: int) -> bool:
+    """A process this host's cleanroom made (module docstring), not another user's."""
+    return jail.ours(hostproc.uid_of(pid)) or in_our_cgroup(pid)
+
+
 def token_processes(tokens: list[str]) -> list[int]:
-    """Host processes (not this one) whose command line names one of ``tokens``."""
+    """Host processes of ours (not this one) whose command line names one of ``tokens``."""
     needles = [t.encode() for t in tokens]
     found = []
     for entry in os.scandir("/proc"):
@@ -51,8 +68,9 @@ def token_processes(tokens: list[str]) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if any(n in cmd for n in needles) and hostproc.pid_alive(int(entry.name)):
-            found.append(int(entry.name))
+        pid = int(entry.name)
+        if any(n in cmd for n in needles) and hostproc.pid_alive(pid) and ours(pid):
+            found.append(pid)
     return found
 
 
@@ -84,16 +102,17 @@ async def audit(driver: Driver, env_ids: list[str], tokens: list[str]) -> list[L
     """Everything of the check left on the host; removes what it can (see module docstring)."""
     leftovers: list[Leftover] = []
     for env_id in env_ids:
-        for pid in hostproc.pids_with_marker(env_id):
+        pids = [pid for pid in hostproc.pids_with_marker(env_id) if ours(pid)]
+        for pid in pids:
             leftovers.append(Leftover("process", f"pid {pid}: {_cmdline(pid)}", "killed"))
+        cgroups.pidfd_kill(pids)
         if driver.exists(env_id):
             report = await driver.destroy(env_id)
             action = "destroyed" if report.confirmed_absent else "could not be destroyed"
             leftovers.append(Leftover("env", f"{env_id} still present on the host", action))
-    for pid in token_processes(tokens):
+    for pid in (found := token_processes(tokens)):
         leftovers.append(Leftover("process", f"pid {pid}: {_cmdline(pid)}", "killed"))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    cgroups.pidfd_kill(found)
     for path in unix_sockets(env_ids):
         leftovers.append(Leftover("socket", path))
     roots = [paths.home() / "staging"]

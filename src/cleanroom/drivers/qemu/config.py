@@ -18,6 +18,7 @@ class QemuConfig:
     start: str  # one of STARTS
     run_root: Path  # run folders: <run_root>/<env_id>/
     name: str = "qemu"  # the driver's name (owner records, EnvInfo)
+    jail: bool = True  # each QEMU in a jail of its own where the host allows (qemu/jail.py)
 
     def __post_init__(self) -> None:
         if self.start not in STARTS:

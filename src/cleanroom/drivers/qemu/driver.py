@@ -46,7 +46,7 @@ from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import cgroups, hostproc, snapshot
+from cleanroom.drivers import cgroups, hostproc, jail, snapshot
 from cleanroom.drivers.base import (
     DestroyReport,
     Env,
@@ -288,7 +288,7 @@ class QemuDriver(RunFolderDriver):
         folder in their command line. Another user's process named like an env is none."""
         found = self.groups.listed()
         needles = (b"qemu-system", str(self.run_root).encode())
-        found |= hostproc.env_ids_running(*needles, uid=os.geteuid())
+        found |= hostproc.env_ids_running(*needles, owned=jail.ours)
         if self.run_root.is_dir():
             found.update(p.name for p in self.run_root.iterdir() if p.name.startswith("env-"))
         return sorted(found)

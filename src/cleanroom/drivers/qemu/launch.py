@@ -1,7 +1,8 @@
 """Starting one env's QEMU process and waiting for its agent (cold boots, and the spawn that
 clones share).
 
-``spawn`` makes the run folder (owner record first), the agent channel's and the QMP monitor's
+``spawn`` makes the run folder (owner record first), the env's cgroup with its limits, its jail
+(``jail.py``: a uid of its own, an empty root), the agent channel's and the QMP monitor's
 socket pairs, then the supervised process, and records it in ``live``; ``ready_or_destroy``
 waits for a readiness step and destroys the env on any failure; ``cold`` is both, for a kernel
 boot.
@@ -22,8 +23,9 @@ from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, fail
 from cleanroom.drivers.cgroups import EnvGroups
 from cleanroom.drivers.qemu import cmdline
 from cleanroom.drivers.qemu.config import QemuConfig
+from cleanroom.drivers.qemu.jail import Jail, env_limits
 from cleanroom.drivers.qemu.live import Live
-from cleanroom.errors import LaunchError
+from cleanroom.errors import ConfigError, LaunchError
 
 MakeEnv = Callable[[EnvInfo, AgentSession], Env]  # the driver's Env around a ready session
 
@@ -54,25 +56,35 @@ class Launcher:
         pass_fds: tuple[int, ...] = (),
         memory_backend: bool = False,
     ) -> Live:
-        """Start the env's QEMU process (run folder first: owner, its cgroup, then the process
-        inside that cgroup, its pid)."""
+        """Start the env's QEMU process (run folder first: owner, its cgroup and limits, its
+        jail, then the process inside that cgroup, its pid)."""
         run_dir = self.config.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.config.name)
         try:
-            self.groups.create(request.env_id)
-        except OSError as exc:
+            self.groups.create(request.env_id, env_limits(request))
+            jail = Jail.open(request, run_dir) if self.config.jail else Jail(None, None, "off")
+        except (OSError, ConfigError) as exc:
             hostproc.remove_tree(run_dir)
-            raise LaunchError(f"cannot make the env's cgroup: {exc}") from exc
+            await self.groups.remove(request.env_id)
+            raise LaunchError(f"cannot make the env's cgroup or jail: {exc}") from exc
         channel, guest_end = socket.socketpair()
         monitor, qemu_monitor = socket.socketpair()
         fds = (guest_end.fileno(), qemu_monitor.fileno())
         argv = cmdline.command(
-            request, accel, extra, ctl_fd=fds[0], qmp_fd=fds[1], memory_backend=memory_backend
+            request,
+            accel,
+            extra,
+            ctl_fd=fds[0],
+            qmp_fd=fds[1],
+            memory_backend=memory_backend,
+            jail=jail.args,
         )
         argv = self.groups.wrap(request.env_id, argv)
         try:
-            proc, console_fd = await hostproc.spawn_with_console(argv, pass_fds=(*pass_fds, *fds))
+            proc, console_fd = await hostproc.spawn_with_console(
+                argv, pass_fds=(*pass_fds, *fds, *jail.pass_fds)
+            )
         except OSError as exc:
             channel.close()
             monitor.close()
@@ -82,7 +94,9 @@ class Launcher:
         finally:
             guest_end.close()
             qemu_monitor.close()
+            jail.spawned()
         live = Live(proc, console_fd, run_dir, channel, monitor)
+        live.jail = {**jail.facts(request), **self.groups.jail(request.env_id)}
         self.live[request.env_id] = live
         live.pump = asyncio.create_task(live.read_console())
         (run_dir / "pid").write_text(str(proc.pid))
@@ -138,7 +152,7 @@ class Launcher:
             run_dir=live.run_dir,
             created_at=time.time(),
             ready_s=time.monotonic() - started,
-            jail=self.groups.jail(request.env_id),
+            jail=live.jail,
             console=live.console,
             **start,
         )

@@ -37,6 +37,7 @@ class Live(hostproc.ConsoleProcess):
         self.channel: socket.socket | None = channel  # the agent channel until it is opened
         self.monitor: socket.socket | None = monitor  # the QMP monitor until it is opened
         self.qmp: QmpClient | None = None
+        self.jail: dict[str, Any] | None = None  # who it runs as, what confines it (launch.py)
 
     async def open_qmp(self) -> QmpClient:
         """The env's QMP client (connected on the first call, then the same one)."""

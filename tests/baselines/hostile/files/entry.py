@@ -10,6 +10,8 @@ Acts on ``manifest["task"]["mode"]`` (standard library only):
   control port (no file system can hold that name).
 - ``deep-header``: a frame whose header is nested 100,000 deep, written into the port.
 - ``big-result``: a valid result.json of ``task["bytes"]`` bytes (default 2 MiB).
+- ``flood-console``: writes to the serial console without end (``task["seconds"]``, default
+  120) and nothing else: its output quota must end it.
 - ``hide-secret``: the secret ``task["secret"]`` as ``\\uXXXX`` escapes in result.json (key and
   value), as an artifact's name, and base64-encoded and URL-encoded in stdout.
 """
@@ -86,6 +88,12 @@ def main():
         size = int(task.get("bytes", 2 << 20))
         head = b'{"reward": 1, "pad": "'
         write(result, head + b"x" * (size - len(head) - 2) + b'"}')
+    elif mode == "flood-console":
+        end = time.monotonic() + float(task.get("seconds", 120))
+        with open("/dev/console", "wb", buffering=0) as console:
+            while time.monotonic() < end:
+                console.write(b"flooding the console " * 200)
+        write(result, b'{"reward": 1}')
     elif mode == "hide-secret":
         value = os.environ[task["secret"]]
         print("b64 " + base64.b64encode(value.encode()).decode(), flush=True)
