@@ -19,6 +19,7 @@ from tests.baseline.conftest import needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
+from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
 from cleanroom.baseline.model import Baseline
@@ -91,7 +92,7 @@ def test_the_python_agent_refuses_an_image_without_python(tmp_path: Path) -> Non
 
 def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_spec: Path) -> None:
     """Same sources, same compiler: the same digest (the agent's bytes are in rootfs.erofs)."""
-    assert busybox_baseline.agent_version == "0.5.0"
+    assert busybox_baseline.agent_version == native.agent_version() == "0.6.0"
     assert build(native_spec, force=True).digest == busybox_baseline.digest
 
 
@@ -115,7 +116,7 @@ async def test_command_episodes_end_to_end_without_python(
     record = store.get_record("native-episodes", "ok")
     assert record is not None and record["reward"] == 2.0
     assert record["info"] == {"python": "absent"}
-    assert record["provenance"]["agent_version"] == "0.5.0"
+    assert record["provenance"]["agent_version"] == native.agent_version()
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
     assert store.get_bytes("native-episodes", "ok", "logs/stdout.log") == b"episode says hi\n"
     assert store.get_bytes("native-episodes", "ok", "logs/stderr.log") == b"a warning\n"
@@ -177,3 +178,4 @@ async def test_a_spare_clone_of_a_native_baseline_is_handed_out_ready(
     finally:
         assert (await env.aclose()).confirmed_absent
         await driver.release_spares()
+

@@ -39,8 +39,9 @@
 #include "frame.h"
 #include "json.h"
 #include "proc.h"
+#include "warm.h"
 
-#define AGENT_VERSION "0.5.0"
+#define AGENT_VERSION "0.6.0"
 #define PORT_NAME "ctl"
 #define BASE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -48,6 +49,7 @@ enum {
     MAX_NAME = 1024,     /* protocol.MAX_NAME: bytes of an artifact name */
     MAX_NAME_PARTS = 32, /* protocol.MAX_NAME_PARTS */
     MAX_SECRETS = 256,
+    MAX_ENTROPY = 1024, /* of a RESEED's body kept for function episodes' seeds */
     THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
 };
 
@@ -61,6 +63,9 @@ static int busy, has_pending, snapshotted;
 static struct frame pending;
 static int pool = -1; /* /dev/urandom for writing, opened at SNAPSHOT_PREPARE */
 static char root[4096]; /* the guest root: $CLEANROOM_GUEST_ROOT/run/cleanroom */
+static char agent_dir[4096]; /* the folder of this binary (worker.py, ../entry.json) */
+static unsigned char entropy[MAX_ENTROPY]; /* the host's last RESEED bytes */
+static size_t nentropy;
 
 static void log_msg(const char *what, const char *detail) {
     char line[1024];
@@ -127,6 +132,8 @@ static void hello(const char *extra, int send) {
     jb_str(&h, u.release, strlen(u.release));
     jb_key(&h, "pid");
     jb_int(&h, getpid());
+    jb_lit(&h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
+    warm_hello(&h);
     if (extra)
         jb_lit(&h, extra);
     jb_lit(&h, "}");
@@ -331,6 +338,19 @@ static double timeout_of(jspan v) {
     return json_number(v, &t) ? -1 : t < 0 ? 0 : t;
 }
 
+/* A request's environment: the base one, its "env" over it, then `extra_env` (NULL: none)
+ * over both; -1 if "env" is malformed */
+static int request_env(const struct frame *f, const struct env *extra_env, struct env *env) {
+    int ok = env_of(env, field(f, "env")) == 0;
+    for (size_t i = 0; ok && extra_env && i < extra_env->n; i++) {
+        char *eq = strchr(extra_env->items[i], '=');
+        *eq = 0;
+        ok = env_set(env, extra_env->items[i], eq + 1) == 0;
+        *eq = '=';
+    }
+    return ok ? 0 : -1;
+}
+
 static void exec_request(const struct frame *f, jspan argv_span, const struct env *extra_env,
                          struct timed_file *timed, size_t ntimed) {
     char **argv = argv_of(argv_span);
@@ -339,13 +359,7 @@ static void exec_request(const struct frame *f, jspan argv_span, const struct en
     jspan cwd_span = field(f, "cwd");
     if (json_is(cwd_span, '"'))
         cwd = json_strdup(cwd_span);
-    int ok = argv && env_of(&env, field(f, "env")) == 0;
-    for (size_t i = 0; ok && extra_env && i < extra_env->n; i++) {
-        char *eq = strchr(extra_env->items[i], '=');
-        *eq = 0;
-        ok = env_set(&env, extra_env->items[i], eq + 1) == 0;
-        *eq = '=';
-    }
+    int ok = argv && request_env(f, extra_env, &env) == 0;
     if (!ok || (json_is(cwd_span, '"') && !cwd))
         send_error("ValueError: argv must be a list of strings, env an object of strings");
     else
@@ -424,6 +438,20 @@ static void get_request(const struct frame *f) {
     free(path);
 }
 
+/* A function entrypoint: relayed to the warm Python worker (warm.c), which sends EXIT */
+static void function_request(const struct frame *f, const struct env *extra_env,
+                             struct timed_file *timed, size_t ntimed) {
+    struct env env = {0}, base = {0};
+    jspan none = {"", 0};
+    if (request_env(f, extra_env, &env) || env_of(&base, none))
+        send_error("ValueError: env must be an object of strings");
+    else
+        warm_run(send_frame, field(f, "function"), root, field(f, "cwd"), env.items, base.items,
+                 entropy, nentropy, timeout_of(field(f, "timeout_s")), timed, ntimed);
+    env_free(&env);
+    env_free(&base);
+}
+
 static int write_file(const char *path, const char *data, size_t n, mode_t mode) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
@@ -446,8 +474,9 @@ static int safe_secret_name(const char *name) {
 /* RUN: manifest in, entrypoint run (secrets as files meanwhile), artifacts and result out */
 static void run_request(const struct frame *f) {
     char path[4300];
-    if (json_is(field(f, "function"), '"') || json_true(field(f, "function"))) {
-        send_error("the native agent runs command entrypoints only");
+    jspan function = field(f, "function");
+    if (function.n && !json_is(function, '{') && !json_is(function, 'n')) {
+        send_error("ValueError: RUN's function must be an object (the warm worker's config)");
         return;
     }
     prepare_guest_root();
@@ -496,7 +525,11 @@ static void run_request(const struct frame *f) {
             jspan named;
             if (json_is(env, '{') && !json_get(env, "CLEANROOM_DIR", &named))
                 env_free(&extra);
-            exec_request(f, field(f, "entrypoint"), extra.n ? &extra : NULL, secrets, nsecrets);
+            if (json_is(function, '{'))
+                function_request(f, extra.n ? &extra : NULL, secrets, nsecrets);
+            else
+                exec_request(f, field(f, "entrypoint"), extra.n ? &extra : NULL, secrets,
+                             nsecrets);
         }
         env_free(&extra);
     }
@@ -650,8 +683,11 @@ static void reseed(const struct frame *f, int rehearsal) {
     }
     jb_key(&facts, "reseed_ms");
     jb_fixed(&facts, (micros(CLOCK_MONOTONIC) - started) * 1000); /* in ms */
-    if (!rehearsal)
+    if (!rehearsal) {
         snapshotted = 0; /* a clone now: its host closing the channel ends it */
+        nentropy = f->blen < MAX_ENTROPY ? f->blen : MAX_ENTROPY;
+        memcpy(entropy, f->body, nentropy); /* function episodes seed their random from it */
+    }
     hello(facts.failed ? NULL : facts.p, !rehearsal);
     jb_free(&facts);
 }
@@ -731,6 +767,11 @@ static int open_port(void) {
 }
 
 static void serve(void) {
+    struct env base = {0};
+    jspan none = {"", 0};
+    if (env_of(&base, none) == 0) /* a function baseline: its worker is ready before HELLO */
+        warm_boot(agent_dir, base.items);
+    env_free(&base);
     port = open_port();
     if (port < 0) {
         log_msg("control port did not appear", NULL);
@@ -813,6 +854,11 @@ static void power_off(void) {
 int main(void) {
     const char *relocated = getenv("CLEANROOM_GUEST_ROOT");
     snprintf(root, sizeof root, "%s/run/cleanroom", relocated ? relocated : "");
+    ssize_t n = readlink("/proc/self/exe", agent_dir, sizeof agent_dir - 1);
+    agent_dir[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(agent_dir, '/');
+    if (slash)
+        *slash = 0; /* its folder */
     signal(SIGPIPE, SIG_IGN);
     if (getpid() != 1) {
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
