@@ -125,3 +125,16 @@ def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent
     assert (agent / "worker.py").read_bytes() == (spec_module.AGENT_DIR / "worker.py").read_bytes()
     assert json.loads((agent.parent / "entry.json").read_text()) == config
 
+
+def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -> None:
+    """The sandbox's PID 1 follows the baseline's agent; python3 stays for the default."""
+    import dataclasses
+
+    from tests.conftest import make_fake_baseline
+
+    from cleanroom.drivers import gvisor_bundle
+
+    python = make_fake_baseline(tmp_path)
+    native_one = dataclasses.replace(python, spec={"agent": {"kind": "native"}})
+    assert gvisor_bundle.agent_args(native_one) == ["/opt/cleanroom/agent/agent"]
+    assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"

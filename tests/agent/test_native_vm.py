@@ -23,10 +23,14 @@ from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
 from cleanroom.baseline.model import Baseline
+from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers.base import EnvRequest, Owner
+from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import BuildError
+from cleanroom.ledger import Ledger
 from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]
 
@@ -179,3 +183,30 @@ async def test_a_spare_clone_of_a_native_baseline_is_handed_out_ready(
         assert (await env.aclose()).confirmed_absent
         await driver.release_spares()
 
+
+async def test_gvisor_runs_the_native_agent_as_pid_1(
+    busybox_baseline: Baseline, tmp_path: Path, gvisor_usable: None
+) -> None:
+    """Under gVisor the sandbox's PID 1 is the native binary on the bind-mounted unix socket
+    (the bundle used to start python3, which this image lacks): an episode and an EXEC."""
+    driver = GvisorDriver(run_root=tmp_path / "run")
+    ledger, store = Ledger(tmp_path / "ledger.db"), LocalStore(tmp_path / "store")
+    try:
+        ctl = Controller(driver, ledger, store, options=RunOptions(cleanup_window_s=30))
+        result = await ctl.run([manifest("gv", 1)], busybox_baseline, run_id="native-gvisor")
+        assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED], result.episodes[0].error
+        record = store.get_record("native-gvisor", "gv")
+        assert record is not None and record["reward"] == 2.0
+        assert record["provenance"]["isolation"] == "userspace-kernel"
+        assert record["info"] == {"python": "absent"}
+        assert_nothing_left(driver, ledger, "native-gvisor")
+    finally:
+        ledger.close()
+    env = await driver.create(vmkit.request(busybox_baseline))
+    try:
+        assert env.hello["agent"] == "native" and env.hello["pid"] != 1  # the serving child
+        assert (await env.exec(["cat", "/proc/1/cmdline"], timeout_s=30)).check().stdout == (
+            b"/opt/cleanroom/agent/agent\0"
+        )
+    finally:
+        assert (await env.aclose()).confirmed_absent
