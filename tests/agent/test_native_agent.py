@@ -249,3 +249,20 @@ def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, r
 
     children = drive(agent_binary, root, body)
     assert len(children) == 1  # only the shell asking
+
+
+def test_the_c_network_layout_is_guestnets() -> None:
+    """net.c restates guestnet.py's fixed layout (the host's proxy and DNS forwards expect it)."""
+    import re
+
+    from cleanroom.agent import guestnet
+
+    text = (native.NATIVE_DIR / "net.c").read_text()
+    found = dict(re.findall(r'^#define ([A-Z_]+) "([^"]*)"', text, re.M))
+    assert found["IFACE"] == guestnet.IFACE and found["NETMASK"] == guestnet.NETMASK
+    assert found["GUEST_ADDR"] == guestnet.GUEST_ADDR and found["GATEWAY"] == guestnet.GATEWAY
+    assert found["DNS_ADDR"] == guestnet.DNS_ADDR
+    proxy = guestnet.proxy_env()
+    assert found["PROXY_URL"] == proxy["HTTP_PROXY"] and found["NO_PROXY"] == proxy["NO_PROXY"]
+    assert sorted(re.findall(r'\{"([A-Za-z_]+)", (?:PROXY_URL|NO_PROXY)\}', text)) == sorted(proxy)
+    assert "options use-vc timeout:5 attempts:2" in text

@@ -2,9 +2,9 @@
 
 Protects: the default stays the Python agent with the same canonical spec, digest and
 ``/init`` bytes (existing baselines keep their digests); a native spec is another build (its
-digest covers the C sources, and with a function entrypoint the warm worker it starts); what
-the native agent cannot run yet is refused at load time, and a function entrypoint in an image
-without Python at build time, naming the entrypoint.
+digest covers the C sources, and with a function entrypoint the warm worker it starts); an
+unknown agent is refused at load time, and a function entrypoint in an image without Python at
+build time, naming the entrypoint; a [network] allowlist is accepted (the agent sets up the NIC).
 """
 
 from __future__ import annotations
@@ -67,11 +67,6 @@ def test_the_native_init_hands_pid_1_to_the_agent_binary() -> None:
 @pytest.mark.parametrize(
     ("extra", "why"),
     [
-        (
-            '[entrypoint]\ncommand = ["x"]\n[network]\nallow = ["example.com:443"]\n'
-            '[agent]\nkind = "native"\n',
-            "egress NIC",
-        ),
         ('[entrypoint]\ncommand = ["x"]\n[agent]\nkind = "rust"\n', "agent.kind"),
     ],
 )
@@ -138,3 +133,27 @@ def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -
     native_one = dataclasses.replace(python, spec={"agent": {"kind": "native"}})
     assert gvisor_bundle.agent_args(native_one) == ["/opt/cleanroom/agent/agent"]
     assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"
+
+
+def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) -> None:
+    """What export puts in provenance (``agent_sha256``), and ``check provenance`` shows."""
+    import dataclasses
+
+    from tests.conftest import make_fake_baseline
+
+    from cleanroom import provenance
+    from cleanroom.baseline.model import AGENT_FILE, Component
+
+    python = make_fake_baseline(tmp_path)
+    agent = Component(AGENT_FILE, 3, "ab" * 32)
+    native_one = dataclasses.replace(python, components=(*python.components, agent))
+    assert python.agent_sha256 is None and native_one.agent_sha256 == "ab" * 32
+    record = {"provenance": {"agent_sha256": native_one.agent_sha256}}
+    assert provenance.summary(record)["provenance.agent_sha256"] == "ab" * 32
+    assert "provenance.agent_sha256" not in provenance.summary({"provenance": {}})
+
+
+def test_a_native_spec_may_have_an_egress_allowlist(tmp_path: Path) -> None:
+    text = COMMAND + '[network]\nallow = ["example.com:443"]\n[agent]\nkind = "native"\n'
+    spec = load_spec(write(tmp_path, text))
+    assert spec.native and spec.network is not None

@@ -10,6 +10,8 @@ driver, and a clone restored from a snapshot template (RESEED) answers as its ow
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,13 +19,15 @@ import pytest
 from tests import vmkit
 from tests.baseline.conftest import needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
+from tests.conftest import with_network
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
 from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
-from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.model import AGENT_FILE, Baseline
 from cleanroom.controller import Controller, RunOptions
+from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
@@ -34,13 +38,22 @@ from cleanroom.store import LocalStore
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]
 
-APPLETS = ("sh", "cat", "echo", "printf", "sleep", "mkdir", "ls", "true", "head", "grep")
+APPLETS = ("sh", "cat", "echo", "printf", "sleep", "mkdir", "ls", "true", "head", "grep", "sed")
+APPLETS += ("wget",)
 ENTRY = b"""#!/bin/sh
 # the manifest is compact JSON (native agent) or spaced (Python agent)
 m=$(cat /run/cleanroom/manifest.json)
 case "$m" in
   *'"mode":"fail"'*|*'"mode": "fail"'*) echo "failing on purpose" >&2; exit 3 ;;
   *'"mode":"sleep"'*|*'"mode": "sleep"'*) sleep 60 ;;
+  *'"mode":"egress"'*)
+    o=/run/cleanroom/out; mkdir -p $o
+    for k in allowed denied; do
+      u=$(echo "$m" | sed -n 's/.*"'$k'":"\\([^"]*\\)".*/\\1/p')
+      wget -q -O $o/$k.txt "$u" 2>$o/$k.err; echo "exit $?" >> $o/$k.err
+    done
+    cat /etc/resolv.conf > $o/resolv.conf; echo "$http_proxy" > $o/proxy
+    printf '{"reward": 1}' > /run/cleanroom/result.json; exit 0 ;;
 esac
 echo "episode says hi"
 echo "a warning" >&2
@@ -100,6 +113,18 @@ def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_
     assert build(native_spec, force=True).digest == busybox_baseline.digest
 
 
+def test_the_agent_binary_is_a_component_of_its_own(
+    busybox_baseline: Baseline, tmp_path: Path
+) -> None:
+    """Its sha256 is in the digest and baseline.json: the bytes a fresh compile gives."""
+    fresh = tmp_path / native.BINARY
+    subprocess.run(native.gcc_argv(fresh), cwd=native.NATIVE_DIR, check=True)
+    component = busybox_baseline.components_by_name(AGENT_FILE)
+    assert component is not None and component.sha256 == sha256_file(fresh)
+    assert busybox_baseline.agent_sha256 == component.sha256
+    assert (busybox_baseline.path / AGENT_FILE).read_bytes() == fresh.read_bytes()
+
+
 async def test_command_episodes_end_to_end_without_python(
     busybox_baseline: Baseline, harness: Harness
 ) -> None:
@@ -121,6 +146,7 @@ async def test_command_episodes_end_to_end_without_python(
     assert record is not None and record["reward"] == 2.0
     assert record["info"] == {"python": "absent"}
     assert record["provenance"]["agent_version"] == native.agent_version()
+    assert record["provenance"]["agent_sha256"] == busybox_baseline.agent_sha256
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
     assert store.get_bytes("native-episodes", "ok", "logs/stdout.log") == b"episode says hi\n"
     assert store.get_bytes("native-episodes", "ok", "logs/stderr.log") == b"a warning\n"
@@ -210,3 +236,49 @@ async def test_gvisor_runs_the_native_agent_as_pid_1(
         )
     finally:
         assert (await env.aclose()).confirmed_absent
+
+
+async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
+    busybox_baseline: Baseline, tmp_path: Path
+) -> None:
+    """The agent sets up eth0, the route, resolv.conf and the proxy variables (guestnet.py's
+    work): busybox wget reaches the allowed server through the host's proxy and not the other."""
+    hits: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits.append((await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0])
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 9\r\n\r\nallowed!\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    baseline = with_network(busybox_baseline, [f"allowed.test:{port}"], tmp_path)
+    task = {
+        "mode": "egress",
+        "allowed": f"http://allowed.test:{port}/path",
+        "denied": f"http://denied.test:{port}/path",
+    }
+    options = RunOptions(
+        cleanup_window_s=30,
+        egress_hosts={"allowed.test": "127.0.0.1", "denied.test": "127.0.0.1"},
+    )
+    driver = QemuDriver()
+    ledger, store = Ledger(tmp_path / "ledger.db"), LocalStore(tmp_path / "store")
+    try:
+        ctl = Controller(driver, ledger, store, options=options)
+        result = await ctl.run([manifest("net", 1, **task)], baseline, run_id="native-net")
+        assert_nothing_left(driver, ledger, "native-net")
+    finally:
+        server.close()
+        ledger.close()
+    assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED], result.episodes[0].error
+
+    def artifact(name: str) -> bytes | None:
+        return store.get_bytes("native-net", "net", f"artifacts/{name}")
+
+    assert artifact("allowed.txt") == b"allowed!\n", artifact("allowed.err")
+    assert hits == ["GET /path HTTP/1.1"] or hits == ["GET /path HTTP/1.0"], hits
+    assert artifact("denied.txt") in (b"", None) and b"exit 0" not in artifact("denied.err")
+    assert artifact("proxy") == b"http://10.0.2.100:3128\n"
+    assert b"options use-vc" in artifact("resolv.conf")

@@ -227,7 +227,7 @@ class AgentSection(_Section):
     """Which guest agent the baseline runs as PID 1: ``python`` (``agent/guest.py``; the image
     needs Python 3) or ``native`` (``agent/native``, static C: needs nothing from the image, so
     an image of only busybox or one program works; a function entrypoint runs in the warm
-    Python worker it starts, so that one needs Python 3 in the image; no egress NIC yet)."""
+    Python worker it starts, so that one needs Python 3 in the image)."""
 
     kind: Literal["python", "native"] = "python"
 
@@ -251,17 +251,6 @@ class BaselineSpec(_Section):
     def _has_entrypoint(self) -> BaselineSpec:
         if self.entrypoint is None and not self.base.from_image:
             raise ValueError("entrypoint: required (only an image baseline may use its own)")
-        return self
-
-    @model_validator(mode="after")
-    def _native_can_run_it(self) -> BaselineSpec:
-        if self.agent.kind != "native":
-            return self
-        if self.network is not None:
-            raise ValueError(
-                'agent.kind: "native" does not set up an egress NIC yet; [network] '
-                'needs kind = "python"'
-            )
         return self
 
     @property

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).resolve().parent
-SOURCES = ("agent.c", "frame.c", "json.c", "proc.c", "warm.c")
-HEADERS = ("frame.h", "json.h", "proc.h", "warm.h")
+SOURCES = ("agent.c", "frame.c", "json.c", "net.c", "proc.c", "warm.c")
+HEADERS = ("frame.h", "json.h", "net.h", "proc.h", "warm.h")
 FUZZ_SOURCES = ("fuzz_frame.c", "frame.c", "json.c")
 CFLAGS = (
     "-static",

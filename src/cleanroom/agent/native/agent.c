@@ -38,6 +38,7 @@
 
 #include "frame.h"
 #include "json.h"
+#include "net.h"
 #include "proc.h"
 #include "warm.h"
 
@@ -134,6 +135,7 @@ static void hello(const char *extra, int send) {
     jb_int(&h, getpid());
     jb_lit(&h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
     warm_hello(&h);
+    net_hello(&h);
     if (extra)
         jb_lit(&h, extra);
     jb_lit(&h, "}");
@@ -310,7 +312,7 @@ static void free_argv(char **argv) {
 /* the base environment, then the object `extra` (string values), over it; -1 if malformed */
 static int env_of(struct env *e, jspan extra) {
     if (env_set(e, "PATH", BASE_PATH) || env_set(e, "HOME", "/root") ||
-        env_set(e, "LANG", "C.UTF-8"))
+        env_set(e, "LANG", "C.UTF-8") || net_env(e))
         return -1;
     if (!json_is(extra, '{'))
         return json_is(extra, 'n') || extra.n == 0 ? 0 : -1;
@@ -869,6 +871,7 @@ int main(void) {
     if (!getenv("PATH"))
         setenv("PATH", BASE_PATH, 1);
     prepare_guest_root();
+    net_setup(); /* a NIC only if the episode has an egress allowlist */
     pid_t child = fork();
     if (child == 0) {
         serve();
