@@ -266,3 +266,30 @@ def test_the_c_network_layout_is_guestnets() -> None:
     assert found["PROXY_URL"] == proxy["HTTP_PROXY"] and found["NO_PROXY"] == proxy["NO_PROXY"]
     assert sorted(re.findall(r'\{"([A-Za-z_]+)", (?:PROXY_URL|NO_PROXY)\}', text)) == sorted(proxy)
     assert "options use-vc timeout:5 attempts:2" in text
+
+
+def test_artifact_names_go_to_the_host_to_judge_as_the_python_agent_sends_them(
+    agent_binary: Path, root: Path
+) -> None:
+    """A name that is not UTF-8 arrives as Python's os.fsdecode writes it (a lone surrogate)
+    and a long one whole: the host refuses both by name (the agent used to drop them, so the
+    episode looked clean)."""
+    from cleanroom.errors import ProtocolError, UnsafePath
+
+    request = {"manifest": {}, "entrypoint": ["true"], "timeout_s": 20}
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 20)
+
+    outcomes = []
+    for name in (b"x\xffy", b"/".join([b"n" * 250] * 5)):  # 1254 bytes: over MAX_NAME
+        target = os.fsencode(root) + b"/guest/run/cleanroom/out/" + name
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(b"bytes")
+        with pytest.raises((UnsafePath, ProtocolError)) as info:
+            drive(agent_binary, root, body)
+        outcomes.append(str(info.value))
+        os.unlink(target)
+    assert "surrogate" in outcomes[0]
+    assert str(protocol.MAX_NAME) in outcomes[1] or "long" in outcomes[1], outcomes[1]

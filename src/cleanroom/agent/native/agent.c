@@ -198,7 +198,7 @@ static int send_fd(int fd, const char *name, const char *kind, size_t limit) {
             jb_lit(&h, "{\"present\":true");
         } else {
             jb_lit(&h, "{\"name\":");
-            jb_str(&h, name, strlen(name));
+            jb_name(&h, name, strlen(name));
         }
         jb_key(&h, "offset");
         jb_int(&h, (int64_t)offset);
@@ -250,13 +250,10 @@ static void send_artifacts(int folder, const char *prefix, int depth) {
     for (int pass = 0; pass < 2; pass++) { /* files, then folders */
         for (size_t i = 0; i < n; i++) {
             struct stat st;
-            char rel[MAX_NAME + 1];
-            if (fstatat(dirfd(dir), names[i], &st, AT_SYMLINK_NOFOLLOW))
+            char *rel = NULL; /* any name: the host judges it (and refuses a bad one by name) */
+            if (fstatat(dirfd(dir), names[i], &st, AT_SYMLINK_NOFOLLOW) ||
+                asprintf(&rel, "%s%s%s", prefix, *prefix ? "/" : "", names[i]) < 0)
                 continue;
-            int len = snprintf(rel, sizeof rel, "%s%s%s", prefix, *prefix ? "/" : "", names[i]);
-            if (len < 0 || (size_t)len >= sizeof rel ||
-                !utf8_valid((const unsigned char *)rel, (size_t)len))
-                continue; /* a name the host would refuse anyway */
             if (pass == 0 && S_ISREG(st.st_mode)) {
                 int fd = openat(dirfd(dir), names[i], O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
                 struct stat fst;
@@ -270,6 +267,7 @@ static void send_artifacts(int folder, const char *prefix, int depth) {
                 if (sub >= 0)
                     send_artifacts(sub, rel, depth + 1);
             }
+            free(rel);
         }
     }
     for (size_t i = 0; i < n; i++)
