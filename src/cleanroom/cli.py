@@ -437,6 +437,52 @@ def inspect(
 
 
 @app.command()
+def shell(
+    baseline: Annotated[
+        str,
+        typer.Option(help="baseline digest, unique prefix, name, or spec (.toml or its folder)"),
+    ],
+    user: Annotated[str | None, typer.Option(help="run the shell as this guest user")] = None,
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """A terminal in a fresh env: a PTY (raw mode, window size, Ctrl-C to the guest), recorded
+    as a session; on exit the env is destroyed and confirmed absent."""
+    from cleanroom.baseline.resolve import resolve_or_build
+    from cleanroom.drivers import get_driver
+    from cleanroom.session.shell import shell as run_shell
+
+    def note(line: str) -> None:
+        err.print(line, highlight=False, markup=False)
+
+    async def main() -> tuple[int, str]:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, task.cancel)
+        with Ledger() as ledger:
+            return await run_shell(
+                resolve_or_build(baseline, progress=lambda step, detail: note(f"{step} {detail}")),
+                driver=get_driver(driver),
+                ledger=ledger,
+                store=open_store(store),
+                user=user,
+                progress=note,
+            )
+
+    try:
+        code, run_id = asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        err.print("[yellow]cancelled[/]: the env was destroyed; see `cleanroom runs`")
+        raise typer.Exit(130) from None
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    note(f"shell exited {code}; session {run_id} recorded, its env destroyed and confirmed absent")
+    raise typer.Exit(code)
+
+
+@app.command()
 def doctor(
     once: Annotated[
         bool, typer.Option(help="say nothing if this host passed before (make demo uses it)")

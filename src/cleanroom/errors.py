@@ -20,6 +20,13 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   ├── LaunchError             the environment could not be created / never became ready
     │   ├── EnvCrashed              the environment died or went silent under us
     │   └── DestroyError            the environment could not be confirmed absent
+    ├── GuestOperationError         one operation in a guest failed; the guest itself is fine
+    │   ├── CommandFailed           ``ExecResult.check()``: a non-zero exit or a signal
+    │   │   └── CommandTimeout      ...or the command ran past its ``timeout_s`` (group killed)
+    │   ├── GuestFileNotFound       ``get``/``get_stream``/``get_tar`` of a path that is not there
+    │   ├── UnknownUser             ``user=`` names nobody in the guest's /etc/passwd
+    │   ├── GuestUnsafePath         a tar member the guest refused to unpack (escape, device)
+    │   └── Unsupported             the env's agent lacks the feature (HELLO ``features``)
     ├── ProtocolError               a peer sent a malformed or oversized frame
     │   ├── FrameTooLarge           a frame over the negotiated maximum
     │   ├── QuotaExceeded           the episode's output quota is used up
@@ -117,6 +124,39 @@ class EnvCrashed(DriverError):
 
 class DestroyError(DriverError):
     """An environment could not be confirmed absent within the cleanup window."""
+
+
+class GuestOperationError(CleanroomError):
+    """One operation in the guest failed (a missing file, an unknown user, a failed command);
+    the guest kept to the protocol and the env stays usable (unlike ``ProtocolError``)."""
+
+
+class CommandFailed(GuestOperationError):
+    """A guest command exited non-zero or was killed; ``result`` is its ``ExecResult``."""
+
+    def __init__(self, message: str, result: object = None) -> None:
+        self.result = result
+        super().__init__(message)
+
+
+class CommandTimeout(CommandFailed):
+    """A guest command ran past its ``timeout_s``; its process group was killed."""
+
+
+class GuestFileNotFound(GuestOperationError):
+    """A guest path to read (``get``, ``get_stream``, ``get_tar``) does not exist."""
+
+
+class UnknownUser(GuestOperationError):
+    """``user=`` names no user of the guest."""
+
+
+class GuestUnsafePath(GuestOperationError):
+    """The guest refused a tar member that would escape its folder or is a device node."""
+
+
+class Unsupported(GuestOperationError):
+    """The env's guest agent does not serve this (its HELLO's ``features`` lack it)."""
 
 
 class ProtocolError(CleanroomError):

@@ -9,12 +9,11 @@ import asyncio
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from cleanroom.agent import guest, protocol
+from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.errors import ProtocolError
 from cleanroom.record import parse_guest_result
@@ -31,17 +30,8 @@ with open(os.environ["CLEANROOM_DIR"] + "/result.json", "wb") as f:
 
 
 @pytest.fixture
-async def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AgentSession]:
-    monkeypatch.setenv("CLEANROOM_GUEST_ROOT", str(tmp_path / "guest"))
-    host_sock, guest_sock = socket.socketpair()
-    agent = guest.Agent(guest_sock.makefile("rwb", buffering=0))
-    threading.Thread(target=agent.serve, daemon=True).start()
-    reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer)
-    await session.wait_hello()
-    yield session
-    await session.aclose()
-    guest_sock.close()
+def session(thread_agent: AgentSession) -> AgentSession:
+    return thread_agent
 
 
 async def run_with_result(session: AgentSession, staging: Path, size: int) -> bytes | None:

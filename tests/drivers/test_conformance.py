@@ -22,7 +22,7 @@ from cleanroom.agent.guest import AGENT_VERSION
 from cleanroom.agent.session import safe_relpath
 from cleanroom.controller import Controller, RunOptions
 from cleanroom.drivers import hostproc
-from cleanroom.errors import DriverError, EnvCrashed, FrameTooLarge, QuotaExceeded
+from cleanroom.errors import CommandFailed, EnvCrashed, FrameTooLarge, QuotaExceeded
 from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
@@ -74,7 +74,7 @@ async def test_create_exec_files_episode_then_destroy(
     result = await env.exec(["sh", "-c", "echo out; echo err >&2; exit 7"])
     assert (result.exit_code, result.stdout, result.stderr) == (7, b"out\n", b"err\n")
     assert not result.ok
-    with pytest.raises(DriverError):
+    with pytest.raises(CommandFailed):
         result.check()
     assert (await env.exec(["true"])).ok
 
@@ -112,7 +112,7 @@ async def test_create_exec_files_episode_then_destroy(
     }
 
     # an oversized frame from the guest is refused (this ends the session's usefulness)
-    monkeypatch.setattr(env.session, "_max_body", 64 * 1024)
+    monkeypatch.setattr(env.session.channel, "max_body", 64 * 1024)
     with pytest.raises((FrameTooLarge, QuotaExceeded)):
         await env.get(path)
 

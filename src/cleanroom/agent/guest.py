@@ -1,8 +1,11 @@
 """The guest agent: PID 1 of every cleanroom VM (standard library only).
 
 It sets up the guest's pseudo file systems, finds the control port (a virtio-serial port named
-``ctl``), says HELLO, and then serves the host's frames one at a time: RUN (the episode), EXEC,
-PUT, GET, PING, SHUTDOWN. When the channel closes, or on SHUTDOWN, it powers the VM off. An
+``ctl``), says HELLO (with the ``features`` it serves), and then serves the host's frames: RUN
+(the episode), EXEC, PUT, GET one at a time, as the first protocol did; frames that carry an
+``id`` are multiplexed requests (``muxed.py``: commands with stdin, PTY and user, streams
+and tar archives both ways), each in a worker thread of its own, several at once; PING and
+SHUTDOWN at any time. When the channel closes, or on SHUTDOWN, it powers the VM off. An
 episode is a command, or a Python function run by the warm worker (``warm.py``): when the
 baseline has one, the agent starts that worker at boot and says HELLO once it is ready.
 
@@ -49,16 +52,26 @@ if __package__:  # on the host, as part of the package (a failed import costs ~3
         prepare_guest_root,
         warm_module,
     )
-    from cleanroom.agent.protocol import HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame
+    from cleanroom.agent.muxed import REQUESTS, ROUTED, Request, failed
+    from cleanroom.agent.protocol import (
+        FEATURES,
+        HEARTBEAT_S,
+        Frame,
+        Kind,
+        dumps,
+        encode,
+        read_frame,
+    )
     from cleanroom.agent.reseed_helper import Prefixed, ReseedHelper
 else:  # in the guest, next to protocol.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import guestnet  # type: ignore[import-not-found,no-redef]
     from handlers import BASE_ENV, NETWORK, Handlers, prepare_guest_root, warm_module  # type: ignore[no-redef,import-not-found]
-    from protocol import HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame  # type: ignore[no-redef,import-not-found]
+    from muxed import REQUESTS, ROUTED, Request, failed  # type: ignore[no-redef,import-not-found]
+    from protocol import FEATURES, HEARTBEAT_S, Frame, Kind, dumps, encode, read_frame  # type: ignore[no-redef,import-not-found]
     from reseed_helper import Prefixed, ReseedHelper  # type: ignore[no-redef,import-not-found]
 
-AGENT_VERSION = "0.4.0"
+AGENT_VERSION = "0.5.0"
 PORT_NAME = "ctl"
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
@@ -122,14 +135,16 @@ class Agent(Handlers):
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.lock = threading.Lock()
-        self.busy = threading.Event()
+        self.busy = threading.Event()  # set while any request runs (heartbeats flow)
         self.snapshotted = False  # after SNAPSHOT_PREPARE: EOF means "wait for the next host"
         self.pool: Any = None  # /dev/urandom, opened by SNAPSHOT_PREPARE for RESEED
-        self.pending: Frame | None = None  # the request handed to the handler thread
-        self.wake = threading.Lock()  # released once per request (the handler waits on it)
-        self.wake.acquire()
         self.idle = threading.Event()
         self.idle.set()
+        self.active = 0  # requests running (each in a worker thread)
+        self.count = threading.Lock()
+        self.requests: dict[int, Request] = {}  # the multiplexed ones, by the host's id
+        self.workers: list[threading.Lock] = []  # idle worker threads, each asleep on its lock
+        self.jobs: dict[threading.Lock, Any] = {}
         self.warm: Any = None  # warm.Worker: the pre-importing Python worker, if any
         self.entropy = b""  # the host's RESEED bytes (function episodes reseed from them)
         self.helper: ReseedHelper | None = None  # holds the port from a snapshot to RESEED
@@ -156,9 +171,9 @@ class Agent(Handlers):
     def serve(self) -> None:
         self.hello()
         threading.Thread(target=self.heartbeat, daemon=True).start()
-        # one handler thread for every request, started now: in a template it is saved with
-        # the agent, so a clone's RUN starts no thread (~0.1 s under TCG in a fresh clone)
-        threading.Thread(target=self.handle_requests, daemon=True).start()
+        # a worker thread started now: in a template it is saved with the agent, so a clone's
+        # first request starts no thread (~0.1 s under TCG in a fresh clone)
+        self.workers.append(self.new_worker())
         while True:
             try:
                 frame = self.next_frame()
@@ -181,13 +196,68 @@ class Agent(Handlers):
                 facts = reseed(self.pool, frame.body, frame.header)
                 self.adopt_reseed(frame.body)
                 self.hello(facts)
+            elif "id" in frame.header:
+                self.route(frame)
             elif self.busy.is_set() and not self.wait_idle():
                 self.send(Kind.ERROR, {"message": "busy: one request at a time"})
             else:
-                self.busy.set()
-                self.idle.clear()
-                self.pending = frame
-                self.wake.release()
+                self.submit(self.handle, frame)
+
+    def route(self, frame: Frame) -> None:
+        """A multiplexed frame: input for a running request, or a new request (``REQUESTS``)."""
+        rid = frame.header["id"]
+        if frame.kind in ROUTED:
+            request = self.requests.get(rid)
+            if request is not None:  # else it just ended: its late input has nowhere to go
+                request.deliver(frame)
+            return
+        handler = REQUESTS.get(frame.kind)
+        if handler is None or not isinstance(rid, int) or rid in self.requests:
+            why = f"no request of kind {frame.kind} with id {rid!r} here"
+            self.send(Kind.FAILED, {"id": rid, "code": "unsupported", "message": why})
+            return
+        request = self.requests[rid] = Request(self, rid)
+        self.submit(self.serve_request, (handler, request, frame.header))
+
+    def serve_request(self, job: Any) -> None:
+        handler, request, header = job
+        try:
+            handler(self, request, header)
+        except Exception as exc:  # the request failed; the agent and the others go on
+            failed(request, exc)
+        finally:
+            self.requests.pop(request.rid, None)
+            request.detach()
+
+    def submit(self, work: Any, arg: Any) -> None:
+        """Run ``work(arg)`` in an idle worker thread (a new one if none is idle)."""
+        with self.count:
+            self.active += 1
+            self.busy.set()
+            self.idle.clear()
+            wake = self.workers.pop() if self.workers else self.new_worker()
+        self.jobs[wake] = (work, arg)
+        wake.release()
+
+    def new_worker(self) -> threading.Lock:
+        wake = threading.Lock()
+        wake.acquire()
+        threading.Thread(target=self.work, args=(wake,), daemon=True).start()
+        return wake
+
+    def work(self, wake: threading.Lock) -> None:
+        while True:
+            wake.acquire()
+            work, arg = self.jobs.pop(wake)
+            try:
+                work(arg)
+            finally:
+                with self.count:
+                    self.active -= 1
+                    if self.active == 0:
+                        self.busy.clear()
+                        self.idle.set()
+                    self.workers.append(wake)
 
     def next_frame(self) -> Frame | None:
         """The next request. After a snapshot the reseed helper reads the first: if it answered
@@ -229,13 +299,6 @@ class Agent(Handlers):
         self.idle.wait(timeout_s)
         return not self.busy.is_set()
 
-    def handle_requests(self) -> None:
-        while True:
-            self.wake.acquire()
-            frame, self.pending = self.pending, None
-            if frame is not None:
-                self.handle(frame)
-
     def heartbeat(self) -> None:
         """While a request runs, tell the host we are alive (it treats silence as a crash).
 
@@ -264,9 +327,6 @@ class Agent(Handlers):
                 self.send(Kind.ERROR, {"message": f"unexpected frame {frame.kind}"})
         except Exception as exc:  # report, never die: the host decides what happens next
             self.send(Kind.ERROR, {"message": f"{type(exc).__name__}: {exc}"})
-        finally:
-            self.busy.clear()
-            self.idle.set()
 
 
 def hello_header(extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -278,6 +338,7 @@ def hello_header(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "kernel": os.uname().release,
         "python": sys.version.split()[0],
         "pid": os.getpid(),
+        "features": list(FEATURES),
     }
     header.update(extra or {})
     return header

@@ -87,34 +87,58 @@ class Handlers:
                 if eof:
                     return
 
-    def run_process(self, header: dict[str, Any]) -> None:
-        """Run argv, relaying its output; send EXIT. Kills its process group on timeout."""
-        env = {**BASE_ENV, **(NETWORK.get("env") or {}), **(header.get("env") or {})}
+    def run_process(self, header: dict[str, Any], req: Any = None) -> None:
+        """Run argv, relaying its output; send EXIT. Kills its process group on timeout.
+
+        With ``req`` (a multiplexed ``muxed.Request``) the frames carry its id, STARTED
+        comes first, and the header may ask for ``stdin`` (a pipe the request feeds), ``pty``
+        ([rows, cols]: one terminal for stdin, stdout and stderr) and ``user`` (run as that
+        user: its groups, uid, HOME; an unknown one is ``Failed("unknown_user")``).
+        """
+        send = self.send if req is None else req.send
+        env = {**BASE_ENV, **(NETWORK.get("env") or {})}
+        cwd = header.get("cwd")
+        ids: dict[str, Any] = {}
+        if header.get("user") is not None:
+            account = lookup_user(header["user"])
+            env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+            ids = {
+                "user": account.pw_uid,
+                "group": account.pw_gid,
+                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid),
+            }
+            if cwd is None and os.path.isdir(account.pw_dir):
+                cwd = account.pw_dir
+        env.update(header.get("env") or {})
         started = time.monotonic()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        pty = header.get("pty") if req is not None else None
+        wants_stdin = req is not None and (header.get("stdin") or pty)
+        ends = Ends(pty, bool(wants_stdin))
         try:
             proc = subprocess.Popen(
                 header["argv"],
-                cwd=header.get("cwd") or "/",
+                cwd=cwd or "/",
                 env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
+                stdin=ends.child_stdin,
+                stdout=ends.child_out,
+                stderr=ends.child_err,
                 start_new_session=True,
+                preexec_fn=_take_terminal if pty else None,
+                **ids,
             )
         except OSError as exc:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            self.send(Kind.STDERR, {}, f"cannot start {header['argv']!r}: {exc}\n".encode())
-            self.send(
-                Kind.EXIT, {"code": 127, "signal": None, "duration_s": 0.0, "timed_out": False}
-            )
+            ends.close_all()
+            if req is not None:
+                req.send(Kind.STARTED, {"pid": None})
+            send(Kind.STDERR, {}, f"cannot start {header['argv']!r}: {exc}\n".encode())
+            send(Kind.EXIT, {"code": 127, "signal": None, "duration_s": 0.0, "timed_out": False})
             return
         finally:
-            os.close(out_w)
-            os.close(err_w)
-        output = Relay(self.send, {out_r: Kind.STDOUT, err_r: Kind.STDERR})
+            ends.close_child()
+        if req is not None:
+            req.attach(proc, ends.stdin, pty=ends.master)
+            req.send(Kind.STARTED, {"pid": proc.pid})
+        output = Relay(send, ends.reads)
         timeout_s = header.get("timeout_s")
         deadline = None if timeout_s is None else started + timeout_s
         timed_out = not output.until_exit(proc, deadline)
@@ -123,8 +147,10 @@ class Handlers:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         output.drain()
+        if req is not None:
+            req.detach()
         code = proc.returncode
-        self.send(
+        send(
             Kind.EXIT,
             {
                 "code": code if code >= 0 else None,
@@ -186,6 +212,86 @@ class Handlers:
         else:
             self.send(Kind.RESULT, {"present": False})
         self.send(Kind.DONE)
+
+
+class Failed(Exception):
+    """A request failed in a way the host maps to a typed error (FAILED ``code``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def lookup_user(name: Any) -> Any:
+    """The passwd entry of ``name`` (a user name, or a uid as digits)."""
+    import pwd
+
+    try:
+        if isinstance(name, str) and name.isdigit():
+            return pwd.getpwuid(int(name))
+        if isinstance(name, str) and name:
+            return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    raise Failed("unknown_user", f"no user {name!r} in this guest")
+
+
+def _take_terminal() -> None:
+    """In the child of a PTY command (a new session): make the terminal on fd 0 its own, so
+    Ctrl-C and window changes reach its foreground process group."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Ends:
+    """The descriptors of one command: the child's (closed in the agent once it started) and
+    the agent's (``reads``: fd -> frame kind; ``stdin``: where its input goes, or None)."""
+
+    def __init__(self, pty: Any, stdin: bool) -> None:
+        self.master: int | None = None
+        self.stdin: int | None = None
+        self.child: list[int] = []
+        self.child_stdin: Any = subprocess.DEVNULL
+        if pty:
+            master, slave = os.openpty()
+            set_window(master, pty)
+            self.master, self.stdin = master, os.dup(master)  # the Relay closes ``master``
+            self.child_stdin = self.child_out = self.child_err = slave
+            self.child = [slave]
+            self.reads = {master: Kind.STDOUT}
+            return
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.child_out, self.child_err = out_w, err_w
+        self.child = [out_w, err_w]
+        self.reads = {out_r: Kind.STDOUT, err_r: Kind.STDERR}
+        if stdin:
+            in_r, in_w = os.pipe()
+            self.child_stdin, self.stdin = in_r, in_w
+            self.child.append(in_r)
+
+    def close_child(self) -> None:
+        for fd in self.child:
+            os.close(fd)
+        self.child = []
+
+    def close_all(self) -> None:
+        self.close_child()
+        for fd in {*self.reads, *([self.stdin] if self.stdin is not None else [])}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def set_window(fd: int, size: Any) -> None:
+    """A terminal's window size (``[rows, cols]``); its process group gets SIGWINCH."""
+    import fcntl
+    import struct
+    import termios
+
+    rows, cols = (int(n) for n in size)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 def _remove(path: str) -> None:

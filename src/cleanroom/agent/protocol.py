@@ -72,9 +72,31 @@ class Kind:
     HEARTBEAT = 17  # [g->h] still alive, sent every HEARTBEAT_S while a request runs
     SNAPSHOT_PREPARE = 18  # [h->g] a snapshot follows: on EOF wait for the next host (OK)
     RESEED = 19  # [h->g] a restored clone: {clone_id, time_ns}, body = host entropy (HELLO)
+    # Multiplexed requests (HELLO ``features`` has "mux"): every frame of one carries its ``id``
+    # (the host's number for it), several run at once; EXEC, DONE, EXIT, STDOUT, STDERR do too.
+    STDIN = 20  # [h->g] {id, eof}, body = bytes for the process's stdin (ACK once written)
+    KILL = 21  # [h->g] {id}: SIGKILL the request's process group, or stop its transfer
+    RESIZE = 22  # [h->g] {id, rows, cols}: the window size of a PTY process
+    STARTED = 23  # [g->h] {id, pid}: an EXEC's process runs
+    FAILED = 24  # [g->h] {id, code, message}: that request failed; the guest itself is fine
+    UPLOAD = 25  # [h->g] {id, path, mode, tar}: DATA frames follow; answered by DONE {id, size}
+    DOWNLOAD = 26  # [h->g] {id, path, tar}: answered by DATA frames, then DONE {id, size}
+    DATA = 27  # [both] {id, offset, eof}, body = one chunk (at most CHUNK) of a stream
+    ACK = 28  # [both] {id, size}: the receiver consumed ``size`` bytes of the stream so far
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}
+FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar")  # what guest.py serves
+WINDOW = 16 * CHUNK  # bytes of a stream sent and not yet acknowledged (ACK), either way
+EXTENSION_KINDS = range(20, 50)  # 20-39 this protocol, 40-49 other modules (``register_kind``)
+
+
+def register_kind(name: str, value: int) -> int:
+    """Let another module add a frame kind (a number in ``EXTENSION_KINDS`` nobody has)."""
+    if value not in EXTENSION_KINDS or NAMES.get(value, name) != name:
+        raise ValueError(f"frame kind {value} ({name}) is taken or out of range")
+    NAMES[value] = name
+    return value
 
 
 def kind_name(kind: int) -> str:

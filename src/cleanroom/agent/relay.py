@@ -47,7 +47,10 @@ class Relay:
             if fd in watch:
                 watched.add(fd)
             elif fd in self.pipes:
-                data = os.read(fd, CHUNK)
+                try:
+                    data = os.read(fd, CHUNK)
+                except OSError:  # a PTY's master once no process holds the terminal (EIO)
+                    data = b""
                 if data:
                     self.send(self.pipes[fd], {}, data)
                 else:

@@ -6,6 +6,8 @@ episode's output quota (stdout + stderr + artifacts + result together), no links
 the artifact count and how many are open at once (``MAX_OPEN_ARTIFACTS``: each holds a host
 file descriptor). Anything malformed raises a ``ProtocolError`` subclass; the caller then
 destroys the environment. Transfers of any size are chunked (``protocol.CHUNK`` per frame).
+Commands and streams of a multiplexing agent live in ``commands`` and ``transfers``; the frames
+go through ``channel``.
 """
 
 from __future__ import annotations
@@ -15,42 +17,36 @@ import contextlib
 import hashlib
 import os
 import time
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cleanroom.agent import protocol, wire
+from cleanroom.agent import commands, protocol, transfers, wire
+from cleanroom.agent.channel import Channel, Inbox
+from cleanroom.agent.commands import GuestProcess
 from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
-from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, QuotaExceeded, UnsafePath
+from cleanroom.agent.results import ExecResult, Output, OutputCallback, Quota, exit_result
+from cleanroom.errors import (
+    EnvCrashed,
+    ProtocolError,
+    QuotaExceeded,
+    UnsafePath,
+)
+
+__all__ = [
+    "AgentSession",
+    "Artifact",
+    "EpisodeOutput",
+    "ExecResult",
+    "GuestProcess",
+    "Output",
+    "OutputCallback",
+    "safe_relpath",
+]
 
 MAX_OPEN_ARTIFACTS = 8  # begun and not finished at once (the agent sends them one at a time)
 safe_relpath = wire.guest_name  # the name other modules know the artifact-name check by
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """What a process in the guest did. The exit code is data; ``check()`` makes it an error."""
-
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    duration_s: float
-    timed_out: bool
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    def check(self) -> ExecResult:
-        if not self.ok:
-            from cleanroom.errors import DriverError
-
-            raise DriverError(
-                f"guest command failed (exit {self.exit_code}, signal {self.signal}, "
-                f"timed out {self.timed_out}): {self.stderr[-500:].decode(errors='replace')}"
-            )
-        return self
 
 
 @dataclass(frozen=True)
@@ -73,19 +69,14 @@ class EpisodeOutput:
     entry: dict[str, str] = field(default_factory=dict)  # EXIT's "entry"/"worker" (guest's word)
 
 
-class _Quota:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int) -> None:
-        self.used += n
-        if self.used > self.limit:
-            raise QuotaExceeded(f"episode output exceeds its quota of {self.limit} bytes")
-
-
 class AgentSession:
-    """A connected agent. Created by a driver; one request at a time."""
+    """A connected agent. Created by a driver.
+
+    An agent whose HELLO lists "mux" in ``features`` serves several requests at once (``exec``,
+    ``spawn``, the streams of ``transfers``), each numbered, through the channel's reader task;
+    the rest (``ping``, ``snapshot_prepare``, ``run_episode``, and every request to an agent
+    that does not multiplex, such as the native one) run one at a time under a lock.
+    """
 
     def __init__(
         self,
@@ -96,66 +87,93 @@ class AgentSession:
         silence_timeout_s: float = 15.0,
     ) -> None:
         self._reader = reader
-        self.silence_timeout_s = silence_timeout_s
         self._writer = writer
-        self._max_body = max_body
+        self.channel = Channel(
+            reader, writer, max_body=max_body, silence_timeout_s=silence_timeout_s
+        )
         self._lock = asyncio.Lock()
+        self._current: Inbox | None = None  # the unnumbered inbox of the lock holder (mux)
         self.hello: dict[str, Any] = {}
+
+    @property
+    def silence_timeout_s(self) -> float:
+        return self.channel.silence_timeout_s
+
+    @silence_timeout_s.setter
+    def silence_timeout_s(self, value: float) -> None:
+        self.channel.silence_timeout_s = value
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What the agent serves beyond the first protocol (its HELLO's ``features``)."""
+        return self.channel.features
+
+    @property
+    def mux(self) -> bool:
+        """Does the agent multiplex requests (and so serve the newer requests at all)?"""
+        return "mux" in self.channel.features
+
+    def require(self, feature: str, what: str) -> None:
+        self.channel.require(feature, what)
 
     # -- framing --------------------------------------------------------------------------------
 
     async def _read(self) -> Frame:
-        """The next frame that is not a heartbeat; silence past the timeout is a crash."""
+        """The next frame of the one request in progress (not a heartbeat); silence past the
+        timeout is a crash, an ERROR frame the guest's ProtocolError."""
+        if self._current is not None:
+            return await self.channel.take(self._current)
         while True:
             try:
-                frame = await asyncio.wait_for(self._read_frame(), self.silence_timeout_s)
+                frame, _ = await asyncio.wait_for(self.channel.read_frame(), self.silence_timeout_s)
             except TimeoutError:
                 raise EnvCrashed(
                     f"guest agent silent for {self.silence_timeout_s:.0f}s (no heartbeat)"
                 ) from None
+            if frame.kind == Kind.ERROR:
+                raise ProtocolError(
+                    f"guest agent error: {wire.guest_text(frame.header.get('message'))}"
+                )
             if frame.kind != Kind.HEARTBEAT:
                 return frame
-
-    async def _read_frame(self) -> Frame:
-        try:
-            prefix = await self._reader.readexactly(protocol.PREFIX.size)
-            kind, hlen, blen = protocol.parse_prefix(prefix, self._max_body)
-            header = wire.decode_header(await self._reader.readexactly(hlen))
-            body = await self._reader.readexactly(blen) if blen else b""
-        except asyncio.IncompleteReadError as exc:
-            raise EnvCrashed("agent channel closed") from exc
-        except (ConnectionError, OSError) as exc:
-            raise EnvCrashed(f"agent channel failed: {exc}") from exc
-        except protocol.TooLarge as exc:
-            raise FrameTooLarge(str(exc)) from exc
-        except protocol.BadFrame as exc:
-            raise ProtocolError(f"malformed frame from guest: {exc}") from exc
-        if kind == Kind.ERROR:
-            raise ProtocolError(f"guest agent error: {wire.guest_text(header.get('message'))}")
-        return Frame(kind, header, body)
 
     async def _send(
         self, kind: int, header: dict[str, Any] | None = None, body: bytes = b""
     ) -> None:
-        try:
-            self._writer.write(protocol.encode(kind, header, body))
-            await self._writer.drain()
-        except (ConnectionError, OSError) as exc:
-            raise EnvCrashed(f"agent channel failed: {exc}") from exc
+        await self.channel.send(kind, header, body)
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self) -> AsyncIterator[None]:
+        """A request without an id: the lock, and (with "mux") the unnumbered inbox."""
+        async with self._lock:
+            if not self.mux:
+                yield
+                return
+            async with self.channel.unnumbered() as inbox:
+                self._current = inbox
+                try:
+                    yield
+                finally:
+                    self._current = None
 
     async def wait_hello(self) -> dict[str, Any]:
         """Wait for the agent's HELLO (no silence timeout: the caller bounds the boot)."""
-        frame = await self._read_frame()
+        frame, _ = await self.channel.read_frame()
+        if frame.kind == Kind.ERROR:
+            raise ProtocolError(
+                f"guest agent error: {wire.guest_text(frame.header.get('message'))}"
+            )
         if frame.kind != Kind.HELLO:
             raise ProtocolError(f"expected HELLO, got {protocol.kind_name(frame.kind)}")
         self.hello = frame.header
+        self.channel.adopt_hello(frame.header)
         return self.hello
 
     # -- requests -------------------------------------------------------------------------------
 
     async def ping(self) -> float:
         """Round trip time in seconds."""
-        async with self._lock:
+        async with self._one_at_a_time():
             start = time.perf_counter()
             await self._send(Kind.PING, {"t": start})
             frame = await self._read()
@@ -168,7 +186,7 @@ class AgentSession:
 
         Afterwards the agent takes a closed channel for "wait for the next host" (a clone's).
         """
-        async with self._lock:
+        async with self._one_at_a_time():
             await self._send(Kind.SNAPSHOT_PREPARE)
             frame = await self._read()
             if frame.kind != Kind.OK or frame.header.get("prepared") is not True:
@@ -182,22 +200,34 @@ class AgentSession:
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
         max_output: int = 16 * 1024 * 1024,
     ) -> ExecResult:
-        async with self._lock:
+        """Run ``argv`` to its end; output reaches the callbacks as it comes (``commands``)."""
+        if self.mux:
+            return await commands.run(
+                self.channel, argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, stdin=stdin,
+                on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output,
+            )  # fmt: skip
+        if stdin is not None:
+            self.require("stdin", "exec with stdin")
+        if user is not None:
+            self.require("user", f"exec as user {user!r}")
+        async with self._one_at_a_time():
             await self._send(
                 Kind.EXEC, {"argv": argv, "timeout_s": timeout_s, "env": env, "cwd": cwd}
             )
-            out, err = bytearray(), bytearray()
-            quota = _Quota(max_output)
+            output = Output(max_output, on_stdout, on_stderr)
             result: ExecResult | None = None
             while True:
                 frame = await self._read()
                 if frame.kind in (Kind.STDOUT, Kind.STDERR):
-                    quota.take(len(frame.body))
-                    (out if frame.kind == Kind.STDOUT else err).extend(frame.body)
+                    await output.add(frame.kind, frame.body)
                 elif frame.kind == Kind.EXIT:
-                    result = _exit_result(frame.header, bytes(out), bytes(err))
+                    result = output.result(frame.header)
                 elif frame.kind == Kind.DONE:
                     if result is None:  # found by make fuzz (tests/fuzz/crashes/stream-exec-*)
                         raise ProtocolError("exec ended without an EXIT frame")
@@ -208,7 +238,10 @@ class AgentSession:
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` in the guest, a chunk per frame, each answered by OK
         with the file's size so far (an agent that cannot append is found out at once)."""
-        async with self._lock:
+        if self.mux:
+            await transfers.put_stream(self.channel, path, transfers.chunks_of(data), mode)
+            return
+        async with self._one_at_a_time():
             offset = 0
             while True:
                 chunk = data[offset : offset + protocol.CHUNK]
@@ -225,7 +258,10 @@ class AgentSession:
                 offset = end
 
     async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
-        async with self._lock:
+        """The whole file (``QuotaExceeded`` past ``max_size``)."""
+        if self.mux:
+            return await transfers.get_all(self.channel, path, max_size)
+        async with self._one_at_a_time():
             await self._send(Kind.GET, {"path": path})
             data = bytearray()
             while True:
@@ -241,37 +277,41 @@ class AgentSession:
                 else:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during get")
 
+    async def spawn(self, argv: list[str], **kwargs: Any) -> GuestProcess:
+        """Start ``argv`` and return once it runs (``commands.spawn``: stdin, kill, resize,
+        wait); ``Unsupported`` on an agent that does not multiplex."""
+        return await commands.spawn(self.channel, argv, **kwargs)
+
+    async def put_stream(self, path: str, chunks: AsyncIterable[bytes], mode: int = 0o644) -> int:
+        """Write a stream of any size to ``path``; returns its size."""
+        return await transfers.put_stream(self.channel, path, chunks, mode)
+
+    def get_stream(self, path: str) -> AsyncIterator[bytes]:
+        """The file at ``path`` as it arrives (``GuestFileNotFound`` if it is not there)."""
+        return transfers.get_stream(self.channel, path)
+
+    async def put_tar(self, dest_dir: str, chunks: AsyncIterable[bytes]) -> int:
+        """Unpack a tar stream into ``dest_dir`` in the guest (safely: ``tarsafe``)."""
+        return await transfers.put_stream(self.channel, dest_dir, chunks, 0o755, tar=True)
+
+    def get_tar(self, src_dir: str) -> AsyncIterator[bytes]:
+        """The folder ``src_dir`` of the guest as a tar stream."""
+        return transfers.get_stream(self.channel, src_dir, tar=True)
+
     async def shutdown(self) -> None:
         """Ask the guest to power off (best effort; destroy does not depend on it)."""
-        with contextlib.suppress(EnvCrashed):
+        with contextlib.suppress(EnvCrashed, ProtocolError):
             await self._send(Kind.SHUTDOWN)
 
     async def run_episode(
         self, request: dict[str, Any], staging: Path, *, quota_bytes: int
     ) -> EpisodeOutput:
         """Send RUN and stage everything the episode returns under ``staging``."""
-        async with self._lock:
-            return await _EpisodeCollector(self, staging, _Quota(quota_bytes)).run(request)
+        async with self._one_at_a_time():
+            return await _EpisodeCollector(self, staging, Quota(quota_bytes)).run(request)
 
     async def aclose(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
-
-
-def _exit_result(header: dict[str, Any], out: bytes, err: bytes) -> ExecResult:
-    def _int(value: Any) -> int | None:
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    duration = header.get("duration_s")
-    return ExecResult(
-        exit_code=_int(header.get("code")),
-        signal=_int(header.get("signal")),
-        stdout=out,
-        stderr=err,
-        duration_s=float(duration) if isinstance(duration, int | float) else 0.0,
-        timed_out=header.get("timed_out") is True,
-    )
+        await self.channel.aclose()
 
 
 def _entry_facts(header: dict[str, Any]) -> dict[str, str]:
@@ -286,7 +326,7 @@ def _entry_facts(header: dict[str, Any]) -> dict[str, str]:
 class _EpisodeCollector:
     """Receives one RUN's frames into a staging folder, enforcing the quota and names."""
 
-    def __init__(self, session: AgentSession, staging: Path, quota: _Quota) -> None:
+    def __init__(self, session: AgentSession, staging: Path, quota: Quota) -> None:
         self.session = session
         self.staging = staging
         self.quota = quota
@@ -302,8 +342,8 @@ class _EpisodeCollector:
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         stdout_path, stderr_path = self.logs_dir / "stdout.log", self.logs_dir / "stderr.log"
-        exit_result: ExecResult | None = None
-        output = EpisodeOutput(exit=_exit_result({}, b"", b""))
+        exited: ExecResult | None = None
+        output = EpisodeOutput(exit=exit_result({}, b"", b""))
         with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
             await self.session._send(Kind.RUN, request)
             try:
@@ -313,7 +353,7 @@ class _EpisodeCollector:
                         self.quota.take(len(frame.body))
                         (out if frame.kind == Kind.STDOUT else err).write(frame.body)
                     elif frame.kind == Kind.EXIT:
-                        exit_result = _exit_result(frame.header, b"", b"")
+                        exited = exit_result(frame.header, b"", b"")
                         output.entry = _entry_facts(frame.header)
                     elif frame.kind == Kind.FILE:
                         self._file_chunk(frame)
@@ -328,9 +368,9 @@ class _EpisodeCollector:
             finally:
                 for fd, _ in self.files.values():
                     os.close(fd)
-        if exit_result is None:
+        if exited is None:
             raise ProtocolError("episode ended without an EXIT frame")
-        output.exit = exit_result
+        output.exit = exited
         output.result_raw = bytes(self.result) if self.result is not None else None
         output.stdout_path, output.stderr_path = stdout_path, stderr_path
         output.artifacts = [

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from cleanroom.agent import protocol
+from cleanroom.agent import names, protocol
 from cleanroom.errors import FrameTooLarge, ProtocolError, UnsafePath
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_BAD_NAME_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\\\\\ud800-\udfff]")
 _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
@@ -83,24 +82,11 @@ def guest_name(name: object, what: str = "artifact name") -> PurePosixPath:
     backslashes, at most ``MAX_NAME`` bytes in at most ``MAX_NAME_PARTS`` components of at
     most ``MAX_NAME_PART`` bytes each, relative, and without empty, ``.`` or ``..`` parts.
     """
-    if not isinstance(name, str) or not name:
-        raise UnsafePath(f"{what} is not a non-empty string")
-    shown = guest_text(name, protocol.MAX_NAME)  # whole (so redactable) unless oversized
-    if _BAD_NAME_CHAR.search(name):
-        raise UnsafePath(f"{what} {shown} has a control character, backslash or lone surrogate")
-    size = len(name.encode("utf-8"))
-    if size > protocol.MAX_NAME:
-        raise UnsafePath(f"{what} {shown} is {size} bytes (at most {protocol.MAX_NAME})")
-    parts = name.split("/")
-    if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
-        raise UnsafePath(f"{what} escapes its folder: {shown}")
-    if len(parts) > protocol.MAX_NAME_PARTS:
-        raise UnsafePath(f"{what} {shown} has {len(parts)} components")
-    for part in parts:
-        if len(part.encode("utf-8")) > protocol.MAX_NAME_PART:
-            raise UnsafePath(
-                f"{what} {shown}: a component is longer than {protocol.MAX_NAME_PART} bytes"
-            )
+    why = names.problem(name)
+    if why is not None:
+        shown = guest_text(name, protocol.MAX_NAME)  # whole (so redactable) unless oversized
+        raise UnsafePath(why.format(what=what, shown=shown))
+    assert isinstance(name, str)
     return PurePosixPath(name)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent import native
-from cleanroom.baseline import oci
+from cleanroom.baseline import oci, users
 from cleanroom.baseline.dockerfile import build_image
 from cleanroom.baseline.layers import resolve_in_root
 from cleanroom.baseline.lock import apt_preferences, check_packages, dpkg_packages, tree_packages
@@ -423,6 +423,7 @@ def build_rootfs(
             spec.pip.packages, tree, progress, locked.get("pip") if locked else None
         )
         copy_files(spec, tree, progress)
+        users.add_agent_user(tree)
         if spec.native:
             install_native_agent(tree, spec.warm_config())
             if spec.warm_config() is not None:

@@ -49,6 +49,7 @@ BUILDER_SOURCES = (
     "oci.py",
     "pyinstall.py",
     "rootfs.py",
+    "users.py",
     "spec.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached
@@ -64,10 +65,13 @@ AGENT_FILES = (
     "guest.py",
     "guestnet.py",
     "handlers.py",
+    "muxed.py",
+    "names.py",
     "protocol.py",
     "relay.py",
     "reseed.c",
     "reseed_helper.py",
+    "tarsafe.py",
     "warm.py",
     "worker.py",
 )

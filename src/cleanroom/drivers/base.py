@@ -15,12 +15,18 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult
+from cleanroom.agent.session import (
+    AgentSession,
+    EpisodeOutput,
+    ExecResult,
+    GuestProcess,
+    OutputCallback,
+)
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
 from cleanroom.errors import DriverError
@@ -160,14 +166,74 @@ class Env:
     def hello(self) -> dict[str, Any]:
         return self.session.hello
 
-    async def exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
-        return await self.session.exec(argv, **kwargs)
+    @property
+    def features(self) -> frozenset[str]:
+        """What its agent serves beyond the first protocol (HELLO ``features``)."""
+        return self.session.features
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        max_output: int = 16 * 1024 * 1024,
+    ) -> ExecResult:
+        """Run ``argv`` to its end (``user`` None: root); output reaches the callbacks as it
+        comes. Several run at once on one env. The exit code is data (``check()`` raises)."""
+        return await self.session.exec(
+            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, stdin=stdin,
+            on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output,
+        )  # fmt: skip
+
+    async def spawn(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        pty: tuple[int, int] | None = None,
+        max_output: int = 16 * 1024 * 1024,
+    ) -> GuestProcess:
+        """Start ``argv`` in the background: ``write_stdin``, ``close_stdin``, ``kill`` (its
+        process group), ``resize`` (with ``pty=(rows, cols)``), ``wait``."""
+        return await self.session.spawn(
+            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, on_stdout=on_stdout,
+            on_stderr=on_stderr, pty=pty, max_output=max_output,
+        )  # fmt: skip
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await self.session.put(path, data, mode)
 
-    async def get(self, path: str) -> bytes:
-        return await self.session.get(path)
+    async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
+        """The whole file (``GuestFileNotFound`` if missing, ``QuotaExceeded`` past
+        ``max_size``)."""
+        return await self.session.get(path, max_size=max_size)
+
+    async def put_stream(self, path: str, chunks: AsyncIterable[bytes], mode: int = 0o644) -> int:
+        """Write a stream of any size to ``path``; returns its size."""
+        return await self.session.put_stream(path, chunks, mode)
+
+    def get_stream(self, path: str) -> AsyncIterator[bytes]:
+        """The file at ``path``, chunk by chunk (``GuestFileNotFound`` if missing)."""
+        return self.session.get_stream(path)
+
+    async def put_tar(self, dest_dir: str, chunks: AsyncIterable[bytes]) -> int:
+        """Unpack a tar stream into ``dest_dir`` (the guest refuses escapes and devices)."""
+        return await self.session.put_tar(dest_dir, chunks)
+
+    def get_tar(self, src_dir: str) -> AsyncIterator[bytes]:
+        """The folder ``src_dir`` as a tar stream."""
+        return self.session.get_tar(src_dir)
 
     async def run_episode(
         self, request: dict[str, Any], staging: Path, *, quota_bytes: int

@@ -1,0 +1,67 @@
+"""Every baseline has the unprivileged user ``agent`` (``baseline/users.py``, issue 16): added
+to a Debian-like tree at uid 1000, to one whose uid 1000 is taken at the next free id, to one
+without /etc/passwd beside a root entry, and left alone where it exists. On the old builder the
+tree had no such user (``user="agent"`` was an unknown user)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cleanroom.baseline import users
+from cleanroom.errors import BuildError
+
+
+def tree(tmp: Path, passwd: str, group: str = "", shadow: str | None = None) -> Path:
+    (tmp / "etc").mkdir(parents=True)
+    (tmp / "etc" / "passwd").write_text(passwd)
+    (tmp / "etc" / "group").write_text(group)
+    if shadow is not None:
+        (tmp / "etc" / "shadow").write_text(shadow)
+        (tmp / "etc" / "shadow").chmod(0o640)
+    return tmp
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown of the home needs root (as the builder)")
+def test_a_debian_tree_gets_agent_at_1000(tmp_path: Path) -> None:
+    root = tree(tmp_path, "root:x:0:0:root:/root:/bin/bash\n", "root:x:0:\n", "root:*:1::::::\n")
+    assert users.add_agent_user(root) == 1000
+    assert (
+        (root / "etc" / "passwd")
+        .read_text()
+        .splitlines()[-1]
+        .startswith("agent:x:1000:1000:cleanroom agent:/home/agent:")
+    )
+    assert "agent:x:1000:" in (root / "etc" / "group").read_text()
+    assert (root / "etc" / "shadow").read_text().endswith("agent:!:::::::\n")
+    assert (root / "etc" / "shadow").stat().st_mode & 0o777 == 0o640
+    home = (root / "home" / "agent").stat()
+    assert (home.st_uid, home.st_gid, home.st_mode & 0o777) == (1000, 1000, 0o755)
+    assert users.add_agent_user(root) == 1000  # again: nothing added
+    lines = (root / "etc" / "passwd").read_text().splitlines()
+    assert [line for line in lines if line.startswith("agent:")] == [lines[-1]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown of the home needs root (as the builder)")
+def test_a_taken_uid_moves_on_and_an_empty_tree_gets_root_too(tmp_path: Path) -> None:
+    taken = tree(tmp_path / "a", "root:x:0:0::/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh")
+    assert users.add_agent_user(taken) == 1001
+    empty = tmp_path / "b"
+    (empty / "etc").mkdir(parents=True)
+    assert users.add_agent_user(empty) == 1000
+    assert (empty / "etc" / "passwd").read_text().startswith("root:x:0:0:")
+
+
+def test_an_existing_agent_is_kept(tmp_path: Path) -> None:
+    root = tree(tmp_path, "root:x:0:0::/root:/bin/sh\nagent:x:2000:2000::/srv:/bin/sh\n")
+    assert users.add_agent_user(root) == 2000
+    assert not (root / "home").exists()
+
+
+def test_a_linked_home_is_refused(tmp_path: Path) -> None:
+    root = tree(tmp_path, "root:x:0:0::/root:/bin/sh\n")
+    (root / "home").symlink_to(tmp_path)
+    with pytest.raises(BuildError, match="link"):
+        users.add_agent_user(root)
