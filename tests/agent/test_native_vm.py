@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.errors import BuildError
+from cleanroom.errors import BuildError, Unsupported
 from cleanroom.ledger import Ledger
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
@@ -282,3 +282,36 @@ async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
     assert artifact("denied.txt") in (b"", None) and b"exit 0" not in artifact("denied.err")
     assert artifact("proxy") == b"http://10.0.2.100:3128\n"
     assert b"options use-vc" in artifact("resolv.conf")
+
+
+async def test_a_native_env_refuses_the_multiplexed_protocol_by_type(
+    busybox_baseline: Baseline,
+) -> None:
+    """Its HELLO lists no features: on a real VM each new request is a typed ``Unsupported``
+    (the env stays usable), and the first protocol's exec still answers."""
+    driver = QemuDriver(start="cold")
+    env = await driver.create(vmkit.request(busybox_baseline))
+    try:
+        assert env.hello["features"] == []
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"x"
+
+        refused = [
+            env.spawn(["sleep", "1"]),
+            env.exec(["cat"], stdin=b"x"),
+            env.exec(["true"], user="agent"),
+            env.put_stream("/tmp/f", chunks()),
+            env.put_tar("/tmp", chunks()),
+        ]
+        for call in refused:
+            with pytest.raises(Unsupported):
+                await call
+        with pytest.raises(Unsupported):
+            async for _ in env.get_tar("/tmp"):
+                pass
+        assert (await env.exec(["echo", "still here"], timeout_s=30)).check().stdout == (
+            b"still here\n"
+        )
+    finally:
+        assert (await env.aclose()).confirmed_absent
