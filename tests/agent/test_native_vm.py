@@ -167,6 +167,7 @@ async def test_exec_put_get_on_a_booted_and_a_snapshot_clone(busybox_baseline: B
         clone = envs[1]
         assert clone.info.start_kind == "snapshot", clone.info.start_note
         assert clone.hello["clone_id"] == clone.env_id and clone.hello["reseeded"] is True
+        assert clone.hello["fast_reseed"] is True  # answered on RESEED's own path (fastseed.c)
         for env in envs:
             await env.put("/tmp/in.bin", bytes(range(256)) * 10)
             assert await env.get("/tmp/in.bin") == bytes(range(256)) * 10

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fastseed.h"
 #include "frame.h"
 #include "json.h"
 #include "net.h"
@@ -80,15 +81,12 @@ static void log_msg(const char *what, const char *detail) {
 
 static ssize_t fd_read(void *ctx, void *buf, size_t n) { return read(*(int *)ctx, buf, n); }
 
-static void send_frame(int kind, const char *header, const void *body, size_t blen) {
-    size_t total;
-    unsigned char *data =
-        frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
-    if (!data)
-        return;
+/* one encoded frame, whole, to the port (frames of two threads never interleave) */
+static void send_raw(const void *data, size_t total) {
+    const unsigned char *p = data;
     pthread_mutex_lock(&send_lock);
     for (size_t off = 0; off < total;) {
-        ssize_t w = write(port, data + off, total - off);
+        ssize_t w = write(port, p + off, total - off);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -96,6 +94,15 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
         off += (size_t)w;
     }
     pthread_mutex_unlock(&send_lock);
+}
+
+static void send_frame(int kind, const char *header, const void *body, size_t blen) {
+    size_t total;
+    unsigned char *data =
+        frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
+    if (!data)
+        return;
+    send_raw(data, total);
     free(data);
 }
 
@@ -122,20 +129,25 @@ static uint64_t micros(clockid_t clock) {
 
 /* HELLO: who this agent is, plus `extra` (",key:value..." of a clone's reseed facts); only
  * encoded, not sent, when `send` is 0 (the rehearsal before a snapshot) */
-static void hello(const char *extra, int send) {
+/* HELLO's fields but boot_time_s and a clone's facts: "{..." without the closing brace */
+static void hello_fields(jbuf *h) {
     struct utsname u;
-    jbuf h = {0};
     uname(&u);
-    jb_lit(&h, "{\"agent_version\":\"" AGENT_VERSION "\",\"protocol\":1,\"agent\":\"native\"");
+    jb_lit(h, "{\"agent_version\":\"" AGENT_VERSION "\",\"protocol\":1,\"agent\":\"native\"");
+    jb_key(h, "kernel");
+    jb_str(h, u.release, strlen(u.release));
+    jb_key(h, "pid");
+    jb_int(h, getpid());
+    jb_lit(h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
+    warm_hello(h);
+    net_hello(h);
+}
+
+static void hello(const char *extra, int send) {
+    jbuf h = {0};
+    hello_fields(&h);
     jb_key(&h, "boot_time_s");
     jb_fixed(&h, micros(CLOCK_BOOTTIME) / 10000 * 10000);
-    jb_key(&h, "kernel");
-    jb_str(&h, u.release, strlen(u.release));
-    jb_key(&h, "pid");
-    jb_int(&h, getpid());
-    jb_lit(&h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
-    warm_hello(&h);
-    net_hello(&h);
     if (extra)
         jb_lit(&h, extra);
     jb_lit(&h, "}");
@@ -790,6 +802,18 @@ static void serve(void) {
     for (;;) {
         struct frame f;
         const char *why;
+        if (snapshotted && pool >= 0) { /* a clone's first frame: its RESEED, on its own path */
+            int fast = fastseed_try(&rd, pool, send_raw, entropy, MAX_ENTROPY, &nentropy);
+            if (fast == FAST_DONE) {
+                snapshotted = 0; /* a clone now: its host closing the channel ends it */
+                continue;
+            }
+            if (fast == FAST_EOF) {
+                rd.start = rd.end = 0; /* the port reads EOF until its host connects */
+                usleep(2000);
+                continue;
+            }
+        }
         int st = frame_read(&rd, &f, &why);
         if (st == FRAME_EOF || st == FRAME_CLOSED) {
             if (!snapshotted)
@@ -818,6 +842,11 @@ static void serve(void) {
                 pool = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
             rehearse_exec();
             rehearse_reseed();
+            jbuf fields = {0}; /* a clone's HELLO but its facts, for its RESEED's own path */
+            hello_fields(&fields);
+            if (fields.failed || fastseed_prepare(fields.p, fields.n))
+                log_msg("RESEED takes the general path", "its HELLO prefix did not fit");
+            jb_free(&fields);
             mlockall(MCL_CURRENT); /* a clone reads none of these pages from disk */
             snapshotted = 1;
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
