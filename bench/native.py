@@ -4,6 +4,8 @@ Two baselines that differ only in ``[agent] kind`` (tests/baselines/shell and sh
 Debian minbase, a one-line shell entrypoint writing result.json). For each, interleaved so
 machine noise hits both alike:
   spare clone -> agent ready               (a clone started ahead and paused; create -> HELLO)
+    of it, RESEED -> HELLO in the guest    (the agent's own ``reseed_ms``: the rest is the host,
+                                           QEMU's resume and the guest's wake-up)
   spare clone -> first `true` answered     (same clones: create + one EXEC)
   command episode in a fresh clone         (RUN -> DONE of the entrypoint, agent ready before)
 Every native row is also given as a ratio to the Python row of the same run.
@@ -34,6 +36,7 @@ SPECS = {
 }
 ROWS = (
     ("ready", "spare clone -> agent ready"),
+    ("reseed", "  of it, RESEED -> HELLO in the guest"),
     ("exec", "spare clone -> first `true`"),
     ("episode", "command episode (fresh clone)"),
 )
@@ -62,6 +65,7 @@ async def main() -> None:
             for kind, driver in drivers.items():
                 spare = await timed_env(driver, baselines[kind], python=False, spare=True)
                 times[kind]["ready"].append(spare["ready"])
+                times[kind]["reseed"].append(spare["reseed"])  # both agents report it
                 times[kind]["exec"].append(spare["exec"])
                 episode = await timed_episode(driver, baselines[kind], Path(tmp))
                 times[kind]["episode"].append(episode)

@@ -86,6 +86,9 @@ async def timed_env(
     (await env.exec(["true"])).check()
     t2 = time.perf_counter()
     times = {"ready": t1 - t0, "exec": t2 - t0}
+    reseed_ms = env.hello.get("reseed_ms")  # a clone's RESEED -> HELLO, timed in the guest
+    if isinstance(reseed_ms, int | float):
+        times["reseed"] = reseed_ms / 1000
     if python:
         (await env.exec(["python3", "-c", "pass"])).check()
         times["python"] = time.perf_counter() - t2

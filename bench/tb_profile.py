@@ -1,4 +1,5 @@
-"""What a fresh clone translates during one trivial function episode (RUN -> DONE), by place.
+"""What a fresh clone translates during one trivial function episode (RUN -> DONE), or with
+``--step ready`` while it answers its RESEED (RESEED sent -> HELLO: any baseline), by place.
 
 Under TCG a clone's cost is mostly translating the guest code it runs for the first time. This
 turns on QEMU's ``in_asm`` log (HMP ``log`` over the clone's QMP socket) just before RUN and
@@ -9,6 +10,12 @@ restored, so their layout is fixed). Prints the places with the most blocks and 
 instructions translated.
 
     python bench/tb_profile.py [--top 40] [--baseline tests/baselines/warm/baseline.toml]
+    python bench/tb_profile.py --step ready --baseline tests/baselines/shell-native/baseline.toml \
+        --symbols agent=/tmp/agent-unstripped   # the native agent's blocks by function
+
+``--symbols NAME=BINARY`` names the blocks of the guest mapping ``NAME`` (a static, non-PIE
+program: the native agent) by the functions of ``BINARY``, the same build without ``-s``
+(stripping drops the symbol table only, not a byte of ``.text``).
 """
 
 from __future__ import annotations
@@ -48,10 +55,23 @@ def read_blocks(log: Path) -> list[tuple[int, int]]:
     return blocks
 
 
+def static_symbols(binary: Path) -> tuple[list[int], list[str]]:
+    """(sorted addresses, names) of a static binary's functions, from ``nm -n``."""
+    import subprocess
+
+    out = subprocess.run(["nm", "-n", str(binary)], capture_output=True, text=True, check=True)
+    rows = (x.split() for x in out.stdout.splitlines())
+    pairs = [(int(p[0], 16), p[2]) for p in rows if len(p) == 3 and p[1].lower() in "tw"]
+    return [a for a, _ in pairs], [n for _, n in pairs]
+
+
 class Places:
     """Kernel symbols and user mappings, to name an address."""
 
+    symbols: dict[str, tuple[list[int], list[str]]]  # a mapping's name -> static_symbols
+
     def __init__(self, kallsyms: str, maps: str) -> None:
+        self.symbols = {}
         symbols = []
         for line in kallsyms.splitlines():
             parts = line.split()
@@ -77,7 +97,50 @@ class Places:
             i = bisect.bisect_right(self.addresses, address) - 1
             return f"kernel:{self.names[i]}" if i >= 0 else "kernel:?"
         owners = {name for low, high, name in self.ranges if low <= address < high}
+        for mapping, (addresses, names) in self.symbols.items():
+            if any(owner.endswith(":" + mapping) for owner in owners):
+                i = bisect.bisect_right(addresses, address) - 1
+                return f"user:{mapping}:{names[i] if i >= 0 else '?'}"
         return "user:" + ("|".join(sorted(owners)) if owners else "?")
+
+
+async def profile_ready(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]], Places]:
+    """A fresh clone's RESEED -> HELLO with the log on (around the driver's ``reseed``)."""
+    from cleanroom.baseline.resolve import resolve_or_build
+    from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+    from cleanroom.drivers.qemu import QemuDriver, clone
+    from cleanroom.manifest import Manifest
+
+    baseline = resolve_or_build(str(baseline_spec))
+    limits = Manifest.model_validate(
+        {"episode_id": "tb", "seed": 1, "policy": {"id": "bench"}}
+    ).limits.merged_over(baseline.limits)
+    driver = QemuDriver(start="snapshot")
+
+    def request() -> EnvRequest:
+        return EnvRequest(new_env_id(), baseline, limits, Owner("bench-tb"), 600)
+
+    async with await driver.create(request()) as env:  # the template; and the kernel's symbols
+        kallsyms = (await env.exec(["cat", "/proc/kallsyms"])).check().stdout.decode()
+    original = clone.reseed
+
+    async def logged(env_id: str, live: Any) -> Any:
+        qmp = await live.open_qmp()
+        await qmp.execute("human-monitor-command", {"command-line": f"logfile {log}"})
+        await qmp.execute("human-monitor-command", {"command-line": "log in_asm"})
+        try:
+            return await original(env_id, live)
+        finally:
+            await qmp.execute("human-monitor-command", {"command-line": "log none"})
+
+    clone.reseed = logged  # type: ignore[assignment]
+    try:
+        async with await driver.create(request()) as env:
+            assert env.info.start_kind == "snapshot", env.info.start_note
+            maps = (await env.exec(["sh", "-c", MAPS])).check().stdout.decode()
+    finally:
+        clone.reseed = original  # type: ignore[assignment]
+    return read_blocks(log), Places(kallsyms, maps)
 
 
 async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]], Places]:
@@ -121,9 +184,19 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--baseline", type=Path, default=WARM)
     parser.add_argument("--by", choices=("symbol", "area"), default="symbol")
+    parser.add_argument("--step", choices=("run", "ready"), default="run")
+    parser.add_argument("--dump", type=Path, help="write every block: address, insns, place")
+    parser.add_argument("--symbols", action="append", default=[], help="NAME=BINARY (see above)")
     args = parser.parse_args()
+    which = profile_ready if args.step == "ready" else profile
     with tempfile.TemporaryDirectory() as tmp:
-        blocks, places = asyncio.run(profile(args.baseline, Path(tmp) / "in_asm.log"))
+        blocks, places = asyncio.run(which(args.baseline, Path(tmp) / "in_asm.log"))
+    for item in args.symbols:
+        mapping, _, binary = item.partition("=")
+        places.symbols[mapping] = static_symbols(Path(binary))
+    if args.dump:  # e.g. to name a static binary's blocks with `nm -n` of an unstripped build
+        lines = (f"{a:#x} {n} {places.name(a)}\n" for a, n in blocks)
+        args.dump.write_text("".join(lines))
     by_place: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for address, instructions in blocks:
         name = places.name(address)
@@ -133,7 +206,8 @@ def main() -> None:
         by_place[name][1] += instructions
     total_blocks = len(blocks)
     total_insns = sum(i for _, i in blocks)
-    print(f"translated during RUN -> DONE: {total_blocks} blocks, {total_insns} instructions")
+    step = "RESEED -> HELLO" if args.step == "ready" else "RUN -> DONE"
+    print(f"translated during {step}: {total_blocks} blocks, {total_insns} instructions")
     user = sum(v[0] for k, v in by_place.items() if k.startswith("user"))
     print(f"  user space {user} blocks ({100 * user / max(total_blocks, 1):.0f}%)")
     print(f"{'place':<60} {'blocks':>7} {'insns':>7}")

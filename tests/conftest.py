@@ -24,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TEST_HOME = ROOT / ".cache" / "test-home"
 TINY_SPEC = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
+TINY_NATIVE_SPEC = ROOT / "tests" / "baselines" / "tiny-native" / "baseline.toml"
 TINY_ENTRY = ROOT / "tests" / "baselines" / "tiny" / "files" / "entry.py"
 
 SKIPS_ALLOWED = ROOT / "tests" / "skips_allowed.txt"
@@ -140,6 +141,16 @@ def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
     yield resolve_or_build(str(TINY_SPEC), progress=lambda step, detail: print(step, detail))
+
+
+@pytest.fixture(scope="session")
+def tiny_native_baseline() -> Iterator["Baseline"]:  # noqa: UP037
+    """The tiny baseline on the native agent (``[agent] kind = "native"``), built once."""
+    from cleanroom.baseline.resolve import resolve_or_build
+
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
+    yield resolve_or_build(str(TINY_NATIVE_SPEC), progress=lambda step, detail: print(step, detail))
 
 
 def _gvisor_unusable(tmp: Path) -> str | None:

@@ -186,6 +186,7 @@ def export_episode(
             "spec_digest": baseline.spec_digest,
             "kernel": baseline.kernel_version,
             "agent_version": baseline.agent_version,
+            **({"agent_sha256": baseline.agent_sha256} if baseline.agent_sha256 else {}),
             **({"image": baseline.image} if baseline.image is not None else {}),
             **({"lock": digest_of(baseline.lock)} if baseline.lock is not None else {}),
             "manifest_digest": manifest.digest(),

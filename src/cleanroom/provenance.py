@@ -37,6 +37,9 @@ REQUIRED: tuple[str, ...] = (
     *(f"timings.phases.{phase}.{end}" for phase in PHASES for end in ("start", "end")),
 )
 """Every field a record must carry (``timings.phases.verify.*`` only when it has a verdict)."""
+OPTIONAL = ("provenance.agent_sha256",)
+"""Fields shown when present: the native agent binary's sha256 (a Python-agent baseline's
+agent files are covered by its spec digest)."""
 
 JAIL_REQUIRED = ("identity",)
 QEMU_JAIL_REQUIRED = ("user", "seccomp", "limits", "enforced")
@@ -86,5 +89,8 @@ def missing(record: dict[str, Any]) -> list[str]:
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
-    """Every required field with its value (None when missing), in ``REQUIRED`` order."""
-    return {path: lookup(record, path) for path in required(record)}
+    """Every required field with its value (None when missing), in ``REQUIRED`` order, then
+    the ``OPTIONAL`` ones the record has."""
+    out = {path: lookup(record, path) for path in required(record)}
+    out.update({path: lookup(record, path) for path in OPTIONAL if lookup(record, path)})
+    return out

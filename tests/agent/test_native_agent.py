@@ -251,3 +251,47 @@ def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, r
 
     children = drive(agent_binary, root, body)
     assert len(children) == 1  # only the shell asking
+
+
+def test_the_c_network_layout_is_guestnets() -> None:
+    """net.c restates guestnet.py's fixed layout (the host's proxy and DNS forwards expect it)."""
+    import re
+
+    from cleanroom.agent import guestnet
+
+    text = (native.NATIVE_DIR / "net.c").read_text()
+    found = dict(re.findall(r'^#define ([A-Z_]+) "([^"]*)"', text, re.M))
+    assert found["IFACE"] == guestnet.IFACE and found["NETMASK"] == guestnet.NETMASK
+    assert found["GUEST_ADDR"] == guestnet.GUEST_ADDR and found["GATEWAY"] == guestnet.GATEWAY
+    assert found["DNS_ADDR"] == guestnet.DNS_ADDR
+    proxy = guestnet.proxy_env()
+    assert found["PROXY_URL"] == proxy["HTTP_PROXY"] and found["NO_PROXY"] == proxy["NO_PROXY"]
+    assert sorted(re.findall(r'\{"([A-Za-z_]+)", (?:PROXY_URL|NO_PROXY)\}', text)) == sorted(proxy)
+    assert "options use-vc timeout:5 attempts:2" in text
+
+
+def test_artifact_names_go_to_the_host_to_judge_as_the_python_agent_sends_them(
+    agent_binary: Path, root: Path
+) -> None:
+    """A name that is not UTF-8 arrives as Python's os.fsdecode writes it (a lone surrogate)
+    and a long one whole: the host refuses both by name (the agent used to drop them, so the
+    episode looked clean)."""
+    from cleanroom.errors import ProtocolError, UnsafePath
+
+    request = {"manifest": {}, "entrypoint": ["true"], "timeout_s": 20}
+
+    async def body(session: AgentSession) -> Any:
+        return await session.run_episode(request, root / "staging", quota_bytes=1 << 20)
+
+    outcomes = []
+    for name in (b"x\xffy", b"/".join([b"n" * 250] * 5)):  # 1254 bytes: over MAX_NAME
+        target = os.fsencode(root) + b"/guest/run/cleanroom/out/" + name
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(b"bytes")
+        with pytest.raises((UnsafePath, ProtocolError)) as info:
+            drive(agent_binary, root, body)
+        outcomes.append(str(info.value))
+        os.unlink(target)
+    assert "surrogate" in outcomes[0]
+    assert str(protocol.MAX_NAME) in outcomes[1] or "long" in outcomes[1], outcomes[1]

@@ -2,11 +2,15 @@
 
 Protects: the default stays the Python agent with the same canonical spec, digest and
 ``/init`` bytes (existing baselines keep their digests); a native spec is another build (its
-digest covers the C sources); what the native agent cannot run yet is refused at load time.
+digest covers the C sources, and with a function entrypoint the warm worker it starts); an
+unknown agent is refused at load time, and a function entrypoint in an image without Python at
+build time, naming the entrypoint; a [network] allowlist is accepted (the agent sets up the NIC).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +18,9 @@ import pytest
 from cleanroom.agent import native
 from cleanroom.baseline import spec as spec_module
 from cleanroom.baseline.initramfs import NATIVE_LAUNCH, init_script
+from cleanroom.baseline.rootfs import install_native_agent
 from cleanroom.baseline.spec import INIT_SCRIPT, load_spec, spec_digest
-from cleanroom.errors import SpecError
+from cleanroom.errors import BuildError, SpecError
 
 COMMAND = 'name = "n"\n[entrypoint]\ncommand = ["/bin/true"]\n'
 
@@ -62,12 +67,6 @@ def test_the_native_init_hands_pid_1_to_the_agent_binary() -> None:
 @pytest.mark.parametrize(
     ("extra", "why"),
     [
-        ('[entrypoint]\nfunction = "m:f"\n[agent]\nkind = "native"\n', "command entrypoints only"),
-        (
-            '[entrypoint]\ncommand = ["x"]\n[network]\nallow = ["example.com:443"]\n'
-            '[agent]\nkind = "native"\n',
-            "egress NIC",
-        ),
         ('[entrypoint]\ncommand = ["x"]\n[agent]\nkind = "rust"\n', "agent.kind"),
     ],
 )
@@ -76,3 +75,85 @@ def test_what_the_native_agent_cannot_run_is_refused_naming_the_field(
 ) -> None:
     with pytest.raises(SpecError, match=why):
         load_spec(write(tmp_path, 'name = "n"\n' + extra))
+
+
+FUNCTION = 'name = "n"\n[entrypoint]\nfunction = "entry:run"\n[agent]\nkind = "native"\n'
+
+
+def test_a_native_function_spec_loads_and_its_digest_covers_the_warm_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = load_spec(write(tmp_path, FUNCTION))
+    assert spec.native and spec.warm_config() is not None
+    before = spec_digest(spec)
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    worker = spec_module.AGENT_DIR / "worker.py"
+    (agent_dir / "worker.py").write_bytes(worker.read_bytes() + b"# changed\n")
+    monkeypatch.setattr(spec_module, "AGENT_DIR", agent_dir)
+    assert spec_digest(spec) != before
+
+
+def test_a_function_entrypoint_in_an_image_without_python_is_a_build_error(
+    tmp_path: Path,
+) -> None:
+    config = load_spec(write(tmp_path, FUNCTION)).warm_config()
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    with pytest.raises(BuildError, match="function 'entry:run' needs Python 3 in the image"):
+        install_native_agent(tree, config)
+    assert not (tree / "opt" / "cleanroom" / "entry.json").exists()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent(
+    tmp_path: Path,
+) -> None:
+    config = load_spec(write(tmp_path, FUNCTION)).warm_config()
+    tree = tmp_path / "tree"
+    (tree / "usr" / "bin").mkdir(parents=True)
+    (tree / "usr" / "bin" / "python3.11").write_bytes(b"")
+    (tree / "usr" / "bin" / "python3").symlink_to("python3.11")
+    install_native_agent(tree, config)
+    agent = tree / "opt" / "cleanroom" / "agent"
+    assert sorted(p.name for p in agent.iterdir()) == [native.BINARY, "worker.py"]
+    assert (agent / "worker.py").read_bytes() == (spec_module.AGENT_DIR / "worker.py").read_bytes()
+    assert json.loads((agent.parent / "entry.json").read_text()) == config
+
+
+def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -> None:
+    """The sandbox's PID 1 follows the baseline's agent; python3 stays for the default."""
+    import dataclasses
+
+    from tests.conftest import make_fake_baseline
+
+    from cleanroom.drivers import gvisor_bundle
+
+    python = make_fake_baseline(tmp_path)
+    native_one = dataclasses.replace(python, spec={"agent": {"kind": "native"}})
+    assert gvisor_bundle.agent_args(native_one) == ["/opt/cleanroom/agent/agent"]
+    assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"
+
+
+def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) -> None:
+    """What export puts in provenance (``agent_sha256``), and ``check provenance`` shows."""
+    import dataclasses
+
+    from tests.conftest import make_fake_baseline
+
+    from cleanroom import provenance
+    from cleanroom.baseline.model import AGENT_FILE, Component
+
+    python = make_fake_baseline(tmp_path)
+    agent = Component(AGENT_FILE, 3, "ab" * 32)
+    native_one = dataclasses.replace(python, components=(*python.components, agent))
+    assert python.agent_sha256 is None and native_one.agent_sha256 == "ab" * 32
+    record = {"provenance": {"agent_sha256": native_one.agent_sha256}}
+    assert provenance.summary(record)["provenance.agent_sha256"] == "ab" * 32
+    assert "provenance.agent_sha256" not in provenance.summary({"provenance": {}})
+
+
+def test_a_native_spec_may_have_an_egress_allowlist(tmp_path: Path) -> None:
+    text = COMMAND + '[network]\nallow = ["example.com:443"]\n[agent]\nkind = "native"\n'
+    spec = load_spec(write(tmp_path, text))
+    assert spec.native and spec.network is not None

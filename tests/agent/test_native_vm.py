@@ -10,32 +10,50 @@ driver, and a clone restored from a snapshot template (RESEED) answers as its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from tests import vmkit
 from tests.baseline.conftest import needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
+from tests.conftest import with_network
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
+from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
-from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.model import AGENT_FILE, Baseline
+from cleanroom.controller import Controller, RunOptions
+from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest, Owner
+from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.errors import BuildError
+from cleanroom.errors import BuildError, Unsupported
+from cleanroom.ledger import Ledger
 from cleanroom.record import Outcome
+from cleanroom.store import LocalStore
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]
 
-APPLETS = ("sh", "cat", "echo", "printf", "sleep", "mkdir", "ls", "true", "head", "grep")
+APPLETS = ("sh", "cat", "echo", "printf", "sleep", "mkdir", "ls", "true", "head", "grep", "sed")
+APPLETS += ("wget",)
 ENTRY = b"""#!/bin/sh
 # the manifest is compact JSON (native agent) or spaced (Python agent)
 m=$(cat /run/cleanroom/manifest.json)
 case "$m" in
   *'"mode":"fail"'*|*'"mode": "fail"'*) echo "failing on purpose" >&2; exit 3 ;;
   *'"mode":"sleep"'*|*'"mode": "sleep"'*) sleep 60 ;;
+  *'"mode":"egress"'*)
+    o=/run/cleanroom/out; mkdir -p $o
+    for k in allowed denied; do
+      u=$(echo "$m" | sed -n 's/.*"'$k'":"\\([^"]*\\)".*/\\1/p')
+      wget -q -O $o/$k.txt "$u" 2>$o/$k.err; echo "exit $?" >> $o/$k.err
+    done
+    cat /etc/resolv.conf > $o/resolv.conf; echo "$http_proxy" > $o/proxy
+    printf '{"reward": 1}' > /run/cleanroom/result.json; exit 0 ;;
 esac
 echo "episode says hi"
 echo "a warning" >&2
@@ -91,8 +109,20 @@ def test_the_python_agent_refuses_an_image_without_python(tmp_path: Path) -> Non
 
 def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_spec: Path) -> None:
     """Same sources, same compiler: the same digest (the agent's bytes are in rootfs.erofs)."""
-    assert busybox_baseline.agent_version == "0.5.0"
+    assert busybox_baseline.agent_version == native.agent_version() == "0.6.0"
     assert build(native_spec, force=True).digest == busybox_baseline.digest
+
+
+def test_the_agent_binary_is_a_component_of_its_own(
+    busybox_baseline: Baseline, tmp_path: Path
+) -> None:
+    """Its sha256 is in the digest and baseline.json: the bytes a fresh compile gives."""
+    fresh = tmp_path / native.BINARY
+    subprocess.run(native.gcc_argv(fresh), cwd=native.NATIVE_DIR, check=True)
+    component = busybox_baseline.components_by_name(AGENT_FILE)
+    assert component is not None and component.sha256 == sha256_file(fresh)
+    assert busybox_baseline.agent_sha256 == component.sha256
+    assert (busybox_baseline.path / AGENT_FILE).read_bytes() == fresh.read_bytes()
 
 
 async def test_command_episodes_end_to_end_without_python(
@@ -115,7 +145,8 @@ async def test_command_episodes_end_to_end_without_python(
     record = store.get_record("native-episodes", "ok")
     assert record is not None and record["reward"] == 2.0
     assert record["info"] == {"python": "absent"}
-    assert record["provenance"]["agent_version"] == "0.5.0"
+    assert record["provenance"]["agent_version"] == native.agent_version()
+    assert record["provenance"]["agent_sha256"] == busybox_baseline.agent_sha256
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
     assert store.get_bytes("native-episodes", "ok", "logs/stdout.log") == b"episode says hi\n"
     assert store.get_bytes("native-episodes", "ok", "logs/stderr.log") == b"a warning\n"
@@ -136,6 +167,7 @@ async def test_exec_put_get_on_a_booted_and_a_snapshot_clone(busybox_baseline: B
         clone = envs[1]
         assert clone.info.start_kind == "snapshot", clone.info.start_note
         assert clone.hello["clone_id"] == clone.env_id and clone.hello["reseeded"] is True
+        assert clone.hello["fast_reseed"] is True  # answered on RESEED's own path (fastseed.c)
         for env in envs:
             await env.put("/tmp/in.bin", bytes(range(256)) * 10)
             assert await env.get("/tmp/in.bin") == bytes(range(256)) * 10
@@ -177,3 +209,110 @@ async def test_a_spare_clone_of_a_native_baseline_is_handed_out_ready(
     finally:
         assert (await env.aclose()).confirmed_absent
         await driver.release_spares()
+
+
+async def test_gvisor_runs_the_native_agent_as_pid_1(
+    busybox_baseline: Baseline, tmp_path: Path, gvisor_usable: None
+) -> None:
+    """Under gVisor the sandbox's PID 1 is the native binary on the bind-mounted unix socket
+    (the bundle used to start python3, which this image lacks): an episode and an EXEC."""
+    driver = GvisorDriver(run_root=tmp_path / "run")
+    ledger, store = Ledger(tmp_path / "ledger.db"), LocalStore(tmp_path / "store")
+    try:
+        ctl = Controller(driver, ledger, store, options=RunOptions(cleanup_window_s=30))
+        result = await ctl.run([manifest("gv", 1)], busybox_baseline, run_id="native-gvisor")
+        assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED], result.episodes[0].error
+        record = store.get_record("native-gvisor", "gv")
+        assert record is not None and record["reward"] == 2.0
+        assert record["provenance"]["isolation"] == "userspace-kernel"
+        assert record["info"] == {"python": "absent"}
+        assert_nothing_left(driver, ledger, "native-gvisor")
+    finally:
+        ledger.close()
+    env = await driver.create(vmkit.request(busybox_baseline))
+    try:
+        assert env.hello["agent"] == "native" and env.hello["pid"] != 1  # the serving child
+        assert (await env.exec(["cat", "/proc/1/cmdline"], timeout_s=30)).check().stdout == (
+            b"/opt/cleanroom/agent/agent\0"
+        )
+    finally:
+        assert (await env.aclose()).confirmed_absent
+
+
+async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
+    busybox_baseline: Baseline, tmp_path: Path
+) -> None:
+    """The agent sets up eth0, the route, resolv.conf and the proxy variables (guestnet.py's
+    work): busybox wget reaches the allowed server through the host's proxy and not the other."""
+    hits: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits.append((await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0])
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 9\r\n\r\nallowed!\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    baseline = with_network(busybox_baseline, [f"allowed.test:{port}"], tmp_path)
+    task = {
+        "mode": "egress",
+        "allowed": f"http://allowed.test:{port}/path",
+        "denied": f"http://denied.test:{port}/path",
+    }
+    options = RunOptions(
+        cleanup_window_s=30,
+        egress_hosts={"allowed.test": "127.0.0.1", "denied.test": "127.0.0.1"},
+    )
+    driver = QemuDriver()
+    ledger, store = Ledger(tmp_path / "ledger.db"), LocalStore(tmp_path / "store")
+    try:
+        ctl = Controller(driver, ledger, store, options=options)
+        result = await ctl.run([manifest("net", 1, **task)], baseline, run_id="native-net")
+        assert_nothing_left(driver, ledger, "native-net")
+    finally:
+        server.close()
+        ledger.close()
+    assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED], result.episodes[0].error
+
+    def artifact(name: str) -> bytes | None:
+        return store.get_bytes("native-net", "net", f"artifacts/{name}")
+
+    assert artifact("allowed.txt") == b"allowed!\n", artifact("allowed.err")
+    assert hits == ["GET /path HTTP/1.1"] or hits == ["GET /path HTTP/1.0"], hits
+    assert artifact("denied.txt") in (b"", None) and b"exit 0" not in artifact("denied.err")
+    assert artifact("proxy") == b"http://10.0.2.100:3128\n"
+    assert b"options use-vc" in artifact("resolv.conf")
+
+
+async def test_a_native_env_refuses_the_multiplexed_protocol_by_type(
+    busybox_baseline: Baseline,
+) -> None:
+    """Its HELLO lists no features: on a real VM each new request is a typed ``Unsupported``
+    (the env stays usable), and the first protocol's exec still answers."""
+    driver = QemuDriver(start="cold")
+    env = await driver.create(vmkit.request(busybox_baseline))
+    try:
+        assert env.hello["features"] == []
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"x"
+
+        refused = [
+            env.spawn(["sleep", "1"]),
+            env.exec(["cat"], stdin=b"x"),
+            env.exec(["true"], user="agent"),
+            env.put_stream("/tmp/f", chunks()),
+            env.put_tar("/tmp", chunks()),
+        ]
+        for call in refused:
+            with pytest.raises(Unsupported):
+                await call
+        with pytest.raises(Unsupported):
+            async for _ in env.get_tar("/tmp"):
+                pass
+        assert (await env.exec(["echo", "still here"], timeout_s=30)).check().stdout == (
+            b"still here\n"
+        )
+    finally:
+        assert (await env.aclose()).confirmed_absent

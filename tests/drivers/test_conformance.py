@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cleanroom.agent import native
 from cleanroom.agent.guest import AGENT_VERSION
 from cleanroom.agent.session import safe_relpath
 from cleanroom.controller import Controller, RunOptions
@@ -60,7 +61,9 @@ async def test_create_exec_files_episode_then_destroy(
     env_id = env.env_id
 
     # create: the agent said HELLO; the env is visible on the host
-    assert env.hello["agent_version"] == AGENT_VERSION and env.hello.get("kernel")
+    version = native.agent_version() if kit.agent == "native" else AGENT_VERSION
+    assert env.hello["agent_version"] == version and env.hello.get("kernel")
+    assert env.hello.get("agent", "python") == kit.agent
     assert env.info.driver == kit.driver.name
     assert env.info.isolation in ISOLATION[kit.name]
     assert kit.driver.describe()["isolation"] == env.info.isolation

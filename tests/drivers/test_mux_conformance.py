@@ -30,6 +30,7 @@ from cleanroom.errors import (
 from .conftest import Kit
 
 pytestmark = pytest.mark.timeout(400)
+AGENTS = ("python",)  # the native agent serves the first protocol (its HELLO lists no features)
 
 STATE = (
     's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone'

@@ -39,6 +39,7 @@ from cleanroom.baseline.image_user import RunAs
 from cleanroom.baseline.initramfs import build_initramfs
 from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
 from cleanroom.baseline.model import (
+    AGENT_FILE,
     INITRD_FILE,
     KERNEL_FILE,
     METADATA_FILE,
@@ -201,6 +202,8 @@ def _assemble(
     try:
         facts = build_rootfs(spec, tree, out / ROOTFS_FILE, progress, locked)
         check_function_entry(spec, tree, progress)
+        if spec.native:  # the same bytes as in the image, hashed as a component of its own
+            shutil.copyfile(tree / AGENT_DEST / native.BINARY, out / AGENT_FILE)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")
@@ -208,7 +211,8 @@ def _assemble(
     shutil.copyfile(kernel.vmlinux, out / KERNEL_FILE)
 
     progress("digest", "hashing components")
-    components = tuple(_component(out, n) for n in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE))
+    names = (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE, *((AGENT_FILE,) if spec.native else ()))
+    components = tuple(_component(out, n) for n in names)
     image = facts.image
     the_lock = _lock(facts, kernel, spec.kernel.package, image)
     if locked is not None:

@@ -23,6 +23,9 @@ METADATA_FILE = "baseline.json"
 KERNEL_FILE = "vmlinux"
 INITRD_FILE = "initrd.cpio"
 ROOTFS_FILE = "rootfs.erofs"
+AGENT_FILE = "agent"
+"""A native baseline's agent binary: the bytes inside ``rootfs.erofs``, kept beside it as a
+component so its sha256 is in the digest, in ``baseline.json`` and in every record."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,12 @@ class Baseline:
 
     def components_by_name(self, name: str) -> Component | None:
         return next((c for c in self.components if c.name == name), None)
+
+    @property
+    def agent_sha256(self) -> str | None:
+        """The sha256 of the native agent binary it runs (None: the Python agent)."""
+        agent = self.components_by_name(AGENT_FILE)
+        return agent.sha256 if agent is not None else None
 
     @property
     def image_env(self) -> dict[str, str]:

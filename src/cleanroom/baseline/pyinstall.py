@@ -145,7 +145,8 @@ def byte_compile(rootfs: Path, spec: BaselineSpec, progress: Progress = quiet) -
     base: list[str | Path] = ["chroot", rootfs, "/usr/bin/python3", "-m", "compileall", "-q", "-f"]
     base += ["--invalidation-mode", "checked-hash"]
     run([*base, "/" + AGENT_DEST], "compile", env=CHROOT_ENV, inherit_env=False)
-    agent = f"import sys; sys.path.insert(0, '/{AGENT_DEST}'); import guest, protocol, warm, worker"
+    modules = "worker" if spec.native else "guest, protocol, warm, worker"  # native: the worker
+    agent = f"import sys; sys.path.insert(0, '/{AGENT_DEST}'); import {modules}"
     guest: list[str | Path] = ["chroot", rootfs, "/usr/bin/python3", "-I", "-S", "-B", "-c", agent]
     run(guest, "compile", env=CHROOT_ENV, inherit_env=False)  # the guest's Python can load it
     others = [entry.dest for entry in spec.files]

@@ -277,11 +277,29 @@ def install_runas(rootfs: Path) -> None:
     _static_binary(RUNAS_SOURCE, rootfs / RUNAS_PATH.lstrip("/"))
 
 
-def install_native_agent(rootfs: Path) -> None:
+NATIVE_WORKER = "worker.py"
+"""The one Python file of a native baseline with a function entrypoint (stdlib only)."""
+
+
+def install_native_agent(rootfs: Path, warm_config: dict[str, Any] | None = None) -> None:
     """Compile the native agent (``agent/native``, ``native.CFLAGS``: static, hardened,
-    reproducible) to ``/opt/cleanroom/agent/agent``, the only agent file of a native baseline."""
+    reproducible) to ``/opt/cleanroom/agent/agent``, the only agent file of a command baseline.
+    A function entrypoint adds the warm worker (``worker.py``, which the agent starts at boot)
+    and its ``entry.json``; that needs the image's Python, so without one it is a BuildError."""
     dest = rootfs / AGENT_DEST
     dest.mkdir(parents=True, exist_ok=True)
+    if warm_config is not None:
+        python = resolve_in_root(rootfs, GUEST_PYTHON, "the image", follow_last=True)
+        if not python.is_file():
+            raise BuildError(
+                f"entrypoint: function {warm_config['function']!r} needs Python 3 in the image "
+                "(/usr/bin/python3): the native agent runs it in the warm Python worker; "
+                "give a command entrypoint, or an image with python3"
+            )
+        _copy_file(str(AGENT_DIR / NATIVE_WORKER), str(dest / NATIVE_WORKER))
+        entry = dest.parent / "entry.json"
+        entry.write_text(json.dumps(warm_config, sort_keys=True) + "\n")
+        entry.chmod(0o644)
     binary = dest / native.BINARY
     run(native.gcc_argv(binary), "files", cwd=native.NATIVE_DIR)
     binary.chmod(0o755)
@@ -431,7 +449,9 @@ def build_rootfs(
         copy_files(spec, tree, progress)
         users.add_agent_user(tree)
         if spec.native:
-            install_native_agent(tree)
+            install_native_agent(tree, spec.warm_config())
+            if spec.warm_config() is not None:
+                byte_compile(tree, spec, progress)
         else:
             install_agent(tree, spec.warm_config())
             byte_compile(tree, spec, progress)

@@ -234,7 +234,8 @@ class NetworkSection(_Section):
 class AgentSection(_Section):
     """Which guest agent the baseline runs as PID 1: ``python`` (``agent/guest.py``; the image
     needs Python 3) or ``native`` (``agent/native``, static C: needs nothing from the image, so
-    an image of only busybox or one program works; command entrypoints only, no egress NIC yet)."""
+    an image of only busybox or one program works; a function entrypoint runs in the warm
+    Python worker it starts, so that one needs Python 3 in the image)."""
 
     kind: Literal["python", "native"] = "python"
 
@@ -258,22 +259,6 @@ class BaselineSpec(_Section):
     def _has_entrypoint(self) -> BaselineSpec:
         if self.entrypoint is None and not self.base.from_image:
             raise ValueError("entrypoint: required (only an image baseline may use its own)")
-        return self
-
-    @model_validator(mode="after")
-    def _native_can_run_it(self) -> BaselineSpec:
-        if self.agent.kind != "native":
-            return self
-        if self.entrypoint is not None and self.entrypoint.function is not None:
-            raise ValueError(
-                'agent.kind: "native" runs command entrypoints only; a function entrypoint '
-                'needs kind = "python" (and Python 3 in the image)'
-            )
-        if self.network is not None:
-            raise ValueError(
-                'agent.kind: "native" does not set up an egress NIC yet; [network] '
-                'needs kind = "python"'
-            )
         return self
 
     @property
@@ -432,6 +417,8 @@ def spec_digest(spec: BaselineSpec) -> str:
     if spec.native:
         for name in native.files():
             _hash_file_into(h, f"agent-native:{name}", native.NATIVE_DIR / name)
+        if spec.warm_config() is not None:  # the warm worker travels with it
+            _hash_file_into(h, "agent:worker.py", AGENT_DIR / "worker.py")
     else:
         for name in AGENT_FILES:
             _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)

@@ -12,10 +12,11 @@ day if their baseline was deleted) are removed when another is extracted. The tr
 read-only by every env of that baseline: runsc's ``--overlay2=root:memory`` puts each sandbox's
 writes in its own memory, which dies with the sandbox, so nothing an episode does reaches it.
 
-``oci_spec`` writes the per-env ``config.json``: the agent as PID 1; ``/proc``, ``/sys``, ``/dev``
-(with ``/dev/shm``), a tmpfs ``/run`` and ``/tmp``; the host folder holding the agent socket
-bind-mounted at ``GUEST_CTL_DIR``; an empty network namespace; cgroup limits (memory, CPU
-quota, pids) from the episode's limits.
+``oci_spec`` writes the per-env ``config.json``: the agent as PID 1 (the static native binary
+for a baseline with ``[agent] kind = "native"``, else Python's ``guest.py``); ``/proc``,
+``/sys``, ``/dev`` (with ``/dev/shm``), a tmpfs ``/run`` and ``/tmp``; the host folder holding
+the agent socket bind-mounted at ``GUEST_CTL_DIR``; an empty network namespace; cgroup limits
+(memory, CPU quota, pids) from the episode's limits.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom import paths
+from cleanroom.agent import native
 from cleanroom.baseline.model import ROOTFS_FILE, Baseline
+from cleanroom.baseline.pyinstall import AGENT_DEST
 from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest
 from cleanroom.errors import DriftError, LaunchError
@@ -44,6 +47,7 @@ SOCKET_NAME = "ctl.sock"
 CGROUP_PARENT = "cleanroom"
 TREE_FILE = "tree.json"
 AGENT_LAUNCH = "import sys; sys.path.insert(0, '/opt/cleanroom/agent'); import guest; guest.main()"
+NATIVE_AGENT = f"/{AGENT_DEST}/{native.BINARY}"  # what a native /init switches to, too
 # Docker's default set without NET_RAW: root in the sandbox, checked by gVisor's own kernel.
 CAPABILITIES = [
     "CAP_CHOWN",
@@ -214,6 +218,13 @@ def cgroup_leaves(container_id: str) -> list[Path]:
     return [c for c in candidates if c.is_dir()]
 
 
+def agent_args(baseline: Baseline) -> list[str]:
+    """PID 1 of the sandbox: the baseline's agent (the native binary, or Python's guest.py)."""
+    if (baseline.spec.get("agent") or {}).get("kind") == "native":
+        return [NATIVE_AGENT]
+    return ["/usr/bin/python3", "-I", "-S", "-c", AGENT_LAUNCH]
+
+
 def oci_spec(request: EnvRequest, rootfs: Path, ctl_dir: Path, container_id: str) -> dict[str, Any]:
     """The OCI runtime spec of one env: the agent as PID 1 in a fresh sandbox."""
     limits = request.limits
@@ -223,7 +234,7 @@ def oci_spec(request: EnvRequest, rootfs: Path, ctl_dir: Path, container_id: str
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": ["/usr/bin/python3", "-I", "-S", "-c", AGENT_LAUNCH],
+            "args": agent_args(request.baseline),
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",

@@ -36,11 +36,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fastseed.h"
 #include "frame.h"
 #include "json.h"
+#include "net.h"
 #include "proc.h"
+#include "warm.h"
 
-#define AGENT_VERSION "0.5.0"
+#define AGENT_VERSION "0.6.0"
 #define PORT_NAME "ctl"
 #define BASE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -48,6 +51,7 @@ enum {
     MAX_NAME = 1024,     /* protocol.MAX_NAME: bytes of an artifact name */
     MAX_NAME_PARTS = 32, /* protocol.MAX_NAME_PARTS */
     MAX_SECRETS = 256,
+    MAX_ENTROPY = 1024, /* of a RESEED's body kept for function episodes' seeds */
     THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
 };
 
@@ -61,6 +65,9 @@ static int busy, has_pending, snapshotted;
 static struct frame pending;
 static int pool = -1; /* /dev/urandom for writing, opened at SNAPSHOT_PREPARE */
 static char root[4096]; /* the guest root: $CLEANROOM_GUEST_ROOT/run/cleanroom */
+static char agent_dir[4096]; /* the folder of this binary (worker.py, ../entry.json) */
+static unsigned char entropy[MAX_ENTROPY]; /* the host's last RESEED bytes */
+static size_t nentropy;
 
 static void log_msg(const char *what, const char *detail) {
     char line[1024];
@@ -74,15 +81,12 @@ static void log_msg(const char *what, const char *detail) {
 
 static ssize_t fd_read(void *ctx, void *buf, size_t n) { return read(*(int *)ctx, buf, n); }
 
-static void send_frame(int kind, const char *header, const void *body, size_t blen) {
-    size_t total;
-    unsigned char *data =
-        frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
-    if (!data)
-        return;
+/* one encoded frame, whole, to the port (frames of two threads never interleave) */
+static void send_raw(const void *data, size_t total) {
+    const unsigned char *p = data;
     pthread_mutex_lock(&send_lock);
     for (size_t off = 0; off < total;) {
-        ssize_t w = write(port, data + off, total - off);
+        ssize_t w = write(port, p + off, total - off);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -90,6 +94,15 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
         off += (size_t)w;
     }
     pthread_mutex_unlock(&send_lock);
+}
+
+static void send_frame(int kind, const char *header, const void *body, size_t blen) {
+    size_t total;
+    unsigned char *data =
+        frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
+    if (!data)
+        return;
+    send_raw(data, total);
     free(data);
 }
 
@@ -116,17 +129,25 @@ static uint64_t micros(clockid_t clock) {
 
 /* HELLO: who this agent is, plus `extra` (",key:value..." of a clone's reseed facts); only
  * encoded, not sent, when `send` is 0 (the rehearsal before a snapshot) */
-static void hello(const char *extra, int send) {
+/* HELLO's fields but boot_time_s and a clone's facts: "{..." without the closing brace */
+static void hello_fields(jbuf *h) {
     struct utsname u;
-    jbuf h = {0};
     uname(&u);
-    jb_lit(&h, "{\"agent_version\":\"" AGENT_VERSION "\",\"protocol\":1,\"agent\":\"native\"");
+    jb_lit(h, "{\"agent_version\":\"" AGENT_VERSION "\",\"protocol\":1,\"agent\":\"native\"");
+    jb_key(h, "kernel");
+    jb_str(h, u.release, strlen(u.release));
+    jb_key(h, "pid");
+    jb_int(h, getpid());
+    jb_lit(h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
+    warm_hello(h);
+    net_hello(h);
+}
+
+static void hello(const char *extra, int send) {
+    jbuf h = {0};
+    hello_fields(&h);
     jb_key(&h, "boot_time_s");
     jb_fixed(&h, micros(CLOCK_BOOTTIME) / 10000 * 10000);
-    jb_key(&h, "kernel");
-    jb_str(&h, u.release, strlen(u.release));
-    jb_key(&h, "pid");
-    jb_int(&h, getpid());
     if (extra)
         jb_lit(&h, extra);
     jb_lit(&h, "}");
@@ -189,7 +210,7 @@ static int send_fd(int fd, const char *name, const char *kind, size_t limit) {
             jb_lit(&h, "{\"present\":true");
         } else {
             jb_lit(&h, "{\"name\":");
-            jb_str(&h, name, strlen(name));
+            jb_name(&h, name, strlen(name));
         }
         jb_key(&h, "offset");
         jb_int(&h, (int64_t)offset);
@@ -241,13 +262,10 @@ static void send_artifacts(int folder, const char *prefix, int depth) {
     for (int pass = 0; pass < 2; pass++) { /* files, then folders */
         for (size_t i = 0; i < n; i++) {
             struct stat st;
-            char rel[MAX_NAME + 1];
-            if (fstatat(dirfd(dir), names[i], &st, AT_SYMLINK_NOFOLLOW))
+            char *rel = NULL; /* any name: the host judges it (and refuses a bad one by name) */
+            if (fstatat(dirfd(dir), names[i], &st, AT_SYMLINK_NOFOLLOW) ||
+                asprintf(&rel, "%s%s%s", prefix, *prefix ? "/" : "", names[i]) < 0)
                 continue;
-            int len = snprintf(rel, sizeof rel, "%s%s%s", prefix, *prefix ? "/" : "", names[i]);
-            if (len < 0 || (size_t)len >= sizeof rel ||
-                !utf8_valid((const unsigned char *)rel, (size_t)len))
-                continue; /* a name the host would refuse anyway */
             if (pass == 0 && S_ISREG(st.st_mode)) {
                 int fd = openat(dirfd(dir), names[i], O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
                 struct stat fst;
@@ -261,6 +279,7 @@ static void send_artifacts(int folder, const char *prefix, int depth) {
                 if (sub >= 0)
                     send_artifacts(sub, rel, depth + 1);
             }
+            free(rel);
         }
     }
     for (size_t i = 0; i < n; i++)
@@ -303,7 +322,7 @@ static void free_argv(char **argv) {
 /* the base environment, then the object `extra` (string values), over it; -1 if malformed */
 static int env_of(struct env *e, jspan extra) {
     if (env_set(e, "PATH", BASE_PATH) || env_set(e, "HOME", "/root") ||
-        env_set(e, "LANG", "C.UTF-8"))
+        env_set(e, "LANG", "C.UTF-8") || net_env(e))
         return -1;
     if (!json_is(extra, '{'))
         return json_is(extra, 'n') || extra.n == 0 ? 0 : -1;
@@ -331,6 +350,19 @@ static double timeout_of(jspan v) {
     return json_number(v, &t) ? -1 : t < 0 ? 0 : t;
 }
 
+/* A request's environment: the base one, its "env" over it, then `extra_env` (NULL: none)
+ * over both; -1 if "env" is malformed */
+static int request_env(const struct frame *f, const struct env *extra_env, struct env *env) {
+    int ok = env_of(env, field(f, "env")) == 0;
+    for (size_t i = 0; ok && extra_env && i < extra_env->n; i++) {
+        char *eq = strchr(extra_env->items[i], '=');
+        *eq = 0;
+        ok = env_set(env, extra_env->items[i], eq + 1) == 0;
+        *eq = '=';
+    }
+    return ok ? 0 : -1;
+}
+
 static void exec_request(const struct frame *f, jspan argv_span, const struct env *extra_env,
                          struct timed_file *timed, size_t ntimed) {
     char **argv = argv_of(argv_span);
@@ -339,13 +371,7 @@ static void exec_request(const struct frame *f, jspan argv_span, const struct en
     jspan cwd_span = field(f, "cwd");
     if (json_is(cwd_span, '"'))
         cwd = json_strdup(cwd_span);
-    int ok = argv && env_of(&env, field(f, "env")) == 0;
-    for (size_t i = 0; ok && extra_env && i < extra_env->n; i++) {
-        char *eq = strchr(extra_env->items[i], '=');
-        *eq = 0;
-        ok = env_set(&env, extra_env->items[i], eq + 1) == 0;
-        *eq = '=';
-    }
+    int ok = argv && request_env(f, extra_env, &env) == 0;
     if (!ok || (json_is(cwd_span, '"') && !cwd))
         send_error("ValueError: argv must be a list of strings, env an object of strings");
     else
@@ -424,6 +450,20 @@ static void get_request(const struct frame *f) {
     free(path);
 }
 
+/* A function entrypoint: relayed to the warm Python worker (warm.c), which sends EXIT */
+static void function_request(const struct frame *f, const struct env *extra_env,
+                             struct timed_file *timed, size_t ntimed) {
+    struct env env = {0}, base = {0};
+    jspan none = {"", 0};
+    if (request_env(f, extra_env, &env) || env_of(&base, none))
+        send_error("ValueError: env must be an object of strings");
+    else
+        warm_run(send_frame, field(f, "function"), root, field(f, "cwd"), env.items, base.items,
+                 entropy, nentropy, timeout_of(field(f, "timeout_s")), timed, ntimed);
+    env_free(&env);
+    env_free(&base);
+}
+
 static int write_file(const char *path, const char *data, size_t n, mode_t mode) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
@@ -446,8 +486,9 @@ static int safe_secret_name(const char *name) {
 /* RUN: manifest in, entrypoint run (secrets as files meanwhile), artifacts and result out */
 static void run_request(const struct frame *f) {
     char path[4300];
-    if (json_is(field(f, "function"), '"') || json_true(field(f, "function"))) {
-        send_error("the native agent runs command entrypoints only");
+    jspan function = field(f, "function");
+    if (function.n && !json_is(function, '{') && !json_is(function, 'n')) {
+        send_error("ValueError: RUN's function must be an object (the warm worker's config)");
         return;
     }
     prepare_guest_root();
@@ -496,7 +537,11 @@ static void run_request(const struct frame *f) {
             jspan named;
             if (json_is(env, '{') && !json_get(env, "CLEANROOM_DIR", &named))
                 env_free(&extra);
-            exec_request(f, field(f, "entrypoint"), extra.n ? &extra : NULL, secrets, nsecrets);
+            if (json_is(function, '{'))
+                function_request(f, extra.n ? &extra : NULL, secrets, nsecrets);
+            else
+                exec_request(f, field(f, "entrypoint"), extra.n ? &extra : NULL, secrets,
+                             nsecrets);
         }
         env_free(&extra);
     }
@@ -650,8 +695,11 @@ static void reseed(const struct frame *f, int rehearsal) {
     }
     jb_key(&facts, "reseed_ms");
     jb_fixed(&facts, (micros(CLOCK_MONOTONIC) - started) * 1000); /* in ms */
-    if (!rehearsal)
+    if (!rehearsal) {
         snapshotted = 0; /* a clone now: its host closing the channel ends it */
+        nentropy = f->blen < MAX_ENTROPY ? f->blen : MAX_ENTROPY;
+        memcpy(entropy, f->body, nentropy); /* function episodes seed their random from it */
+    }
     hello(facts.failed ? NULL : facts.p, !rehearsal);
     jb_free(&facts);
 }
@@ -731,6 +779,11 @@ static int open_port(void) {
 }
 
 static void serve(void) {
+    struct env base = {0};
+    jspan none = {"", 0};
+    if (env_of(&base, none) == 0) /* a function baseline: its worker is ready before HELLO */
+        warm_boot(agent_dir, base.items);
+    env_free(&base);
     port = open_port();
     if (port < 0) {
         log_msg("control port did not appear", NULL);
@@ -749,6 +802,18 @@ static void serve(void) {
     for (;;) {
         struct frame f;
         const char *why;
+        if (snapshotted && pool >= 0) { /* a clone's first frame: its RESEED, on its own path */
+            int fast = fastseed_try(&rd, pool, send_raw, entropy, MAX_ENTROPY, &nentropy);
+            if (fast == FAST_DONE) {
+                snapshotted = 0; /* a clone now: its host closing the channel ends it */
+                continue;
+            }
+            if (fast == FAST_EOF) {
+                rd.start = rd.end = 0; /* the port reads EOF until its host connects */
+                usleep(2000);
+                continue;
+            }
+        }
         int st = frame_read(&rd, &f, &why);
         if (st == FRAME_EOF || st == FRAME_CLOSED) {
             if (!snapshotted)
@@ -777,6 +842,11 @@ static void serve(void) {
                 pool = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
             rehearse_exec();
             rehearse_reseed();
+            jbuf fields = {0}; /* a clone's HELLO but its facts, for its RESEED's own path */
+            hello_fields(&fields);
+            if (fields.failed || fastseed_prepare(fields.p, fields.n))
+                log_msg("RESEED takes the general path", "its HELLO prefix did not fit");
+            jb_free(&fields);
             mlockall(MCL_CURRENT); /* a clone reads none of these pages from disk */
             snapshotted = 1;
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
@@ -813,6 +883,11 @@ static void power_off(void) {
 int main(void) {
     const char *relocated = getenv("CLEANROOM_GUEST_ROOT");
     snprintf(root, sizeof root, "%s/run/cleanroom", relocated ? relocated : "");
+    ssize_t n = readlink("/proc/self/exe", agent_dir, sizeof agent_dir - 1);
+    agent_dir[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(agent_dir, '/');
+    if (slash)
+        *slash = 0; /* its folder */
     signal(SIGPIPE, SIG_IGN);
     if (getpid() != 1) {
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -823,6 +898,7 @@ int main(void) {
     if (!getenv("PATH"))
         setenv("PATH", BASE_PATH, 1);
     prepare_guest_root();
+    net_setup(); /* a NIC only if the episode has an egress allowlist */
     pid_t child = fork();
     if (child == 0) {
         serve();

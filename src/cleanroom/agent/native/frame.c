@@ -66,6 +66,28 @@ static int read_exact(struct reader *r, unsigned char *dst, size_t n, int first)
     return 0;
 }
 
+int frame_peek(struct reader *r, size_t n) {
+    if (n > sizeof r->buf)
+        return FRAME_CLOSED;
+    if (r->end - r->start >= n)
+        return 0;
+    if (r->start) { /* keep what is there at the front: room to read the rest */
+        memmove(r->buf, r->buf + r->start, r->end - r->start);
+        r->end -= r->start;
+        r->start = 0;
+    }
+    while (r->end < n) {
+        ssize_t k;
+        do
+            k = r->read(r->ctx, r->buf + r->end, sizeof r->buf - r->end);
+        while (k < 0 && errno == EINTR);
+        if (k <= 0)
+            return r->end == 0 ? FRAME_EOF : FRAME_CLOSED;
+        r->end += (size_t)k;
+    }
+    return 0;
+}
+
 int frame_read(struct reader *r, struct frame *f, const char **why) {
     unsigned char prefix[PREFIX_LEN];
     memset(f, 0, sizeof *f);

@@ -73,6 +73,10 @@ enum frame_status {
 /* Validate a prefix: the kind and both lengths, or -1 with a reason in *why. */
 int frame_prefix(const unsigned char *p, size_t max_body, int *kind, size_t *hlen, size_t *blen,
                  const char **why);
+/* Have at least n bytes buffered (r->buf + r->start on), consuming none: 0, FRAME_EOF (the
+ * stream ended with nothing buffered), FRAME_CLOSED (it ended before n, or n exceeds the buffer). */
+int frame_peek(struct reader *r, size_t n);
+
 /* Read one frame; on FRAME_BAD, *why says what was wrong. The frame owns its memory. */
 int frame_read(struct reader *r, struct frame *f, const char **why);
 void frame_free(struct frame *f);

@@ -1,12 +1,14 @@
 /*
  * libFuzzer target: the native agent's frame reader and JSON walker over arbitrary bytes
  * (what a host, or anything that reaches the port, could send). Every frame read is walked
- * as the agent would: its keys, strings and numbers decoded.
+ * as the agent would: its keys, strings and numbers decoded. The same bytes as a guest file
+ * name must encode to one valid JSON string (jb_name).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastseed.h"
 #include "frame.h"
 
 struct mem {
@@ -45,8 +47,23 @@ static void walk(jspan v, int depth) {
     }
 }
 
+/* The agent writes any guest file name with jb_name: whatever the bytes, the result must be
+ * one JSON string the host can parse (a bad name is refused there, by name). */
+static void name_is_json(const uint8_t *data, size_t size) {
+    jbuf b = {0};
+    jb_name(&b, (const char *)data, size);
+    if (!b.failed && (json_check(b.p, b.n) || !json_is((jspan){b.p, b.n}, '"')))
+        abort();
+    jb_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static struct reader r;
+    name_is_json(data, size < 4096 ? size : 4096);
+    struct fastseed_header seed; /* a clone's RESEED header, on its own path */
+    if (fastseed_parse(data, size, &seed) &&
+        (!seed.has_id || json_check_object((const char *)data, size)))
+        abort(); /* what it takes must be a JSON object the general reader takes too */
     struct mem m = {data, size};
     memset(&r, 0, sizeof r);
     r.read = mem_read;

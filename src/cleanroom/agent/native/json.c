@@ -419,9 +419,10 @@ void jb_raw(jbuf *b, const char *s, size_t n) {
 
 void jb_lit(jbuf *b, const char *s) { jb_raw(b, s, strlen(s)); }
 
-void jb_str(jbuf *b, const char *s, size_t n) {
-    static const char hex[] = "0123456789abcdef";
-    jb_raw(b, "\"", 1);
+static const char hex[] = "0123456789abcdef";
+
+/* the inside of a JSON string: quotes, backslashes and control characters escaped */
+static void jb_escaped(jbuf *b, const char *s, size_t n) {
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -438,6 +439,29 @@ void jb_str(jbuf *b, const char *s, size_t n) {
         }
     }
     jb_raw(b, s + run, n - run);
+}
+
+void jb_str(jbuf *b, const char *s, size_t n) {
+    jb_raw(b, "\"", 1);
+    jb_escaped(b, s, n);
+    jb_raw(b, "\"", 1);
+}
+
+void jb_name(jbuf *b, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    jb_raw(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        size_t j = i, len;
+        while (j < n && (len = utf8_seq(u + j, n - j)))
+            j += len;
+        jb_escaped(b, s + i, j - i);
+        if (j < n) { /* an undecodable byte, as os.fsdecode's surrogateescape gives it */
+            char e[6] = {'\\', 'u', 'd', 'c', hex[u[j] >> 4], hex[u[j] & 15]};
+            jb_raw(b, e, 6);
+            j++;
+        }
+        i = j;
+    }
     jb_raw(b, "\"", 1);
 }
 

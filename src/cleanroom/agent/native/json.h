@@ -51,6 +51,9 @@ typedef struct {
 void jb_raw(jbuf *b, const char *s, size_t n);
 void jb_lit(jbuf *b, const char *s);
 void jb_str(jbuf *b, const char *s, size_t n); /* a JSON string (bytes >= 0x80 copied as is) */
+/* A file name as a JSON string the way Python writes os.fsdecode(name): valid UTF-8 as is, each
+ * byte that does not decode as a lone surrogate \udcXX (the host refuses those by name). */
+void jb_name(jbuf *b, const char *s, size_t n);
 void jb_int(jbuf *b, int64_t v);
 void jb_fixed(jbuf *b, uint64_t micros); /* micros / 1e6 with 6 decimals */
 void jb_key(jbuf *b, const char *key);   /* ,"key": (the comma unless right after '{') */

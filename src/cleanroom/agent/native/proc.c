@@ -109,7 +109,7 @@ static void child_exec(char *const argv[], char *const envp[], const char *path_
     errno = saw_eacces ? EACCES : ENOENT;
 }
 
-static void send_exit(send_fn send, int code, int sig, double duration, int timed_out) {
+void send_exit(send_fn send, int code, int sig, double duration, int timed_out, const char *extra) {
     jbuf h = {0};
     jb_lit(&h, "{\"code\":");
     if (code >= 0)
@@ -123,7 +123,10 @@ static void send_exit(send_fn send, int code, int sig, double duration, int time
         jb_lit(&h, "null");
     jb_lit(&h, ",\"duration_s\":");
     jb_fixed(&h, (uint64_t)(duration * 1e6));
-    jb_lit(&h, timed_out ? ",\"timed_out\":true}" : ",\"timed_out\":false}");
+    jb_lit(&h, timed_out ? ",\"timed_out\":true" : ",\"timed_out\":false");
+    if (extra)
+        jb_lit(&h, extra);
+    jb_lit(&h, "}");
     send(K_EXIT, h.failed ? NULL : h.p, NULL, 0);
     jb_free(&h);
 }
@@ -132,10 +135,10 @@ static void cannot_start(send_fn send, const char *name, int err) {
     char msg[512];
     int n = snprintf(msg, sizeof msg, "cannot start %s: [Errno %d] %s\n", name, err, strerror(err));
     send(K_STDERR, NULL, msg, n < 0 ? 0 : (size_t)n >= sizeof msg ? sizeof msg - 1 : (size_t)n);
-    send_exit(send, 127, 0, 0.0, 0);
+    send_exit(send, 127, 0, 0.0, 0, NULL);
 }
 
-static void expire(struct timed_file *timed, size_t ntimed, double now, double *next) {
+void timed_expire(struct timed_file *timed, size_t ntimed, double now, double *next) {
     for (size_t i = 0; i < ntimed; i++) {
         if (timed[i].at < 0)
             continue;
@@ -148,8 +151,7 @@ static void expire(struct timed_file *timed, size_t ntimed, double now, double *
     }
 }
 
-/* forward what the pipes have, waiting up to timeout_s (< 0: forever); a pipe at EOF closes */
-static void relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
+int relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
     static char buf[RELAY_CHUNK];
     struct pollfd p[3];
     int kinds[3], n = 0;
@@ -168,11 +170,16 @@ static void relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
     if (timeout_s > MAX_WAIT_S) /* a far deadline: wake now and then, never overflow int */
         timeout_s = MAX_WAIT_S;
     int ms = timeout_s < 0 ? -1 : (int)(timeout_s * 1000) + 1;
+    int watched = 0;
     if (poll(p, (nfds_t)n, ms) <= 0)
-        return;
+        return 0;
     for (int i = 0; i < n; i++) {
-        if (kinds[i] < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
+        if (kinds[i] < 0) {
+            watched = 1;
+            continue;
+        }
         ssize_t k = read(p[i].fd, buf, sizeof buf);
         if (k > 0) {
             send(kinds[i] == 0 ? K_STDOUT : K_STDERR, NULL, buf, (size_t)k);
@@ -181,6 +188,20 @@ static void relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
             fds[kinds[i]] = -1;
         }
     }
+    return watched;
+}
+
+void relay_drain(send_fn send, int fds[2]) {
+    double drain_until = monotonic_s() + DRAIN_S;
+    while (fds[0] >= 0 || fds[1] >= 0) {
+        double left = drain_until - monotonic_s();
+        if (left <= 0)
+            break;
+        relay_step(send, fds, -1, left);
+    }
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
 }
 
 void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
@@ -251,7 +272,7 @@ void run_process(send_fn send, char *const argv[], char *const envp[], const cha
         if (w == pid)
             break;
         double now = monotonic_s(), next = -1;
-        expire(timed, ntimed, now, &next);
+        timed_expire(timed, ntimed, now, &next);
         if (deadline >= 0 && now >= deadline) {
             timed_out = 1;
             kill(-pid, SIGKILL);
@@ -268,17 +289,8 @@ void run_process(send_fn send, char *const argv[], char *const envp[], const cha
     }
     if (pidfd >= 0)
         close(pidfd);
-    double drain_until = monotonic_s() + DRAIN_S;
-    while (fds[0] >= 0 || fds[1] >= 0) {
-        double left = drain_until - monotonic_s();
-        if (left <= 0)
-            break;
-        relay_step(send, fds, -1, left);
-    }
-    for (int i = 0; i < 2; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
+    relay_drain(send, fds);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    send_exit(send, code, sig, monotonic_s() - started, timed_out);
+    send_exit(send, code, sig, monotonic_s() - started, timed_out, NULL);
 }

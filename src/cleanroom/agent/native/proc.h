@@ -31,6 +31,22 @@ typedef void (*send_fn)(int kind, const char *header, const void *body, size_t b
 void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
                  double timeout_s, struct timed_file *timed, size_t ntimed);
 
+/* EXIT {code (< 0: null), signal (0: null), duration_s, timed_out} plus `extra` (",key:value"
+ * pairs of valid JSON, or NULL) */
+void send_exit(send_fn send, int code, int sig, double duration, int timed_out, const char *extra);
+
+/* Remove the files whose time has come; *next: the earliest deadline left (< 0: none). */
+void timed_expire(struct timed_file *timed, size_t ntimed, double now, double *next);
+
+/* Forward what the pipes fds[0] (STDOUT) and fds[1] (STDERR) have, waiting up to timeout_s
+ * (< 0: forever); a pipe at end of file is closed and set to -1. Returns 1 if `watch`
+ * (-1: none) is readable. */
+int relay_step(send_fn send, int fds[2], int watch, double timeout_s);
+
+/* After the process ended: what is left in the pipes (a grandchild holding one open loses it
+ * after relay.DRAIN_S), then both closed. */
+void relay_drain(send_fn send, int fds[2]);
+
 double monotonic_s(void);
 
 #endif
