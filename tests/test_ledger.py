@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -293,3 +293,57 @@ def test_a_version_1_ledger_gains_the_lock_column(tmp_path: Path) -> None:
         assert old is not None and old.locked_at is None
         led.start_run("old", controller_id="c", baseline=BASE, driver="fake", parallel=1, meta={})
         assert led.get_run("old").locked_at is not None  # type: ignore[union-attr]
+
+
+OWNER = {"owner_controller": "c", "owner_pid": 1, "owner_host": "h"}
+OPERATIONS: dict[str, Callable[[Ledger], object]] = {
+    "get_run": lambda led: led.get_run("r"),
+    "list_runs": lambda led: led.list_runs(),
+    "finish_run": lambda led: led.finish_run("r", "completed"),
+    "episode_queued": lambda led: led.episode_queued("r", "e", 1),
+    "episode_state": lambda led: led.episode_state("r", "e", 1, "RUNNING"),
+    "episode_finished": lambda led: led.episode_finished("r", "e", 1, outcome="completed"),
+    "episodes": lambda led: led.episodes("r"),
+    "outcome_counts": lambda led: led.outcome_counts("r"),
+    "env_intent": lambda led: led.env_intent(
+        "x", run_id="r", episode_id="e", attempt=1, driver="fake", **OWNER
+    ),
+    "env_created": lambda led: led.env_created("x", pid=1, run_dir="/d", accelerator="tcg"),
+    "env_ready": lambda led: led.env_ready("x"),
+    "env_destroy_started": lambda led: led.env_destroy_started("x"),
+    "env_destroyed": lambda led: led.env_destroyed(
+        "x", confirmed_absent=True, cleanup_ms=1.0, attempts=1
+    ),
+    "get_env": lambda led: led.get_env("x"),
+    "envs": lambda led: led.envs(),
+    "snapshot_intent": lambda led: led.snapshot_intent(
+        "s", run_id="r", group_id="g", driver="fake", setup_digest="d", **OWNER
+    ),
+    "snapshot_saved": lambda led: led.snapshot_saved(
+        "s", parent_env_id="x", digest="d", group_digest="g"
+    ),
+    "snapshot_deleted": lambda led: led.snapshot_deleted("s", confirmed_absent=True),
+    "get_snapshot": lambda led: led.get_snapshot("s"),
+    "snapshots": lambda led: led.snapshots(),
+    "event": lambda led: led.event("k", run_id="r"),
+    "events": lambda led: led.events("r"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_a_ledger_error_names_its_operation(tmp_path: Path, name: str) -> None:
+    """Every operation's LedgerError says which one failed (an operator reading a stack of
+    them needs it): on a closed ledger each raises ``ledger <operation>: ...``."""
+    led = Ledger(tmp_path / "ledger.db")
+    led.close()
+    with pytest.raises(LedgerError, match=f"^ledger {name}: the ledger is closed$"):
+        OPERATIONS[name](led)
+
+
+def test_updates_of_unknown_rows_name_the_row(tmp_path: Path) -> None:
+    """An update that touches no row is refused with the id it looked for."""
+    with Ledger(tmp_path / "ledger.db") as led:
+        with pytest.raises(LedgerError, match=r"^ledger snapshot_saved: no intent .*'s-9'"):
+            led.snapshot_saved("s-9", parent_env_id="x", digest="d", group_digest="g")
+        with pytest.raises(LedgerError, match=r"^ledger env_created: no intent .*'env-9'"):
+            led.env_created("env-9", pid=1, run_dir="/d", accelerator="tcg")

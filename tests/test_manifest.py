@@ -15,6 +15,7 @@ from cleanroom.manifest import (
     Manifest,
     NetworkRequest,
     coerce_manifests,
+    describe,
     load_manifests,
     parse_manifests,
 )
@@ -180,3 +181,34 @@ def test_dicts_and_manifests_mix_and_are_checked_like_lines() -> None:
         "item 2: episode_id: 'ep-1' already used on item 0",
         "item 3: must be a JSON object",
     ]
+
+
+def test_errors_name_the_file_and_skip_only_blank_and_comment_lines(tmp_path: Path) -> None:
+    """The error names the file it came from (``<manifests>`` for a text); a blank line or an
+    indented ``#`` comment is skipped and checking goes on past it; a top-level problem says
+    ``(manifest)``; the invalid input itself (it may be huge) is never quoted back."""
+    path = tmp_path / "batch.jsonl"
+    huge = "x" * 5000
+    path.write_text(
+        _lines(GOOD, "", "   # an indented comment", {**GOOD, "episode_id": "ep-2", "seed": huge})
+    )
+    with pytest.raises(ManifestError) as info:
+        load_manifests(path)
+    assert str(info.value).startswith(f"{path}: 1 problem(s)")
+    assert info.value.problems[0].startswith("line 4: seed:")
+    assert huge not in " ".join(info.value.problems)
+    with pytest.raises(ManifestError) as info:
+        parse_manifests(_lines(GOOD, GOOD))
+    assert str(info.value).startswith("<manifests>: 1 problem(s)")
+    text = "é" * 3  # read as UTF-8 whatever the locale
+    path.write_text(_lines({**GOOD, "task": {"name": text}}), encoding="utf-8")
+    assert load_manifests(path)[0].task == {"name": text}
+
+
+def test_a_problem_of_the_whole_manifest_says_manifest() -> None:
+    with pytest.raises(ValidationError) as info:
+        Manifest.model_validate({"seed": 1, "policy": {"id": "p"}})  # no episode_id
+    assert describe(info.value) == ["episode_id: Field required"]
+    with pytest.raises(ValidationError) as info:
+        Manifest.model_validate([1])
+    assert describe(info.value)[0].startswith("(manifest): ")

@@ -30,18 +30,20 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
         yield ledger
 
 
-async def _create(driver: FakeDriver, ledger: Ledger, tmp: Path, owner: Owner, eid: str) -> str:
+async def _create(
+    driver: FakeDriver, ledger: Ledger, tmp: Path, owner: Owner, eid: str, attempt: int = 1
+) -> str:
     env_id = new_env_id()
     if ledger.get_run("r") is None:  # one run; its lock is not what this file tests
         ledger.start_run(
             "r", controller_id=owner.controller_id, baseline="b", driver="fake", parallel=1, meta={}
         )
-    ledger.episode_queued("r", eid, 1)
+    ledger.episode_queued("r", eid, attempt)
     ledger.env_intent(
         env_id,
         run_id="r",
         episode_id=eid,
-        attempt=1,
+        attempt=attempt,
         driver="fake",
         owner_controller=owner.controller_id,
         owner_pid=owner.pid,
@@ -144,3 +146,31 @@ async def test_reap_takes_a_durable_records_outcome_for_a_dead_controllers_episo
     [row] = ledger.episodes("r")
     assert (row.outcome, row.reward) == ("completed", 2.5)
     assert ledger.events("r", "episode_reconciled")
+
+
+async def test_reap_marks_exactly_the_attempt_whose_controller_died(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """The lost attempt is found by episode id *and* attempt among every attempt: another
+    episode's finished attempt 1, or a later attempt of the same episode, does not hide it, and
+    only it gets ``infra_error`` with the 'controller lost' error."""
+    from cleanroom.reaper import CONTROLLER_LOST
+
+    driver = FakeDriver(run_root=tmp_path / "run")
+    dead = Owner("dead-controller", pid=dead_pid())
+    ledger.start_run("r", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
+    ledger.episode_queued("r", "a-done", 1)
+    ledger.episode_finished("r", "a-done", 1, outcome="completed")
+    await _create(driver, ledger, tmp_path, dead, "b-lost")
+    await _create(driver, ledger, tmp_path, dead, "c-retried")
+    ledger.episode_queued("r", "c-retried", 2)  # a later attempt, not started
+    report = await reap(driver, ledger, LocalStore(tmp_path / "store"))
+    assert sorted(report.episodes_marked) == [("r", "b-lost", 1), ("r", "c-retried", 1)]
+    rows = {(r.episode_id, r.attempt): r for r in ledger.episodes("r", all_attempts=True)}
+    assert (rows[("b-lost", 1)].outcome, rows[("b-lost", 1)].error) == (
+        "infra_error",
+        CONTROLLER_LOST,
+    )
+    assert rows[("c-retried", 1)].outcome == "infra_error"
+    assert rows[("c-retried", 2)].outcome is None
+    assert rows[("a-done", 1)].outcome == "completed"

@@ -225,9 +225,11 @@ def _hex(value: int, digits: int) -> bytes:
 
 
 def _char_forms(char: str) -> bytes:
-    """A regex for one character: itself, its JSON escapes, its URL encoding."""
+    """A regex for one character: its JSON escapes, its URL encoding, itself — escapes first,
+    so a secret's last character that is a backslash takes its whole escape (``\\u005c``),
+    not the backslash alone with ``u005c`` left behind."""
     raw = char.encode()
-    forms = [re.escape(raw)]
+    forms = []
     if ord(char) > 0xFFFF:
         high, low = divmod(ord(char) - 0x10000, 0x400)
         forms.append(b"\\\\u" + _hex(0xD800 + high, 4) + b"\\\\u" + _hex(0xDC00 + low, 4))
@@ -238,6 +240,7 @@ def _char_forms(char: str) -> bytes:
     forms.append(b"".join(b"%" + _hex(byte, 2) for byte in raw))
     if char == " ":
         forms.append(b"\\+")
+    forms.append(re.escape(raw))
     return b"(?:" + b"|".join(forms) + b")"
 
 

@@ -133,6 +133,14 @@ def test_guest_text_is_printable_and_bounded() -> None:
     assert wire.guest_text(["not", "text"]) == "<list>"
 
 
+def test_guest_text_escapes_say_which_character_it_was() -> None:
+    """C0/C1 controls and DEL as ``\\xNN``, a lone surrogate as ``\\uNNNN`` (what a reader
+    of a log needs to tell them apart); printable text untouched."""
+    assert wire.guest_text("a\x00b\x7f\x9fc") == "a\\x00b\\x7f\\x9fc"
+    assert wire.guest_text("x\ud800y\udfff") == "x\\ud800y\\udfff"
+    assert wire.guest_text("tab\tnew\nline é ✓") == "tab\tnew\nline é ✓"
+
+
 class Guest:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

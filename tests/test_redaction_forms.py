@@ -1,0 +1,101 @@
+"""Every encoding a reader decodes back into a secret is redacted, for any secret (issue 15 §4).
+
+Property tests over secrets drawn from ASCII, the characters JSON escapes short (``\\n``,
+``\\/``, ...), the Basic Multilingual Plane and astral characters (a ``\\u`` surrogate pair):
+each character may appear raw, as a ``\\u`` escape in either case, as its short JSON escape,
+URL-encoded per UTF-8 byte (either case; ``+`` for a space) in any mix, and the whole value as
+base64 (standard or URL-safe) at any alignment inside a longer base64 text. Protects the
+redactor's form tables: a wrong surrogate offset, hex width, short-escape table entry or base64
+alignment leaves that form in clear and fails here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanroom.secrets import Redactor
+
+MARK = b"[REDACTED:S]"
+ALPHABET = st.sampled_from(
+    list("aZ09-_.~ ") + list('"\\/\b\f\n\r\t') + ["é", "ß", "中", "\u20ac", "😀", "\U0010fffd"]
+)
+SECRETS = st.lists(ALPHABET, min_size=4, max_size=12).map("".join)
+
+
+def u_escape(char: str, upper: bool) -> str:
+    """``char`` as JSON ``\\u`` escapes (a surrogate pair above the BMP)."""
+    units = json.dumps(char)[1:-1] if ord(char) > 0xFFFF else f"\\u{ord(char):04x}"
+    return units.upper().replace("\\U", "\\u") if upper else units
+
+
+def url_escape(char: str, upper: bool) -> str:
+    if char == " ":
+        return "+"
+    return "".join(f"%{b:02X}" if upper else f"%{b:02x}" for b in char.encode())
+
+
+SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n"}
+SHORT |= {"\r": "\\r", "\t": "\\t"}
+
+
+def mixed_form(secret: str, rng: random.Random) -> str:
+    """``secret`` with each character in a form chosen at random (raw, escapes, URL)."""
+    out = []
+    for char in secret:
+        forms = [char, u_escape(char, False), u_escape(char, True)]
+        forms += [url_escape(char, False), url_escape(char, True)]
+        if char in SHORT:
+            forms.append(SHORT[char])
+        out.append(rng.choice(forms))
+    return "".join(out)
+
+
+def redacted(secret: str, text: bytes) -> tuple[bytes, dict[str, int]]:
+    redactor = Redactor({"S": secret})
+    return redactor.redact(text), redactor.counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(SECRETS, st.integers(0, 2**32))
+def test_any_mix_of_character_forms_is_redacted(secret: str, seed: int) -> None:
+    form = mixed_form(secret, random.Random(seed))
+    out, counts = redacted(secret, b"<<" + form.encode() + b">>")
+    assert out == b"<<" + MARK + b">>", (secret, form)
+    assert counts == {"S": 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(SECRETS, st.sampled_from([False, True]), st.sampled_from([False, True]))
+def test_each_uniform_form_is_redacted(secret: str, upper: bool, url: bool) -> None:
+    """The whole value in one form: every ``\\u`` escape (astral: a surrogate pair) or every
+    character URL-encoded, lower or upper case hex."""
+    form = "".join(url_escape(c, upper) if url else u_escape(c, upper) for c in secret)
+    out, _ = redacted(secret, form.encode())
+    assert out == MARK, (secret, form)
+
+
+@settings(max_examples=200, deadline=None)
+@given(SECRETS, st.binary(max_size=5), st.binary(max_size=5), st.sampled_from([False, True]))
+def test_base64_at_any_alignment_is_redacted(
+    secret: str, before: bytes, after: bytes, urlsafe: bool
+) -> None:
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    text = encode(before + secret.encode() + after)
+    out, counts = redacted(secret, b"data:" + text + b"\n")
+    assert MARK in out and counts["S"] == 1, (secret, before, after, text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(SECRETS)
+def test_json_dumps_either_way_is_redacted_and_plain_text_is_left_alone(secret: str) -> None:
+    for ensure_ascii in (True, False):
+        dumped = json.dumps(secret, ensure_ascii=ensure_ascii).encode()
+        out, _ = redacted(secret, b"{'k': " + dumped + b"}")
+        assert MARK in out and dumped[1:-1] not in out, (secret, out)
+    text = b"nothing secret here: 0123456789 %41 \\u0041 QUJD"
+    assert redacted(secret, text) == (text, {"S": 0})
