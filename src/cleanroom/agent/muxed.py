@@ -120,10 +120,29 @@ class Request:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
+                if terminal and b"\x03" in data:
+                    self._interrupt_unattached(fd)
                 written += len(data)
                 self.send(Kind.ACK, {"size": written})
         finally:
             os.close(fd)
+
+    def _interrupt_unattached(self, fd: int) -> None:
+        """^C on a terminal whose line discipline signals nobody (gVisor keeps no controlling
+        terminal for the command): SIGINT to its group, as ISIG would have sent it."""
+        import termios
+
+        try:
+            if not termios.tcgetattr(fd)[3] & termios.ISIG:
+                return  # the program reads ^C as a key (raw mode)
+            if os.tcgetpgrp(fd) > 0:
+                return  # the kernel delivered it
+        except OSError:
+            pass
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGINT)
 
 
 def failed(req: Request, exc: BaseException) -> None:
@@ -185,7 +204,7 @@ class InboxReader:
 
     def __init__(self, req: Request) -> None:
         self.req = req
-        self.buffer = b""
+        self.buffer = bytearray()  # deleting from its front moves no bytes
         self.size = 0
         self.ended = False
 
@@ -200,7 +219,8 @@ class InboxReader:
             self.req.send(Kind.ACK, {"size": self.size})
         if size < 0:
             size = len(self.buffer)
-        out, self.buffer = self.buffer[:size], self.buffer[size:]
+        out = bytes(self.buffer[:size])
+        del self.buffer[:size]
         return out
 
 
