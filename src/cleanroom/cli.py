@@ -453,6 +453,9 @@ def shell(
         typer.Option(help="baseline digest, unique prefix, name, or spec (.toml or its folder)"),
     ],
     user: Annotated[str | None, typer.Option(help="run the shell as this guest user")] = None,
+    timeout: Annotated[
+        float, typer.Option(help="seconds the shell may live (then it ends as timeout)")
+    ] = 3600.0,
     driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
@@ -478,6 +481,7 @@ def shell(
                 ledger=ledger,
                 store=open_store(store),
                 user=user,
+                timeout_s=timeout,
                 progress=note,
             )
 

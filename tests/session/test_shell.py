@@ -124,3 +124,20 @@ def test_shell_on_qemu(tmp_path: Path, tiny_baseline: object) -> None:
     spec = str(Path(__file__).resolve().parents[1] / "baselines" / "tiny" / "baseline.toml")
     drive(Terminal(home, "--baseline", spec, "--user", "agent"), uid=b"1000")
     assert_recorded(home)
+
+
+def test_a_shell_ends_at_its_own_timeout(tmp_path: Path) -> None:
+    """A shell lives until ``--timeout`` (1 h by default; the baseline's ``timeout_s`` is meant
+    for one entrypoint's run): past it the shell ends ``timeout``, its record durable and its
+    env confirmed absent."""
+    baseline = make_fake_baseline(tmp_path)
+    term = Terminal(tmp_path, "--baseline", baseline.digest, "--driver", "fake", "--timeout", "3")
+    term.expect(b"exit to leave", timeout_s=240)
+    status = term.exit_status(timeout_s=60)
+    assert status != 0, bytes(term.seen[-2000:])
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        [run] = [r for r in ledger.list_runs() if r.run_id.startswith("session-")]
+        envs = ledger.envs(run_id=run.run_id)
+        assert envs and all(env.confirmed_absent_at is not None for env in envs), envs
+        record = LocalStore(tmp_path / "store").get_record(run.run_id, "shell")
+    assert record is not None and record["outcome"] == "timeout", record

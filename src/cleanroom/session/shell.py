@@ -123,14 +123,22 @@ async def shell(
     ledger: Ledger,
     store: Store,
     user: str | None = None,
+    timeout_s: float = 3600.0,
     stdin: int = 0,
     stdout: int = 1,
     progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> tuple[int, str]:
-    """A shell session (see the module docstring); its exit code and the session's run id."""
+    """A shell session (see the module docstring); its exit code and the session's run id.
+    ``timeout_s``: how long the shell may live (the baseline's episode timeout is meant for
+    one episode's run, far shorter than a person at a terminal)."""
     progress(f"starting a fresh {driver.name} env of {baseline.digest[:19]}…")
     async with session(
-        baseline, driver=driver, ledger=ledger, store=store, episode_id="shell"
+        baseline,
+        driver=driver,
+        ledger=ledger,
+        store=store,
+        episode_id="shell",
+        timeout_s=timeout_s,
     ) as sb:
         run_id = sb.episode.key.run_id
         progress(f"session {run_id}: {'user ' + user if user else 'root'}; exit to leave\r")
