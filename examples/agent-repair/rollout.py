@@ -7,7 +7,7 @@ The agent stands in for an LLM policy outside the VM: it reads the buggy file, r
 tests, writes a patch, runs them again (each a step of the session's transcript). Its edit is
 chosen by the rollout's seed from four plausible fixes, two right and two wrong-but-passing, so
 the rewards differ. The verifier is a second session on the same pristine baseline: the patched
-file and the hidden tests (``hidden/``, never in any rollout's env) go in, the fraction of hidden
+file and the hidden tests (``code-repair/tests/``, never in any rollout's env) go in, the fraction of hidden
 tests passing comes out and becomes the rollout's reward.
 """
 
@@ -25,6 +25,7 @@ import cleanroom as cr
 
 HERE = Path(__file__).resolve().parent
 BASELINE = HERE / "baseline.toml"
+HIDDEN = HERE.parent / "code-repair" / "tests" / "test_hidden.py"  # the batch example's repo
 FILE = "/repo/calc/stats.py"
 PUBLIC = "cd /repo && python3 -m unittest discover -s tests 2>&1"
 BUG = "    s = sorted(xs)\n    return s[len(s) // 2]\n"
@@ -69,9 +70,7 @@ async def verify(rollout: str, patched: str, driver: str) -> tuple[float, str]:
         driver=driver,
     ) as v:
         await v.files.write(FILE, patched)
-        await v.files.write(
-            "/repo/test_hidden.py", (HERE / "hidden" / "test_hidden.py").read_text()
-        )
+        await v.files.write("/repo/test_hidden.py", HIDDEN.read_text())
         r = await v.commands.run("cd /repo && python3 -m unittest -v test_hidden 2>&1")
         results = re.findall(r"\.\.\. (ok|FAIL|ERROR)$", r.stdout, re.MULTILINE)
         score = results.count("ok") / len(results) if results else 0.0
