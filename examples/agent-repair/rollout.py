@@ -7,8 +7,8 @@ The agent stands in for an LLM policy outside the VM: it reads the buggy file, r
 tests, writes a patch, runs them again (each a step of the session's transcript). Its edit is
 chosen by the rollout's seed from four plausible fixes, two right and two wrong-but-passing, so
 the rewards differ. The verifier is a second session on the same pristine baseline: the patched
-file and the hidden tests (``code-repair/tests/``, never in any rollout's env) go in, the fraction of hidden
-tests passing comes out and becomes the rollout's reward.
+file and the hidden tests (``code-repair/tests/``, never in any rollout's env) go in, the
+fraction of hidden tests passing comes out and becomes the rollout's reward.
 """
 
 from __future__ import annotations
