@@ -35,7 +35,7 @@ async def test_too_many_open_artifacts_is_a_quota_error_and_closes_them(tmp_path
             assert "open at once" in str(exc)
         else:
             raise AssertionError("the guest held every artifact open")
-        assert open_fds() == before
+        assert open_fds() <= before  # none of the 9 kept (other tests' threads may close some)
     finally:
         await session.aclose()
         guest_sock.close()
