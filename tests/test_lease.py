@@ -200,3 +200,13 @@ async def test_a_cancelled_close_still_finishes_the_destroy(rig: Rig) -> None:
         await task
     assert lease.report is not None and lease.report.confirmed_absent
     assert rig.ledger.get_env(ENV).live is False  # type: ignore[union-attr]
+
+
+async def test_a_lease_without_a_proof_path_writes_no_proof(rig: Rig) -> None:
+    """Protects: an env with an episode but no proof path (the ledger row only) is destroyed
+    and confirmed without writing anything into the episode's store folder."""
+    lease = rig.lease(ScriptedDriver(gone()))
+    lease.proof = None
+    report = await lease.close()
+    assert report.confirmed_absent
+    assert not (rig.store.root / "runs").exists()
