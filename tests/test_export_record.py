@@ -11,7 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.errors import ExportError
 from cleanroom.export import RECORD_VERSION, export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.manifest import Manifest
@@ -156,3 +159,27 @@ def test_the_attempt_summary_names_its_env_and_redacts(tmp_path: Path) -> None:
     assert secrets["names"] == ["TOK"] and secrets["redactions"]["TOK"] >= 3
     stored = [p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert stored and not [b for b in stored if SECRET.encode() in b]
+
+
+def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None:
+    """Protects: an artifact whose stored bytes are not the ones that arrived (its digest on
+    arrival differs) is an ExportError naming it, and no record is written."""
+    store = LocalStore(tmp_path / "store")
+    output = _output(tmp_path)
+    output.artifacts = [Artifact("a.txt", 5, "0" * 64, output.artifacts[0].path)]
+    with pytest.raises(ExportError, match=r"artifact a\.txt: stored bytes differ"):
+        export_episode(
+            store,
+            RUN,
+            _manifest(),
+            1,
+            make_fake_baseline(tmp_path),
+            {},
+            "env-1",
+            Outcome.COMPLETED,
+            None,
+            output,
+            {},
+            EpisodeClock(0.0),
+        )
+    assert store.get_record(RUN, "e") is None

@@ -210,3 +210,15 @@ async def test_a_lease_without_a_proof_path_writes_no_proof(rig: Rig) -> None:
     report = await lease.close()
     assert report.confirmed_absent
     assert not (rig.store.root / "runs").exists()
+
+
+async def test_no_window_means_not_attempted_never_confirmed(rig: Rig) -> None:
+    """Protects: with no cleanup window left (0 s) the lease claims nothing: no attempt, not
+    confirmed absent, detail "not attempted", recorded env_leaked for the reaper."""
+    driver = ScriptedDriver(gone())
+    report = await rig.lease(driver, window_s=0.0).close()
+    assert (report.env_id, report.confirmed_absent, report.attempts) == (ENV, False, 0)
+    assert report.detail == "not attempted" and driver.calls == 0
+    assert rig.proof()["detail"] == "not attempted"
+    [leak] = rig.ledger.events(RUN, kind="env_leaked")
+    assert leak.data["detail"] == "not attempted"
