@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.drivers.base import DestroyReport, Owner
+from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, Owner
 from cleanroom.errors import DriverError, LedgerError, StoreError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
@@ -222,3 +222,26 @@ async def test_no_window_means_not_attempted_never_confirmed(rig: Rig) -> None:
     assert rig.proof()["detail"] == "not attempted"
     [leak] = rig.ledger.events(RUN, kind="env_leaked")
     assert leak.data["detail"] == "not attempted"
+
+
+async def test_the_env_closes_itself_first(rig: Rig, tmp_path: Path) -> None:
+    """Protects: a started env is destroyed by its own ``aclose`` first (it closes its agent
+    session before the driver destroys it); the driver's bare destroy is only the retry."""
+    closed: list[str] = []
+
+    class SelfClosing:
+        info = EnvInfo(ENV, "scripted", "none", "none", None, tmp_path, 0.0, 0.0)
+
+        async def aclose(self) -> DestroyReport:
+            closed.append(ENV)
+            return gone("closed by its env")
+
+    async def create(request: EnvRequest) -> Env:
+        return SelfClosing()  # type: ignore[return-value]
+
+    driver = ScriptedDriver()
+    lease = rig.lease(driver)
+    await lease.start(None, create)  # type: ignore[arg-type]
+    report = await lease.close()
+    assert report.confirmed_absent and report.detail == "closed by its env"
+    assert closed == [ENV] and driver.calls == 0
