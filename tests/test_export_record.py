@@ -63,6 +63,25 @@ def _read(store: LocalStore, rel: str) -> bytes:
     return data
 
 
+def _export(tmp: Path, store: LocalStore, output: EpisodeOutput, **kw: Any) -> dict[str, Any]:
+    """``export_episode`` of ``_manifest()`` with defaults for what a test does not set."""
+    return export_episode(
+        store,
+        RUN,
+        _manifest(),
+        1,
+        kw.pop("baseline", None) or make_fake_baseline(tmp),
+        kw.pop("facts", {}),
+        kw.pop("env_id", "env-1"),
+        kw.pop("outcome", Outcome.COMPLETED),
+        kw.pop("error", None),
+        output,
+        kw.pop("diagnostics", {}),
+        EpisodeClock(0.0),
+        kw.pop("redactor", None),
+    )
+
+
 def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
     """Protects: the record's documented fields (version, outcome, terminated/truncated,
     metrics, seed, policy, task, exit code/signal/timed_out/duration, the redacted error,
@@ -71,20 +90,17 @@ def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     baseline = make_fake_baseline(tmp_path)
     output = _output(tmp_path)
-    record = export_episode(
+    record = _export(
+        tmp_path,
         store,
-        RUN,
-        _manifest(),
-        1,
-        baseline,
-        {"driver": "fake"},
-        "env-9",
-        Outcome.EPISODE_ERROR,
-        f"entrypoint failed near {SECRET}",
         output,
-        {"extra.txt": f"diag {SECRET}".encode()},
-        EpisodeClock(0.0),
-        Redactor({"TOK": SECRET}),
+        baseline=baseline,
+        facts={"driver": "fake"},
+        env_id="env-9",
+        outcome=Outcome.EPISODE_ERROR,
+        error=f"entrypoint failed near {SECRET}",
+        diagnostics={"extra.txt": f"diag {SECRET}".encode()},
+        redactor=Redactor({"TOK": SECRET}),
     )
     assert store.get_record(RUN, "e") == record
     assert record["record_version"] == RECORD_VERSION
@@ -109,20 +125,7 @@ def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
 def test_a_record_without_error_says_none(tmp_path: Path) -> None:
     """Protects: a completed episode's record has ``error: null``, not an empty message."""
     store = LocalStore(tmp_path / "store")
-    record = export_episode(
-        store,
-        RUN,
-        _manifest(),
-        1,
-        make_fake_baseline(tmp_path),
-        {},
-        "env-1",
-        Outcome.COMPLETED,
-        None,
-        _output(tmp_path),
-        {},
-        EpisodeClock(0.0),
-    )
+    record = _export(tmp_path, store, _output(tmp_path))
     assert record["error"] is None
 
 
@@ -168,18 +171,5 @@ def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None
     output = _output(tmp_path)
     output.artifacts = [Artifact("a.txt", 5, "0" * 64, output.artifacts[0].path)]
     with pytest.raises(ExportError, match=r"artifact a\.txt: stored bytes differ"):
-        export_episode(
-            store,
-            RUN,
-            _manifest(),
-            1,
-            make_fake_baseline(tmp_path),
-            {},
-            "env-1",
-            Outcome.COMPLETED,
-            None,
-            output,
-            {},
-            EpisodeClock(0.0),
-        )
+        _export(tmp_path, store, output)
     assert store.get_record(RUN, "e") is None
