@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,11 @@ class ScriptedDriver:
 
     def __init__(self, *steps: Any) -> None:
         self.steps, self.calls = list(steps), 0
+        self.ids: list[str] = []
 
     async def destroy(self, env_id: str) -> DestroyReport:
         self.calls += 1
+        self.ids.append(env_id)
         step = self.steps.pop(0) if self.steps else DestroyReport(env_id, False, 1, 0.0, "still")
         if step == "hang":
             await asyncio.sleep(30)
@@ -100,7 +103,7 @@ async def test_destroy_is_retried_until_confirmed_and_proved(rig: Rig) -> None:
     report = await rig.lease(driver).close()
     assert (report.env_id, report.confirmed_absent, report.attempts) == (ENV, True, 3)
     assert report.detail == "run folder removed" and report.elapsed_ms > 0
-    assert driver.calls == 3
+    assert driver.ids == [ENV, ENV, ENV]  # the lease's env, every time
     row = rig.ledger.get_env(ENV)
     assert row is not None and not row.live and row.destroy_attempts == 3
     assert row.destroy_started_at is not None and row.cleanup_ms == pytest.approx(report.elapsed_ms)
@@ -122,7 +125,7 @@ async def test_an_env_still_there_after_the_window_is_leaked_and_alerted(rig: Ri
     ledger row left live for the reaper, and the proof says confirmed_absent false."""
     driver = ScriptedDriver(present(), present(), OSError(5, "I/O error"))
     report = await rig.lease(driver, window_s=0.5).close()
-    assert not report.confirmed_absent and report.attempts == driver.calls >= 3
+    assert report.confirmed_absent is False and report.attempts == driver.calls >= 3
     row = rig.ledger.get_env(ENV)
     assert row is not None and row.live
     [leak] = rig.ledger.events(RUN, kind="env_leaked")
@@ -144,7 +147,7 @@ async def test_a_failing_error_detail_names_the_exception(rig: Rig) -> None:
     """Protects: the report's detail for a failed attempt names the exception and its text."""
     driver = ScriptedDriver(*[DriverError("kill -9 refused")] * 100)
     report = await rig.lease(driver, window_s=0.2).close()
-    assert not report.confirmed_absent and report.detail == "DriverError: kill -9 refused"
+    assert report.confirmed_absent is False and report.detail == "DriverError: kill -9 refused"
 
 
 async def test_close_is_idempotent(rig: Rig) -> None:
@@ -183,7 +186,8 @@ async def test_no_store_means_the_ledger_row_only(rig: Rig) -> None:
 
 async def test_a_cancelled_close_still_finishes_the_destroy(rig: Rig) -> None:
     """Protects: cancelling the task that closes the lease does not cut the destroy short:
-    it is confirmed and recorded, then the cancellation goes on."""
+    it is confirmed and recorded, then the cancellation goes on; its cleanup time is in
+    milliseconds (at least the destroy's 0.2 s, at most the close's own duration)."""
     started = asyncio.Event()
 
     class Slow(ScriptedDriver):
@@ -193,12 +197,15 @@ async def test_a_cancelled_close_still_finishes_the_destroy(rig: Rig) -> None:
             return gone()
 
     lease = rig.lease(Slow())
+    before = time.monotonic()
     task = asyncio.ensure_future(lease.close())
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    took_ms = (time.monotonic() - before) * 1000
     assert lease.report is not None and lease.report.confirmed_absent
+    assert 200 <= lease.report.elapsed_ms <= took_ms  # milliseconds, of this close only
     assert rig.ledger.get_env(ENV).live is False  # type: ignore[union-attr]
 
 
