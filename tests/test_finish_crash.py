@@ -1,0 +1,102 @@
+"""An exception while an episode finishes (a bug in the export, say): ``Episode._keep_crash``.
+
+The episode ends ``infra_error`` naming the exception, redacted; its attempt's evidence is
+kept under ``attempts/<n>/`` (which env, which error, the whole traceback, redacted too, even
+one holding text that is not valid UTF-8); and if keeping that evidence fails as well, the env
+is still destroyed and confirmed absent. Fake driver, real store and ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanroom.errors import ExportError
+from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
+
+from .test_controller import Harness
+
+SECRET = "hf_CrashTimeSecretValue42"
+
+
+@pytest.fixture
+def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    harness = Harness(tmp_path)
+    yield harness
+    harness.ledger.close()
+
+
+def _manifest(eid: str) -> Manifest:
+    return Manifest.model_validate(
+        {"episode_id": eid, "seed": 1, "policy": {"id": "p"}, "secrets": ["HF_TOKEN"]}
+    )
+
+
+def _break_artifacts(h: Harness, *, attempts_too: bool = False) -> None:
+    real_file, real_bytes = h.store.put_file, h.store.put_bytes
+
+    def put_file(run_id: str, episode_id: str, rel: str, src: Path) -> Any:
+        if episode_id == "x" and rel.startswith("artifacts/"):
+            raise ValueError(f"bug near {SECRET} \ud800")  # a secret and a lone surrogate
+        return real_file(run_id, episode_id, rel, src)
+
+    def put_bytes(run_id: str, episode_id: str, rel: str, data: bytes) -> Any:
+        if attempts_too and episode_id == "x" and rel.startswith("attempts/"):
+            raise ExportError("ENOSPC: cannot write the attempt's evidence")  # as a store does
+        return real_bytes(run_id, episode_id, rel, data)
+
+    h.store.put_file = put_file  # type: ignore[method-assign]
+    h.store.put_bytes = put_bytes  # type: ignore[method-assign]
+
+
+def _stored_bytes(h: Harness) -> list[bytes]:
+    files = [*(h.tmp / "store").rglob("*"), *h.tmp.glob("ledger.db*")]
+    return [p.read_bytes() for p in files if p.is_file()]
+
+
+async def test_a_crash_while_finishing_keeps_its_evidence_redacted(h: Harness) -> None:
+    """Protects: the outcome is infra_error with the exception named and the secret redacted;
+    attempts/1/attempt.json names the env and the error; traceback.txt holds the whole
+    traceback (its lone surrogate escaped, not a second crash) without the secret; no stored
+    byte holds the secret; the env is confirmed absent."""
+    _break_artifacts(h)
+    result = await h.ctl.run([_manifest("x")], h.baseline, run_id="rc")
+    [ep] = result.episodes
+    assert ep.outcome is Outcome.INFRA_ERROR
+    assert ep.error is not None and "ValueError" in ep.error
+    assert "[REDACTED:HF_TOKEN]" in ep.error and SECRET not in ep.error
+    assert h.store.get_record("rc", "x") is None
+    raw = h.store.get_bytes("rc", "x", "attempts/1/attempt.json")
+    assert raw is not None
+    summary = json.loads(raw)
+    assert summary["outcome"] == "infra_error" and summary["error"] == ep.error
+    assert summary["env_id"] == h.ledger.episodes("rc")[0].env_id and summary["env_id"]
+    trace = h.store.get_bytes("rc", "x", "attempts/1/logs/traceback.txt")
+    assert trace is not None
+    assert trace.startswith(b"Traceback (most recent call last):\n  File ")
+    assert b"ValueError" in trace and b"\\ud800" in trace and b"[REDACTED:HF_TOKEN]" in trace
+    assert not [b for b in _stored_bytes(h) if SECRET.encode() in b]
+    h.assert_all_destroyed("rc")
+
+
+async def test_a_crash_whose_evidence_cannot_be_kept_still_destroys(h: Harness) -> None:
+    """Protects: when keeping the attempt's evidence fails too, the episode still ends
+    infra_error (the first exception, not the second) and its env is destroyed and confirmed
+    absent; the rest of the batch completes."""
+    _break_artifacts(h, attempts_too=True)
+    both = [
+        _manifest("x"),
+        Manifest.model_validate({"episode_id": "y", "seed": 2, "policy": {"id": "p"}}),
+    ]
+    result = await h.ctl.run(both, h.baseline, run_id="rd")
+    got = {e.episode_id: e for e in result.episodes}
+    assert got["x"].outcome is Outcome.INFRA_ERROR and "ValueError" in (got["x"].error or "")
+    assert got["y"].outcome is Outcome.COMPLETED, got["y"].error
+    assert h.store.get_bytes("rd", "x", "attempts/1/attempt.json") is None
+    h.assert_all_destroyed("rd")
