@@ -26,7 +26,10 @@ def spoofer(env_id: str, *extra: str, user: str = "nobody") -> subprocess.Popen[
     proc = subprocess.Popen(argv, start_new_session=True)
     for _ in range(1000):  # until the exec -a happened (up to 10 s on a loaded machine)
         # setpriv itself, still root, carries the name in its argv: wait for the drop too
-        if proc.pid in hostproc.pids_with_marker(env_id) and hostproc.uid_of(proc.pid) == who.pw_uid:
+        if (
+            proc.pid in hostproc.pids_with_marker(env_id)
+            and hostproc.uid_of(proc.pid) == who.pw_uid
+        ):
             return proc
         time.sleep(0.01)
     proc.kill()
