@@ -56,13 +56,13 @@ async def gone(pid: int) -> bool:
 
 
 def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
-    """The host multiplexes only for an agent that says so; pty and tar are not claimed."""
+    """The host multiplexes only for an agent that says so; tar is not claimed."""
 
     async def body(session: AgentSession) -> frozenset[str]:
         return session.features
 
     features = drive(agent_binary, root, body)
-    assert features == {"mux", "stdin", "spawn", "user", "stream"}
+    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream"}
 
 
 def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Path) -> None:
@@ -137,8 +137,8 @@ def test_user_comes_from_etc_passwd_and_an_unknown_one_is_typed(
 
 
 def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path) -> None:
-    """8 MiB up and back (twice the window each way), a missing file typed, and a PTY or a
-    tar stream refused by type before anything reaches the guest."""
+    """8 MiB up and back (twice the window each way), a missing file typed, and a tar stream
+    refused by type before anything reaches the guest."""
     block = os.urandom(1 << 20)
     path = root / "big.bin"
 
@@ -157,11 +157,39 @@ def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path
         with pytest.raises(GuestFileNotFound):
             await session.get(str(root / "no-such-file"))
         with pytest.raises(Unsupported):
-            await session.spawn(["sh"], pty=(24, 80))
-        with pytest.raises(Unsupported):
             async for _ in session.get_tar(str(root)):
                 pass
         assert (await session.exec(["true"])).ok
 
     drive(agent_binary, root, body)
     assert path.read_bytes() == block * 8
+
+
+def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
+    agent_binary: Path, root: Path
+) -> None:
+    """``pty``: one terminal for stdin, stdout and stderr, the controlling terminal of the
+    process's session (so ^C written to it is SIGINT to the foreground group), RESIZE sets its
+    window (the old agent refused a PTY: ``Unsupported``)."""
+
+    async def body(session: AgentSession) -> None:
+        out = bytearray()
+        script = (
+            'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
+        )
+        process = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
+        for _ in range(1000):
+            if b"24 80" in out:
+                break
+            await asyncio.sleep(0.01)
+        await process.resize(30, 100)
+        await process.write_stdin(b"\x03")
+        result = await asyncio.wait_for(process.wait(), 20)
+        assert b"GOT-INT" in out and b"30 100" in out and result.exit_code == 3, bytes(out)
+
+        cat = await session.spawn(["cat"], pty=(10, 40), on_stdout=out.extend)
+        await cat.write_stdin(b"typed\n")
+        await cat.close_stdin()  # ^D on a terminal: cat ends
+        assert (await asyncio.wait_for(cat.wait(), 20)).exit_code == 0
+
+    drive(agent_binary, root, body)

@@ -65,6 +65,7 @@ static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
 static int busy, has_pending, snapshotted;
 static int muxed; /* multiplexed requests running (mux.c) */
 static int subreaper; /* outside a VM: orphans are this process's to reap */
+static int sandbox_pid1; /* started as PID 1 (a VM's, or a gVisor sandbox's) */
 static struct frame pending;
 static int pool = -1; /* /dev/urandom for writing, opened at SNAPSHOT_PREPARE */
 static char root[4096]; /* the guest root: $CLEANROOM_GUEST_ROOT/run/cleanroom */
@@ -160,8 +161,12 @@ static void hello_fields(jbuf *h) {
     jb_str(h, u.release, strlen(u.release));
     jb_key(h, "pid");
     jb_int(h, getpid());
-    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (pty, tar) by type */
-    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\"]");
+    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (tar) by type. Under
+     * gVisor (PID 1 on the socket) a PTY's command ends the agent's channel (not understood
+     * yet): there it is not offered either */
+    int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
+    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\"]"
+                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"]");
     warm_hello(h);
     net_hello(h);
 }
@@ -893,6 +898,10 @@ int main(void) {
     if (slash)
         *slash = 0; /* its folder */
     signal(SIGPIPE, SIG_IGN);
+    /* a terminal's signals are its process's (a PTY's ^C, its hangup): never the agent's */
+    int tty_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t i = 0; i < sizeof tty_signals / sizeof *tty_signals; i++)
+        signal(tty_signals[i], SIG_IGN);
     if (getpid() != 1) {
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         subreaper = 1;
@@ -900,6 +909,7 @@ int main(void) {
         serve();
         return 0;
     }
+    sandbox_pid1 = 1;
     if (!getenv("PATH"))
         setenv("PATH", BASE_PATH, 1);
     prepare_guest_root();

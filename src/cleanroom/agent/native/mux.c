@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,7 +35,7 @@ struct request {
     size_t queued;
     struct frame f;
     pthread_t writer;
-    int has_writer;
+    int has_writer, has_tty, tty; /* tty: a PTY's master (RESIZE sets its window) */
 };
 
 static struct mux_host host;
@@ -128,7 +129,14 @@ static void deliver(struct request *r, const struct frame *f) {
         }
         if (json_true(field(f, "eof")))
             r->eof = 1;
-    } /* RESIZE: no PTY here */
+    } else if (f->kind == K_RESIZE && r->has_tty) {
+        int64_t rows, cols;
+        if (!json_int(field(f, "rows"), &rows) && !json_int(field(f, "cols"), &cols) &&
+            rows > 0 && rows < 65536 && cols > 0 && cols < 65536) {
+            struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+            ioctl(r->tty, TIOCSWINSZ, &ws);
+        }
+    }
     pthread_cond_broadcast(&changed);
 }
 
@@ -258,7 +266,7 @@ int mux_lookup_user(const char *name, unsigned *uid, unsigned *gid, char *home, 
 
 struct feed {
     struct request *r;
-    int fd;
+    int fd, terminal;
 };
 
 /* stdin: the request's input into the pipe (non-blocking: it stops once the request ends),
@@ -290,6 +298,13 @@ static void *feed_stdin(void *arg) {
         free(c);
         send_size(K_ACK, written, NULL);
     }
+    pthread_mutex_lock(&lock);
+    int ended = fe->r->eof && !fe->r->killed;
+    pthread_mutex_unlock(&lock);
+    if (fe->terminal && ended) {
+        ssize_t ignored = write(fe->fd, "\x04", 1); /* end of input on a terminal: ^D */
+        (void)ignored;
+    }
     close(fe->fd);
     free(fe);
     return NULL;
@@ -313,14 +328,47 @@ static void on_started(void *ctx, int pid) {
     jb_free(&h);
 }
 
+/* A PTY of the size [rows, cols] for the request: its master kept, its terminal end in opts
+ * (stdin, stdout and stderr of the process); -1 with errno if there is none. */
+static int open_pty(struct request *r, jspan size, struct proc_opts *opts) {
+    struct winsize ws = {.ws_row = 24, .ws_col = 80};
+    size_t pos = 0;
+    jspan v;
+    int64_t n[2];
+    for (int i = 0; i < 2 && json_is(size, '[') && json_next(size, &pos, NULL, &v); i++)
+        if (!json_int(v, &n[i]) && n[i] > 0 && n[i] < 65536)
+            *(i ? &ws.ws_col : &ws.ws_row) = (unsigned short)n[i];
+    char name[128];
+    int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0)
+        return -1;
+    int slave = -1;
+    if (grantpt(master) || unlockpt(master) || ptsname_r(master, name, sizeof name) ||
+        (slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+        int err = errno;
+        close(master);
+        errno = err;
+        return -1;
+    }
+    ioctl(master, TIOCSWINSZ, &ws);
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    pthread_mutex_lock(&lock);
+    r->tty = master;
+    r->has_tty = 1;
+    pthread_mutex_unlock(&lock);
+    opts->tty_fd = slave;
+    opts->tty_master = master;
+    return 0;
+}
+
 static void exec_request(struct request *r) {
     const struct frame *f = &r->f;
     jspan pty = field(f, "pty"), user = field(f, "user"), env_span = field(f, "env");
-    if (pty.n && !json_is(pty, 'n')) {
-        failed("unsupported", "a PTY: the native agent does not serve it");
+    struct proc_opts opts = {.stdin_fd = -1, .started = on_started, .ctx = r};
+    if (pty.n && !json_is(pty, 'n') && open_pty(r, pty, &opts)) {
+        failed_errno("OSError", "/dev/ptmx", errno);
         return;
     }
-    struct proc_opts opts = {.stdin_fd = -1, .started = on_started, .ctx = r};
     unsigned groups[MAX_GROUPS];
     char home[4096] = "", name[256] = "";
     if (user.n && !json_is(user, 'n')) {
@@ -356,26 +404,34 @@ static void exec_request(struct request *r) {
                       : opts.has_ids && !stat(home, &st) && S_ISDIR(st.st_mode) ? home
                                                                             : "/";
     int in[2] = {-1, -1};
-    if (ok && json_true(field(f, "stdin")) && pipe2(in, O_CLOEXEC) == 0) {
+    if (ok && r->has_tty) {
+        in[1] = fcntl(r->tty, F_DUPFD_CLOEXEC, 0);
+    } else if (ok && json_true(field(f, "stdin")) && pipe2(in, O_CLOEXEC) == 0) {
+        fcntl(in[1], F_SETFL, O_NONBLOCK);
+    }
+    if (in[1] >= 0) {
         struct feed *fe = malloc(sizeof *fe);
         pthread_attr_t small;
         pthread_attr_init(&small);
         pthread_attr_setstacksize(&small, 64 * 1024);
-        fcntl(in[1], F_SETFL, O_NONBLOCK);
         if (fe) {
             fe->r = r;
             fe->fd = in[1];
+            fe->terminal = r->has_tty;
         }
         if (fe && pthread_create(&r->writer, &small, feed_stdin, fe) == 0) {
             r->has_writer = 1;
             opts.stdin_fd = in[0];
         } else {
             free(fe);
-            close(in[0]);
+            if (in[0] >= 0)
+                close(in[0]);
             close(in[1]);
         }
         pthread_attr_destroy(&small);
     }
+    if (!ok && opts.tty_fd > 0)
+        close(opts.tty_fd);
     if (!ok)
         failed("error", "ValueError: argv must be a list of strings, env an object of strings");
     else
@@ -384,6 +440,12 @@ static void exec_request(struct request *r) {
     set_killed(r); /* the process ended: its stdin writer stops */
     if (r->has_writer)
         pthread_join(r->writer, NULL); /* its last ACK before DONE */
+    if (r->has_tty) {
+        pthread_mutex_lock(&lock);
+        r->has_tty = 0;
+        pthread_mutex_unlock(&lock);
+        close(r->tty);
+    }
     if (ok)
         host.send(K_DONE, NULL, NULL, 0);
     free(cwd);

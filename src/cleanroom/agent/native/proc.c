@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -111,6 +112,15 @@ static void child_exec(char *const argv[], char *const envp[], const char *path_
     errno = saw_eacces ? EACCES : ENOENT;
 }
 
+void child_signals(void) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    int ignored_here[] = {SIGPIPE, SIGHUP, SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t i = 0; i < sizeof ignored_here / sizeof *ignored_here; i++)
+        sigaction(ignored_here[i], &dfl, NULL); /* the agent ignores them; not the process */
+}
+
 void send_exit(send_fn send, int code, int sig, double duration, int timed_out, const char *extra) {
     jbuf h = {0};
     jb_lit(&h, "{\"code\":");
@@ -185,7 +195,7 @@ int relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
         ssize_t k = read(p[i].fd, buf, sizeof buf);
         if (k > 0) {
             send(kinds[i] == 0 ? K_STDOUT : K_STDERR, NULL, buf, (size_t)k);
-        } else if (k == 0 || errno != EINTR) {
+        } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) { /* a PTY's end: EIO */
             close(fds[kinds[i]]);
             fds[kinds[i]] = -1;
         }
@@ -233,13 +243,18 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
     double started = monotonic_s();
     int out[2], err[2], status_pipe[2];
     int stdin_fd = opts ? opts->stdin_fd : -1;
+    int tty = opts && opts->tty_fd > 0 ? opts->tty_fd : -1;
     if (!argv[0]) {
+        if (tty >= 0)
+            close(tty);
         if (stdin_fd >= 0)
             close(stdin_fd);
         fail_start(send, opts, "[]", ENOENT);
         return;
     }
     if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
+        if (tty >= 0)
+            close(tty);
         if (stdin_fd >= 0)
             close(stdin_fd);
         fail_start(send, opts, argv[0], errno);
@@ -248,19 +263,18 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
     const char *path_env = env_get(envp, "PATH");
     pid_t pid = fork();
     if (pid == 0) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL); /* the agent ignores it; the process must not */
+        child_signals();
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         setsid();
-        int null = stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY);
+        int null = tty >= 0 ? tty : stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY);
         if (null >= 0)
             dup2(null, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
+        dup2(tty >= 0 ? tty : out[1], 1);
+        dup2(tty >= 0 ? tty : err[1], 2);
+        if (tty >= 0)
+            ioctl(0, TIOCSCTTY, 0); /* its terminal: ^C and window changes reach its group */
         if (child_ids(opts) == 0 && chdir(cwd ? cwd : "/") == 0)
             child_exec(argv, envp, path_env);
         int e = errno;
@@ -274,9 +288,18 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
     close(status_pipe[1]);
     if (stdin_fd >= 0)
         close(stdin_fd); /* the child's end: a writer to an exited process gets EPIPE */
-    if (pid < 0) {
+    if (tty >= 0) { /* one terminal for all three: its master is read as stdout */
+        close(tty);
         close(out[0]);
         close(err[0]);
+        out[0] = fcntl(opts->tty_master, F_DUPFD_CLOEXEC, 0);
+        err[0] = -1;
+    }
+    if (pid < 0) {
+        if (out[0] >= 0)
+            close(out[0]);
+        if (err[0] >= 0)
+            close(err[0]);
         close(status_pipe[0]);
         fail_start(send, opts, argv[0], fork_errno);
         return;
@@ -289,8 +312,10 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
     close(status_pipe[0]);
     if (got == (ssize_t)sizeof child_errno) { /* exec failed: nothing ran */
         waitpid(pid, NULL, 0);
-        close(out[0]);
-        close(err[0]);
+        if (out[0] >= 0)
+            close(out[0]);
+        if (err[0] >= 0)
+            close(err[0]);
         fail_start(send, opts, argv[0], child_errno);
         return;
     }

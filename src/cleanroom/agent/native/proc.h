@@ -32,6 +32,8 @@ typedef void (*send_fn)(int kind, const char *header, const void *body, size_t b
 /* What a multiplexed EXEC adds (mux.c): a stdin pipe, a user, and a call once it runs. */
 struct proc_opts {
     int stdin_fd;    /* the child's end of its stdin pipe (closed here), -1: /dev/null */
+    int tty_fd;      /* > 0: a PTY's terminal end for stdin, stdout, stderr (closed here) */
+    int tty_master;  /* then its master, read (a dup of it) as stdout */
     int has_ids;     /* run as uid/gid with these supplementary groups */
     unsigned uid, gid;
     const unsigned *groups;
@@ -65,6 +67,9 @@ int relay_step(send_fn send, int fds[2], int watch, double timeout_s);
 void relay_drain(send_fn send, int fds[2]);
 
 double monotonic_s(void);
+
+/* In a forked child: the signals the agent ignores (SIGPIPE, a terminal's) back to default. */
+void child_signals(void);
 
 /* argv from a JSON list of strings (NULL if it is not one), and its release */
 char **argv_of(jspan list);
