@@ -39,6 +39,12 @@ def seeds() -> list[bytes]:
         protocol.encode(Kind.PUT, {"path": "/tmp/x", "mode": 420, "offset": 0}, b"data"),
         protocol.encode(Kind.GET, {"path": "/tmp/x"}),
         protocol.encode(Kind.RESEED, {"clone_id": "env-1", "time_ns": 10**18}, b"\0" * 64),
+        protocol.encode(Kind.EXEC, {"id": 1, "argv": ["cat"], "stdin": True, "user": "root"}),
+        protocol.encode(Kind.STDIN, {"id": 1, "eof": True}, b"input"),
+        protocol.encode(Kind.UPLOAD, {"id": 2, "path": "/tmp/x", "mode": 420, "tar": False}),
+        protocol.encode(Kind.DATA, {"id": 2, "offset": 0, "eof": True}, b"data"),
+        protocol.encode(Kind.ACK, {"id": 3, "size": 262144}),
+        protocol.encode(Kind.KILL, {"id": 1.5}),
     ]
     return [*frames, frames[0] + frames[3]]
 

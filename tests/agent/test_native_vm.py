@@ -285,29 +285,32 @@ async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
     assert b"options use-vc" in artifact("resolv.conf")
 
 
-async def test_a_native_env_refuses_the_multiplexed_protocol_by_type(
+async def test_a_native_env_multiplexes_and_refuses_the_rest_by_type(
     busybox_baseline: Baseline,
 ) -> None:
-    """Its HELLO lists no features: on a real VM each new request is a typed ``Unsupported``
-    (the env stays usable), and the first protocol's exec still answers."""
+    """On a real VM with nothing but busybox: HELLO lists what mux.c serves; a spawned
+    ``cat`` echoes its stdin while another command runs; a stream goes up and back; tar (not
+    served yet) is a typed ``Unsupported`` both ways and the env stays usable. On the old
+    agent (no features) the spawn itself was ``Unsupported``."""
     driver = QemuDriver(start="cold")
     env = await driver.create(vmkit.request(busybox_baseline))
     try:
-        assert env.hello["features"] == []
+        assert env.hello["features"] == ["mux", "stdin", "spawn", "pty", "user", "stream"]
 
         async def chunks() -> AsyncIterator[bytes]:
-            yield b"x"
+            yield b"x" * 300_000
 
-        refused = [
-            env.spawn(["sleep", "1"]),
-            env.exec(["cat"], stdin=b"x"),
-            env.exec(["true"], user="agent"),
-            env.put_stream("/tmp/f", chunks()),
-            env.put_tar("/tmp", chunks()),
-        ]
-        for call in refused:
-            with pytest.raises(Unsupported):
-                await call
+        cat = await env.spawn(["cat"], timeout_s=60)
+        other = await env.exec(["echo", "meanwhile"], timeout_s=30)
+        await cat.write_stdin(b"through cat\n")
+        await cat.close_stdin()
+        assert (await cat.wait()).check().stdout == b"through cat\n"
+        assert other.check().stdout == b"meanwhile\n"
+        assert await env.put_stream("/tmp/f", chunks()) == 300_000
+        assert await env.get("/tmp/f") == b"x" * 300_000
+
+        with pytest.raises(Unsupported):
+            await env.put_tar("/tmp", chunks())
         with pytest.raises(Unsupported):
             async for _ in env.get_tar("/tmp"):
                 pass

@@ -81,7 +81,7 @@ def test_a_function_episode_runs_in_a_fork_of_the_worker_started_at_boot(
         return session.hello, await run(session, tmp_path), await run(session, tmp_path)
 
     hello, first, second = drive(binary, tmp_path, body)
-    assert hello["warm"]["ready"] is True and hello["features"] == []
+    assert hello["warm"]["ready"] is True and "mux" in hello["features"]
     assert first.exit.exit_code == 0 and first.entry == {"entry": "function", "worker": "warm"}
     result = json.loads(first.result_raw)
     assert result["reward"] == 3.0

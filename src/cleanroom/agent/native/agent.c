@@ -39,6 +39,7 @@
 #include "fastseed.h"
 #include "frame.h"
 #include "json.h"
+#include "mux.h"
 #include "net.h"
 #include "proc.h"
 #include "warm.h"
@@ -62,6 +63,9 @@ static pthread_mutex_t state = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER; /* a request is pending, or busy set */
 static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
 static int busy, has_pending, snapshotted;
+static int muxed; /* multiplexed requests running (mux.c) */
+static int subreaper; /* outside a VM: orphans are this process's to reap */
+static int sandbox_pid1; /* started as PID 1 (a VM's, or a gVisor sandbox's) */
 static struct frame pending;
 static int pool = -1; /* /dev/urandom for writing, opened at SNAPSHOT_PREPARE */
 static char root[4096]; /* the guest root: $CLEANROOM_GUEST_ROOT/run/cleanroom */
@@ -96,10 +100,29 @@ static void send_raw(const void *data, size_t total) {
     pthread_mutex_unlock(&send_lock);
 }
 
+/* one frame; a multiplexed request's thread (mux.c) has its id put first in the header */
 static void send_frame(int kind, const char *header, const void *body, size_t blen) {
     size_t total;
+    jbuf tagged = {0};
+    int64_t id = mux_current_id();
+    if (id >= 0) {
+        jb_lit(&tagged, "{\"id\":");
+        jb_int(&tagged, id);
+        if (header && strlen(header) > 2) {
+            jb_lit(&tagged, ",");
+            jb_lit(&tagged, header + 1); /* the rest of "{...}" */
+        } else {
+            jb_lit(&tagged, "}");
+        }
+        if (tagged.failed) {
+            jb_free(&tagged);
+            return;
+        }
+        header = tagged.p;
+    }
     unsigned char *data =
         frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
+    jb_free(&tagged);
     if (!data)
         return;
     send_raw(data, total);
@@ -138,7 +161,12 @@ static void hello_fields(jbuf *h) {
     jb_str(h, u.release, strlen(u.release));
     jb_key(h, "pid");
     jb_int(h, getpid());
-    jb_lit(h, ",\"features\":[]"); /* none of protocol.FEATURES: the host refuses those */
+    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (tar) by type. Under
+     * gVisor (PID 1 on the socket) a PTY's command ends the agent's channel (not understood
+     * yet): there it is not offered either */
+    int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
+    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\"]"
+                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"]");
     warm_hello(h);
     net_hello(h);
 }
@@ -157,23 +185,6 @@ static void hello(const char *extra, int send) {
 }
 
 /* -- files -------------------------------------------------------------------------------- */
-
-static int make_parents(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i < n; i++) {
-        if (buf[i] != '/')
-            continue;
-        buf[i] = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST)
-            return -1;
-        buf[i] = '/';
-    }
-    return 0;
-}
 
 static void prepare_guest_root(void) {
     char path[4200];
@@ -290,35 +301,6 @@ static void send_artifacts(int folder, const char *prefix, int depth) {
 
 /* -- requests ----------------------------------------------------------------------------- */
 
-/* argv from a JSON list of strings (NULL if it is not one) */
-static char **argv_of(jspan list) {
-    if (!json_is(list, '['))
-        return NULL;
-    size_t pos = 0, n = 0;
-    jspan item;
-    while (json_next(list, &pos, NULL, &item))
-        n++;
-    char **argv = calloc(n + 1, sizeof *argv);
-    if (!argv)
-        return NULL;
-    pos = 0;
-    for (size_t i = 0; json_next(list, &pos, NULL, &item); i++) {
-        if (!(argv[i] = json_strdup(item))) {
-            for (size_t k = 0; k < i; k++)
-                free(argv[k]);
-            free(argv);
-            return NULL;
-        }
-    }
-    return argv;
-}
-
-static void free_argv(char **argv) {
-    for (size_t i = 0; argv && argv[i]; i++)
-        free(argv[i]);
-    free(argv);
-}
-
 /* the base environment, then the object `extra` (string values), over it; -1 if malformed */
 static int env_of(struct env *e, jspan extra) {
     if (env_set(e, "PATH", BASE_PATH) || env_set(e, "HOME", "/root") ||
@@ -343,11 +325,6 @@ static jspan field(const struct frame *f, const char *key) {
     jspan v = {"", 0};
     json_get(frame_header(f), key, &v);
     return v;
-}
-
-static double timeout_of(jspan v) {
-    double t;
-    return json_number(v, &t) ? -1 : t < 0 ? 0 : t;
 }
 
 /* A request's environment: the base one, its "env" over it, then `extra_env` (NULL: none)
@@ -590,6 +567,35 @@ static void handle(const struct frame *f) {
     }
 }
 
+/* Outside a VM (a subreaper): the orphans a request left behind, each by its pid, never a
+ * process of a running multiplexed request (its thread waits for that one itself). */
+static void reap_orphans(void) {
+    while (subreaper) {
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) || si.si_pid <= 0)
+            return;
+        pthread_mutex_lock(&state);
+        int others = muxed;
+        pthread_mutex_unlock(&state);
+        if (others || mux_owns(si.si_pid))
+            return;
+        waitpid(si.si_pid, NULL, WNOHANG);
+    }
+}
+
+/* mux.c's requests count as work: the heartbeat runs, a snapshot waits for them; the last
+ * one to end reaps what they left behind */
+static void mux_activity(int delta) {
+    pthread_mutex_lock(&state);
+    muxed += delta;
+    int none = muxed == 0;
+    pthread_cond_broadcast(muxed ? &wake : &idle);
+    pthread_mutex_unlock(&state);
+    if (none && delta < 0)
+        reap_orphans();
+}
+
 static void *request_thread(void *arg) {
     (void)arg;
     for (;;) {
@@ -601,8 +607,7 @@ static void *request_thread(void *arg) {
         pthread_mutex_unlock(&state);
         handle(&f);
         frame_free(&f);
-        while (waitpid(-1, NULL, WNOHANG) > 0)
-            ; /* outside a VM (a subreaper): the orphans the request left behind */
+        reap_orphans();
         pthread_mutex_lock(&state);
         busy = 0;
         pthread_cond_broadcast(&idle);
@@ -617,14 +622,14 @@ static void *heartbeat_thread(void *arg) {
     (void)arg;
     for (;;) {
         pthread_mutex_lock(&state);
-        while (!busy)
+        while (!busy && !muxed)
             pthread_cond_wait(&wake, &state);
         pthread_mutex_unlock(&state);
         struct timespec second = {1, 0};
         while (nanosleep(&second, &second) && errno == EINTR)
             ;
         pthread_mutex_lock(&state);
-        int still = busy;
+        int still = busy || muxed;
         pthread_mutex_unlock(&state);
         if (still) {
             jbuf h = {0};
@@ -644,9 +649,9 @@ static int wait_idle(void) {
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 2;
     pthread_mutex_lock(&state);
-    while (busy && pthread_cond_timedwait(&idle, &state, &until) == 0)
+    while ((busy || muxed) && pthread_cond_timedwait(&idle, &state, &until) == 0)
         ;
-    int ok = !busy;
+    int ok = !busy && !muxed;
     pthread_mutex_unlock(&state);
     return ok;
 }
@@ -784,6 +789,8 @@ static void serve(void) {
     if (env_of(&base, none) == 0) /* a function baseline: its worker is ready before HELLO */
         warm_boot(agent_dir, base.items);
     env_free(&base);
+    struct mux_host lent = {send_frame, env_of, mux_activity};
+    mux_init(&lent);
     port = open_port();
     if (port < 0) {
         log_msg("control port did not appear", NULL);
@@ -852,6 +859,8 @@ static void serve(void) {
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
             reseed(&f, 0);
+        } else if (mux_route(&f)) {
+            continue; /* routed: mux.c freed it or keeps it */
         } else if (!wait_idle()) {
             send_error("busy: one request at a time");
         } else {
@@ -889,12 +898,18 @@ int main(void) {
     if (slash)
         *slash = 0; /* its folder */
     signal(SIGPIPE, SIG_IGN);
+    /* a terminal's signals are its process's (a PTY's ^C, its hangup): never the agent's */
+    int tty_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t i = 0; i < sizeof tty_signals / sizeof *tty_signals; i++)
+        signal(tty_signals[i], SIG_IGN);
     if (getpid() != 1) {
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        subreaper = 1;
         prepare_guest_root();
         serve();
         return 0;
     }
+    sandbox_pid1 = 1;
     if (!getenv("PATH"))
         setenv("PATH", BASE_PATH, 1);
     prepare_guest_root();

@@ -19,7 +19,7 @@ enum {
     MAX_BODY = 1024 * 1024,    /* protocol.DEFAULT_MAX_BODY */
     CHUNK = 256 * 1024,        /* protocol.CHUNK: FILE, RESULT and PUT chunks */
     RESULT_MAX_BYTES = 4 * 1024 * 1024,
-    KIND_MAX = 19,
+    KIND_MAX = 28, /* protocol.Kind.ACK: the multiplexed kinds too (mux.c) */
 };
 
 enum kind {
@@ -42,6 +42,15 @@ enum kind {
     K_HEARTBEAT = 17,
     K_SNAPSHOT_PREPARE = 18,
     K_RESEED = 19,
+    K_STDIN = 20,
+    K_KILL = 21,
+    K_RESIZE = 22,
+    K_STARTED = 23,
+    K_FAILED = 24,
+    K_UPLOAD = 25,
+    K_DOWNLOAD = 26,
+    K_DATA = 27,
+    K_ACK = 28,
 };
 
 /* Where frame bytes come from: returns bytes read, 0 at end of stream, -1 on error. */

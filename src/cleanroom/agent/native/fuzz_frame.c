@@ -2,7 +2,8 @@
  * libFuzzer target: the native agent's frame reader and JSON walker over arbitrary bytes
  * (what a host, or anything that reaches the port, could send). Every frame read is walked
  * as the agent would: its keys, strings and numbers decoded. The same bytes as a guest file
- * name must encode to one valid JSON string (jb_name).
+ * name must encode to one valid JSON string (jb_name). A frame with an id is classified as
+ * mux.c's reading thread does, and a request's "user" looked up in /etc/passwd, /etc/group.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "fastseed.h"
 #include "frame.h"
+#include "mux.h"
 
 struct mem {
     const uint8_t *p;
@@ -78,6 +80,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         jspan v;
         (void)json_get(h, "argv", &v);
         (void)json_get(h, "path", &v);
+        int64_t id;
+        jspan idv;
+        int what = mux_classify(&f, &id, &idv);
+        if (what != MUX_NOT && json_check(idv.p, idv.n))
+            abort(); /* the id it echoes in a FAILED must be one JSON value */
+        char *user = json_get(h, "user", &v) ? NULL : json_strdup(v);
+        if (user) {
+            unsigned uid, gid, groups[8];
+            char home[64], name[64];
+            size_t ngroups;
+            (void)mux_lookup_user(user, &uid, &gid, home, sizeof home, name, sizeof name, groups,
+                                  &ngroups, 8);
+            free(user);
+        }
         frame_free(&f);
     }
     return 0;

@@ -4,11 +4,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -109,6 +112,15 @@ static void child_exec(char *const argv[], char *const envp[], const char *path_
     errno = saw_eacces ? EACCES : ENOENT;
 }
 
+void child_signals(void) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    int ignored_here[] = {SIGPIPE, SIGHUP, SIGINT, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t i = 0; i < sizeof ignored_here / sizeof *ignored_here; i++)
+        sigaction(ignored_here[i], &dfl, NULL); /* the agent ignores them; not the process */
+}
+
 void send_exit(send_fn send, int code, int sig, double duration, int timed_out, const char *extra) {
     jbuf h = {0};
     jb_lit(&h, "{\"code\":");
@@ -152,7 +164,7 @@ void timed_expire(struct timed_file *timed, size_t ntimed, double now, double *n
 }
 
 int relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
-    static char buf[RELAY_CHUNK];
+    char buf[RELAY_CHUNK]; /* on the stack: several requests relay at once (mux.c) */
     struct pollfd p[3];
     int kinds[3], n = 0;
     for (int i = 0; i < 2; i++) {
@@ -183,7 +195,7 @@ int relay_step(send_fn send, int fds[2], int watch, double timeout_s) {
         ssize_t k = read(p[i].fd, buf, sizeof buf);
         if (k > 0) {
             send(kinds[i] == 0 ? K_STDOUT : K_STDERR, NULL, buf, (size_t)k);
-        } else if (k == 0 || errno != EINTR) {
+        } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) { /* a PTY's end: EIO */
             close(fds[kinds[i]]);
             fds[kinds[i]] = -1;
         }
@@ -204,35 +216,66 @@ void relay_drain(send_fn send, int fds[2]) {
             close(fds[i]);
 }
 
+/* the process could not start: STARTED {pid: null} first for a multiplexed request */
+static void fail_start(send_fn send, const struct proc_opts *o, const char *name, int err) {
+    if (o && o->started)
+        o->started(o->ctx, -1);
+    cannot_start(send, name, err);
+}
+
+/* In the forked child: the request's user (its groups, then gid, then uid); 0 or -1 */
+static int child_ids(const struct proc_opts *o) {
+    if (!o || !o->has_ids)
+        return 0;
+    if (setgroups(o->ngroups, o->groups) || setgid(o->gid) || setuid(o->uid))
+        return -1;
+    return 0;
+}
+
 void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
                  double timeout_s, struct timed_file *timed, size_t ntimed) {
+    run_process_with(send, argv, envp, cwd, timeout_s, timed, ntimed, NULL);
+}
+
+void run_process_with(send_fn send, char *const argv[], char *const envp[], const char *cwd,
+                      double timeout_s, struct timed_file *timed, size_t ntimed,
+                      const struct proc_opts *opts) {
     double started = monotonic_s();
     int out[2], err[2], status_pipe[2];
+    int stdin_fd = opts ? opts->stdin_fd : -1;
+    int tty = opts && opts->tty_fd > 0 ? opts->tty_fd : -1;
     if (!argv[0]) {
-        cannot_start(send, "[]", ENOENT);
+        if (tty >= 0)
+            close(tty);
+        if (stdin_fd >= 0)
+            close(stdin_fd);
+        fail_start(send, opts, "[]", ENOENT);
         return;
     }
     if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
-        cannot_start(send, argv[0], errno);
+        if (tty >= 0)
+            close(tty);
+        if (stdin_fd >= 0)
+            close(stdin_fd);
+        fail_start(send, opts, argv[0], errno);
         return;
     }
     const char *path_env = env_get(envp, "PATH");
     pid_t pid = fork();
     if (pid == 0) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL); /* the agent ignores it; the process must not */
+        child_signals();
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         setsid();
-        int null = open("/dev/null", O_RDONLY);
+        int null = tty >= 0 ? tty : stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY);
         if (null >= 0)
             dup2(null, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        if (chdir(cwd ? cwd : "/") == 0)
+        dup2(tty >= 0 ? tty : out[1], 1);
+        dup2(tty >= 0 ? tty : err[1], 2);
+        if (tty >= 0)
+            ioctl(0, TIOCSCTTY, 0); /* its terminal: ^C and window changes reach its group */
+        if (child_ids(opts) == 0 && chdir(cwd ? cwd : "/") == 0)
             child_exec(argv, envp, path_env);
         int e = errno;
         ssize_t ignored = write(status_pipe[1], &e, sizeof e);
@@ -243,11 +286,22 @@ void run_process(send_fn send, char *const argv[], char *const envp[], const cha
     close(out[1]);
     close(err[1]);
     close(status_pipe[1]);
-    if (pid < 0) {
+    if (stdin_fd >= 0)
+        close(stdin_fd); /* the child's end: a writer to an exited process gets EPIPE */
+    if (tty >= 0) { /* one terminal for all three: its master is read as stdout */
+        close(tty);
         close(out[0]);
         close(err[0]);
+        out[0] = fcntl(opts->tty_master, F_DUPFD_CLOEXEC, 0);
+        err[0] = -1;
+    }
+    if (pid < 0) {
+        if (out[0] >= 0)
+            close(out[0]);
+        if (err[0] >= 0)
+            close(err[0]);
         close(status_pipe[0]);
-        cannot_start(send, argv[0], fork_errno);
+        fail_start(send, opts, argv[0], fork_errno);
         return;
     }
     int child_errno = 0;
@@ -258,11 +312,15 @@ void run_process(send_fn send, char *const argv[], char *const envp[], const cha
     close(status_pipe[0]);
     if (got == (ssize_t)sizeof child_errno) { /* exec failed: nothing ran */
         waitpid(pid, NULL, 0);
-        close(out[0]);
-        close(err[0]);
-        cannot_start(send, argv[0], child_errno);
+        if (out[0] >= 0)
+            close(out[0]);
+        if (err[0] >= 0)
+            close(err[0]);
+        fail_start(send, opts, argv[0], child_errno);
         return;
     }
+    if (opts && opts->started)
+        opts->started(opts->ctx, pid);
     int fds[2] = {out[0], err[0]};
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     double deadline = timeout_s < 0 ? -1 : started + timeout_s;
@@ -294,3 +352,55 @@ void run_process(send_fn send, char *const argv[], char *const envp[], const cha
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     send_exit(send, code, sig, monotonic_s() - started, timed_out, NULL);
 }
+
+/* argv from a JSON list of strings (NULL if it is not one) */
+char **argv_of(jspan list) {
+    if (!json_is(list, '['))
+        return NULL;
+    size_t pos = 0, n = 0;
+    jspan item;
+    while (json_next(list, &pos, NULL, &item))
+        n++;
+    char **argv = calloc(n + 1, sizeof *argv);
+    if (!argv)
+        return NULL;
+    pos = 0;
+    for (size_t i = 0; json_next(list, &pos, NULL, &item); i++) {
+        if (!(argv[i] = json_strdup(item))) {
+            for (size_t k = 0; k < i; k++)
+                free(argv[k]);
+            free(argv);
+            return NULL;
+        }
+    }
+    return argv;
+}
+
+void free_argv(char **argv) {
+    for (size_t i = 0; argv && argv[i]; i++)
+        free(argv[i]);
+    free(argv);
+}
+
+int make_parents(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof buf)
+        return -1;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i < n; i++) {
+        if (buf[i] != '/')
+            continue;
+        buf[i] = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST)
+            return -1;
+        buf[i] = '/';
+    }
+    return 0;
+}
+
+double timeout_of(jspan v) {
+    double t;
+    return json_number(v, &t) ? -1 : t < 0 ? 0 : t;
+}
+

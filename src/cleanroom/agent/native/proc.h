@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include "json.h"
+
 /* An environment being built: "KEY=VALUE" strings, later ones replace earlier keys. */
 struct env {
     char **items; /* NULL-terminated */
@@ -27,9 +29,26 @@ struct timed_file {
 /* The agent's sender: a frame with a JSON header (NULL: "{}") and a body. */
 typedef void (*send_fn)(int kind, const char *header, const void *body, size_t blen);
 
+/* What a multiplexed EXEC adds (mux.c): a stdin pipe, a user, and a call once it runs. */
+struct proc_opts {
+    int stdin_fd;    /* the child's end of its stdin pipe (closed here), -1: /dev/null */
+    int tty_fd;      /* > 0: a PTY's terminal end for stdin, stdout, stderr (closed here) */
+    int tty_master;  /* then its master, read (a dup of it) as stdout */
+    int has_ids;     /* run as uid/gid with these supplementary groups */
+    unsigned uid, gid;
+    const unsigned *groups;
+    size_t ngroups;
+    void (*started)(void *ctx, int pid); /* after exec succeeded; pid -1: it did not start */
+    void *ctx;
+};
+
 /* Run argv with env in cwd (NULL: "/"), for at most timeout_s (< 0: no limit); send EXIT. */
 void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
                  double timeout_s, struct timed_file *timed, size_t ntimed);
+
+void run_process_with(send_fn send, char *const argv[], char *const envp[], const char *cwd,
+                      double timeout_s, struct timed_file *timed, size_t ntimed,
+                      const struct proc_opts *opts);
 
 /* EXIT {code (< 0: null), signal (0: null), duration_s, timed_out} plus `extra` (",key:value"
  * pairs of valid JSON, or NULL) */
@@ -48,5 +67,16 @@ int relay_step(send_fn send, int fds[2], int watch, double timeout_s);
 void relay_drain(send_fn send, int fds[2]);
 
 double monotonic_s(void);
+
+/* In a forked child: the signals the agent ignores (SIGPIPE, a terminal's) back to default. */
+void child_signals(void);
+
+/* argv from a JSON list of strings (NULL if it is not one), and its release */
+char **argv_of(jspan list);
+void free_argv(char **argv);
+/* a request's "timeout_s": < 0 if it is not a number (no limit), 0 if negative */
+double timeout_of(jspan v);
+/* the folders above `path` (mode 0755); -1 with errno if one cannot be made */
+int make_parents(const char *path);
 
 #endif

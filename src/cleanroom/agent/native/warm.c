@@ -192,10 +192,7 @@ static void start(const char *config, size_t n, char *const envp[]) {
     char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, conf, NULL};
     pid_t pid = fork();
     if (pid == 0) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL);
+        child_signals();
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);

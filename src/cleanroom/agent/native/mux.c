@@ -1,0 +1,656 @@
+/* Multiplexed requests: see mux.h. */
+#define _GNU_SOURCE
+#include "mux.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+    MAX_REQUESTS = 128,        /* at once; one more is FAILED {code: "busy"} */
+    WINDOW = 16 * 256 * 1024,  /* protocol.WINDOW (16 CHUNKs) */
+    MAX_QUEUED = 2 * WINDOW,   /* input a request holds; a host past its window loses the rest */
+    MAX_GROUPS = 64,           /* supplementary groups of a user */
+    STACK = 256 * 1024,        /* a request thread's stack (relay_step keeps 64 KiB on it) */
+};
+
+struct chunk {
+    struct chunk *next;
+    size_t n;
+    unsigned char data[];
+};
+
+struct request {
+    int used, kind, pid, killed, eof;
+    int64_t id, acked;
+    struct chunk *head, *tail;
+    size_t queued;
+    struct frame f;
+    pthread_t writer;
+    int has_writer, has_tty, tty; /* tty: a PTY's master (RESIZE sets its window) */
+};
+
+static struct mux_host host;
+static struct request table[MAX_REQUESTS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static __thread int64_t current = -1;
+
+void mux_init(const struct mux_host *h) { host = *h; }
+
+int64_t mux_current_id(void) { return current; }
+
+int mux_owns(int pid) {
+    int owned = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < MAX_REQUESTS && !owned; i++)
+        owned = table[i].used && table[i].pid == pid;
+    pthread_mutex_unlock(&lock);
+    return owned;
+}
+
+static jspan field(const struct frame *f, const char *key) {
+    jspan v = {"", 0};
+    json_get(frame_header(f), key, &v);
+    return v;
+}
+
+/* FAILED {code, message} of the calling thread's request (the sender adds its id) */
+static void failed(const char *code, const char *message) {
+    jbuf h = {0};
+    jb_lit(&h, "{\"code\":");
+    jb_str(&h, code, strlen(code));
+    jb_key(&h, "message");
+    jb_str(&h, message, strlen(message));
+    jb_lit(&h, "}");
+    host.send(K_FAILED, h.failed ? NULL : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+/* FAILED for an errno, with muxed.ERRNO_CODES' codes */
+static void failed_errno(const char *what, const char *path, int err) {
+    const char *code = err == ENOENT || err == ENOTDIR ? "not_found"
+                       : err == EACCES                 ? "permission"
+                       : err == EISDIR                 ? "is_a_directory"
+                                                       : "os_error";
+    char msg[4400];
+    snprintf(msg, sizeof msg, "%s: [Errno %d] %s: '%.4096s'", what, err, strerror(err), path);
+    failed(code, msg);
+}
+
+static void send_size(int kind, int64_t size, const char *extra) {
+    jbuf h = {0};
+    jb_lit(&h, "{\"size\":");
+    jb_int(&h, size);
+    if (extra)
+        jb_lit(&h, extra);
+    jb_lit(&h, "}");
+    host.send(kind, h.failed ? NULL : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+/* -- input of a running request (from the reading thread) ----------------------------------- */
+
+static struct request *find(int64_t id) {
+    for (size_t i = 0; i < MAX_REQUESTS; i++)
+        if (table[i].used && table[i].id == id)
+            return &table[i];
+    return NULL;
+}
+
+static void deliver(struct request *r, const struct frame *f) {
+    int64_t size;
+    if (f->kind == K_KILL) {
+        r->killed = 1;
+        if (r->pid > 0)
+            kill(-r->pid, SIGKILL);
+    } else if (f->kind == K_ACK) {
+        if (!json_int(field(f, "size"), &size) && size > r->acked)
+            r->acked = size;
+    } else if (f->kind == K_STDIN || f->kind == K_DATA) {
+        if (f->blen && r->queued + f->blen <= MAX_QUEUED) {
+            struct chunk *c = malloc(sizeof *c + f->blen);
+            if (c) {
+                c->next = NULL;
+                c->n = f->blen;
+                memcpy(c->data, f->body, f->blen);
+                *(r->tail ? &r->tail->next : &r->head) = c;
+                r->tail = c;
+                r->queued += f->blen;
+            }
+        }
+        if (json_true(field(f, "eof")))
+            r->eof = 1;
+    } else if (f->kind == K_RESIZE && r->has_tty) {
+        int64_t rows, cols;
+        if (!json_int(field(f, "rows"), &rows) && !json_int(field(f, "cols"), &cols) &&
+            rows > 0 && rows < 65536 && cols > 0 && cols < 65536) {
+            struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+            ioctl(r->tty, TIOCSWINSZ, &ws);
+        }
+    }
+    pthread_cond_broadcast(&changed);
+}
+
+/* The next chunk of input (the caller frees it); NULL at its end or once killed / done. */
+static struct chunk *next_input(struct request *r) {
+    pthread_mutex_lock(&lock);
+    while (!r->head && !r->eof && !r->killed)
+        pthread_cond_wait(&changed, &lock);
+    struct chunk *c = r->killed ? NULL : r->head;
+    if (c) {
+        r->head = c->next;
+        if (!r->head)
+            r->tail = NULL;
+        r->queued -= c->n;
+    }
+    pthread_mutex_unlock(&lock);
+    return c;
+}
+
+/* Wait until `size` more bytes fit the receiver's window; 0 if killed meanwhile. */
+static int wait_window(struct request *r, int64_t sent, size_t size) {
+    pthread_mutex_lock(&lock);
+    while (!r->killed && sent - r->acked + (int64_t)size > WINDOW && sent != r->acked)
+        pthread_cond_wait(&changed, &lock);
+    int ok = !r->killed;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+static void set_killed(struct request *r) {
+    pthread_mutex_lock(&lock);
+    r->killed = 1;
+    r->pid = 0;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+}
+
+/* -- users --------------------------------------------------------------------------------- */
+
+/* the next line of `f` split at ':' into at most `max` fields; -1 at the end of the file
+ * (a line too long for `line` is skipped whole) */
+static int next_record(FILE *f, char *line, size_t cap, char **fields, int max) {
+    for (;;) {
+        if (!fgets(line, (int)cap, f))
+            return -1;
+        size_t n = strlen(line);
+        if (n && line[n - 1] != '\n' && !feof(f)) {
+            int ch;
+            while ((ch = fgetc(f)) != EOF && ch != '\n')
+                ;
+            continue;
+        }
+        line[strcspn(line, "\n")] = 0;
+        int k = 0;
+        for (char *p = line; k < max; k++) {
+            fields[k] = p;
+            char *colon = strchr(p, ':');
+            if (!colon) {
+                k++;
+                break;
+            }
+            *colon = 0;
+            p = colon + 1;
+        }
+        return k;
+    }
+}
+
+static int parse_id(const char *s, unsigned *out) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (!*s || *end || errno || v > 0xfffffffeUL || *s == '-' || *s == '+' || *s == ' ')
+        return -1;
+    *out = (unsigned)v;
+    return 0;
+}
+
+int mux_lookup_user(const char *name, unsigned *uid, unsigned *gid, char *home, size_t home_cap,
+                    char *user, size_t user_cap, unsigned *groups, size_t *ngroups,
+                    size_t max_groups) {
+    unsigned wanted;
+    int by_uid = *name && strspn(name, "0123456789") == strlen(name) && !parse_id(name, &wanted);
+    if (!*name)
+        return -1;
+    char line[4096], *fl[7];
+    FILE *f = fopen("/etc/passwd", "re");
+    int found = 0, n;
+    while (f && !found && (n = next_record(f, line, sizeof line, fl, 7)) >= 0) {
+        unsigned u, g;
+        if (n < 6 || parse_id(fl[2], &u) || parse_id(fl[3], &g))
+            continue;
+        if (by_uid ? u != wanted : strcmp(fl[0], name) != 0)
+            continue;
+        if (strlen(fl[5]) >= home_cap || strlen(fl[0]) >= user_cap)
+            continue;
+        *uid = u;
+        *gid = g;
+        strcpy(home, fl[5]);
+        strcpy(user, fl[0]);
+        found = 1;
+    }
+    if (f)
+        fclose(f);
+    if (!found || !max_groups)
+        return -1;
+    *ngroups = 0;
+    groups[(*ngroups)++] = *gid; /* os.getgrouplist: the primary group, then the others */
+    f = fopen("/etc/group", "re");
+    while (f && (n = next_record(f, line, sizeof line, fl, 4)) >= 0) {
+        unsigned g;
+        if (n < 4 || parse_id(fl[2], &g) || g == *gid || *ngroups == max_groups)
+            continue;
+        for (char *m = strtok(fl[3], ","); m; m = strtok(NULL, ",")) {
+            if (!strcmp(m, user)) {
+                groups[(*ngroups)++] = g;
+                break;
+            }
+        }
+    }
+    if (f)
+        fclose(f);
+    return 0;
+}
+
+/* -- EXEC ---------------------------------------------------------------------------------- */
+
+struct feed {
+    struct request *r;
+    int fd, terminal;
+};
+
+/* stdin: the request's input into the pipe (non-blocking: it stops once the request ends),
+ * ACK {size} after each chunk */
+static void *feed_stdin(void *arg) {
+    struct feed *fe = arg;
+    current = fe->r->id;
+    int64_t written = 0;
+    struct chunk *c;
+    while ((c = next_input(fe->r))) {
+        size_t off = 0;
+        while (off < c->n) {
+            ssize_t w = write(fe->fd, c->data + off, c->n - off);
+            if (w > 0) {
+                off += (size_t)w;
+            } else if (w < 0 && errno == EAGAIN) {
+                struct pollfd p = {fe->fd, POLLOUT, 0};
+                poll(&p, 1, 100);
+                pthread_mutex_lock(&lock);
+                int stop = fe->r->killed;
+                pthread_mutex_unlock(&lock);
+                if (stop)
+                    break;
+            } else if (!(w < 0 && errno == EINTR)) {
+                break; /* a process that closed its stdin: the rest is dropped */
+            }
+        }
+        written += (int64_t)c->n;
+        free(c);
+        send_size(K_ACK, written, NULL);
+    }
+    pthread_mutex_lock(&lock);
+    int ended = fe->r->eof && !fe->r->killed;
+    pthread_mutex_unlock(&lock);
+    if (fe->terminal && ended) {
+        ssize_t ignored = write(fe->fd, "\x04", 1); /* end of input on a terminal: ^D */
+        (void)ignored;
+    }
+    close(fe->fd);
+    free(fe);
+    return NULL;
+}
+
+static void on_started(void *ctx, int pid) {
+    struct request *r = ctx;
+    pthread_mutex_lock(&lock);
+    r->pid = pid > 0 ? pid : 0;
+    if (r->killed && pid > 0)
+        kill(-pid, SIGKILL);
+    pthread_mutex_unlock(&lock);
+    jbuf h = {0};
+    jb_lit(&h, "{\"pid\":");
+    if (pid > 0)
+        jb_int(&h, pid);
+    else
+        jb_lit(&h, "null");
+    jb_lit(&h, "}");
+    host.send(K_STARTED, h.failed ? NULL : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+/* A PTY of the size [rows, cols] for the request: its master kept, its terminal end in opts
+ * (stdin, stdout and stderr of the process); -1 with errno if there is none. */
+static int open_pty(struct request *r, jspan size, struct proc_opts *opts) {
+    struct winsize ws = {.ws_row = 24, .ws_col = 80};
+    size_t pos = 0;
+    jspan v;
+    int64_t n[2];
+    for (int i = 0; i < 2 && json_is(size, '[') && json_next(size, &pos, NULL, &v); i++)
+        if (!json_int(v, &n[i]) && n[i] > 0 && n[i] < 65536)
+            *(i ? &ws.ws_col : &ws.ws_row) = (unsigned short)n[i];
+    char name[128];
+    int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0)
+        return -1;
+    int slave = -1;
+    if (grantpt(master) || unlockpt(master) || ptsname_r(master, name, sizeof name) ||
+        (slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+        int err = errno;
+        close(master);
+        errno = err;
+        return -1;
+    }
+    ioctl(master, TIOCSWINSZ, &ws);
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    pthread_mutex_lock(&lock);
+    r->tty = master;
+    r->has_tty = 1;
+    pthread_mutex_unlock(&lock);
+    opts->tty_fd = slave;
+    opts->tty_master = master;
+    return 0;
+}
+
+static void exec_request(struct request *r) {
+    const struct frame *f = &r->f;
+    jspan pty = field(f, "pty"), user = field(f, "user"), env_span = field(f, "env");
+    struct proc_opts opts = {.stdin_fd = -1, .started = on_started, .ctx = r};
+    if (pty.n && !json_is(pty, 'n') && open_pty(r, pty, &opts)) {
+        failed_errno("OSError", "/dev/ptmx", errno);
+        return;
+    }
+    unsigned groups[MAX_GROUPS];
+    char home[4096] = "", name[256] = "";
+    if (user.n && !json_is(user, 'n')) {
+        char *wanted = json_strdup(user);
+        int unknown = !wanted || mux_lookup_user(wanted, &opts.uid, &opts.gid, home, sizeof home,
+                                                 name, sizeof name, groups, &opts.ngroups,
+                                                 MAX_GROUPS);
+        if (unknown) {
+            jbuf msg = {0};
+            jb_lit(&msg, "no user ");
+            jb_raw(&msg, user.p, user.n < 200 ? user.n : 200);
+            jb_lit(&msg, " in this guest");
+            failed("unknown_user", msg.failed ? "no such user in this guest" : msg.p);
+            jb_free(&msg);
+            free(wanted);
+            return;
+        }
+        free(wanted);
+        opts.has_ids = 1;
+        opts.groups = groups;
+    }
+    char **argv = argv_of(field(f, "argv"));
+    struct env env = {0};
+    jspan cwd_span = field(f, "cwd"), named;
+    char *cwd = json_is(cwd_span, '"') ? json_strdup(cwd_span) : NULL;
+    int ok = argv && host.env_of(&env, env_span) == 0 && (cwd || !json_is(cwd_span, '"'));
+    const char *keys[] = {"HOME", "USER", "LOGNAME"}, *values[] = {home, name, name};
+    for (int i = 0; ok && opts.has_ids && i < 3; i++)
+        if (!json_is(env_span, '{') || json_get(env_span, keys[i], &named))
+            ok = env_set(&env, keys[i], values[i]) == 0;
+    struct stat st;
+    const char *dir = cwd && *cwd                                           ? cwd
+                      : opts.has_ids && !stat(home, &st) && S_ISDIR(st.st_mode) ? home
+                                                                            : "/";
+    int in[2] = {-1, -1};
+    if (ok && r->has_tty) {
+        in[1] = fcntl(r->tty, F_DUPFD_CLOEXEC, 0);
+    } else if (ok && json_true(field(f, "stdin")) && pipe2(in, O_CLOEXEC) == 0) {
+        fcntl(in[1], F_SETFL, O_NONBLOCK);
+    }
+    if (in[1] >= 0) {
+        struct feed *fe = malloc(sizeof *fe);
+        pthread_attr_t small;
+        pthread_attr_init(&small);
+        pthread_attr_setstacksize(&small, 64 * 1024);
+        if (fe) {
+            fe->r = r;
+            fe->fd = in[1];
+            fe->terminal = r->has_tty;
+        }
+        if (fe && pthread_create(&r->writer, &small, feed_stdin, fe) == 0) {
+            r->has_writer = 1;
+            opts.stdin_fd = in[0];
+        } else {
+            free(fe);
+            if (in[0] >= 0)
+                close(in[0]);
+            close(in[1]);
+        }
+        pthread_attr_destroy(&small);
+    }
+    if (!ok && opts.tty_fd > 0)
+        close(opts.tty_fd);
+    if (!ok)
+        failed("error", "ValueError: argv must be a list of strings, env an object of strings");
+    else
+        run_process_with(host.send, argv, env.items, dir, timeout_of(field(f, "timeout_s")), NULL,
+                         0, &opts);
+    set_killed(r); /* the process ended: its stdin writer stops */
+    if (r->has_writer)
+        pthread_join(r->writer, NULL); /* its last ACK before DONE */
+    if (r->has_tty) {
+        pthread_mutex_lock(&lock);
+        r->has_tty = 0;
+        pthread_mutex_unlock(&lock);
+        close(r->tty);
+    }
+    if (ok)
+        host.send(K_DONE, NULL, NULL, 0);
+    free(cwd);
+    free_argv(argv);
+    env_free(&env);
+}
+
+/* -- UPLOAD / DOWNLOAD --------------------------------------------------------------------- */
+
+static void upload(struct request *r) {
+    const struct frame *f = &r->f;
+    char *path = json_strdup(field(f, "path"));
+    int64_t mode = 0644;
+    jspan m = field(f, "mode");
+    if (json_true(field(f, "tar"))) {
+        failed("unsupported", "a tar upload: the native agent does not serve it");
+    } else if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777) {
+        failed("error", "ValueError: UPLOAD needs a path and an integer mode");
+    } else {
+        int fd = make_parents(path) ? -1
+                                    : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                                           (mode_t)mode);
+        if (fd < 0) {
+            failed_errno("OSError", path, errno);
+            free(path);
+            return;
+        }
+        int64_t size = 0;
+        struct chunk *c;
+        int err = 0;
+        while (!err && (c = next_input(r))) {
+            for (size_t off = 0; off < c->n && !err;) {
+                ssize_t w = write(fd, c->data + off, c->n - off);
+                if (w > 0)
+                    off += (size_t)w;
+                else if (!(w < 0 && errno == EINTR))
+                    err = w < 0 ? errno : EIO;
+            }
+            size += (int64_t)c->n;
+            free(c);
+            if (!err)
+                send_size(K_ACK, size, NULL);
+        }
+        close(fd);
+        pthread_mutex_lock(&lock);
+        int stopped = r->killed;
+        pthread_mutex_unlock(&lock);
+        if (err)
+            failed_errno("OSError", path, err);
+        else
+            send_size(K_DONE, size, stopped ? ",\"stopped\":true" : ",\"stopped\":false");
+    }
+    free(path);
+}
+
+static void download(struct request *r) {
+    const struct frame *f = &r->f;
+    char *path = json_strdup(field(f, "path"));
+    if (json_true(field(f, "tar"))) {
+        failed("unsupported", "a tar download: the native agent does not serve it");
+        free(path);
+        return;
+    }
+    struct stat st;
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    unsigned char *buf = malloc(CHUNK);
+    if (!path || !buf) {
+        failed("error", path ? "MemoryError" : "ValueError: DOWNLOAD needs a path");
+    } else if (fd < 0 || fstat(fd, &st) || S_ISDIR(st.st_mode)) {
+        failed_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
+                     fd < 0 ? errno : EISDIR);
+    } else {
+        int64_t sent = 0;
+        for (;;) {
+            ssize_t got = read(fd, buf, CHUNK);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0) {
+                failed_errno("OSError", path, errno);
+                break;
+            }
+            if (got == 0) {
+                send_size(K_DONE, sent, NULL);
+                break;
+            }
+            if (!wait_window(r, sent, (size_t)got)) {
+                send_size(K_DONE, sent, ",\"stopped\":true");
+                break;
+            }
+            jbuf h = {0};
+            jb_lit(&h, "{\"offset\":");
+            jb_int(&h, sent);
+            jb_lit(&h, ",\"eof\":false}");
+            host.send(K_DATA, h.failed ? NULL : h.p, buf, (size_t)got);
+            jb_free(&h);
+            sent += got;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    free(path);
+}
+
+/* -- routing ------------------------------------------------------------------------------- */
+
+static void *serve(void *arg) {
+    struct request *r = arg;
+    current = r->id;
+    if (r->kind == K_EXEC)
+        exec_request(r);
+    else if (r->kind == K_UPLOAD)
+        upload(r);
+    else
+        download(r);
+    pthread_mutex_lock(&lock);
+    for (struct chunk *c = r->head, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    frame_free(&r->f);
+    memset(r, 0, sizeof *r);
+    pthread_mutex_unlock(&lock);
+    host.activity(-1);
+    return NULL;
+}
+
+/* FAILED for a request that never ran here (from the reading thread: the id is echoed) */
+static void refuse(jspan id, const char *code, const char *message) {
+    jbuf h = {0};
+    jb_lit(&h, "{\"id\":");
+    jb_raw(&h, id.p, id.n); /* a value of a validated header: valid JSON */
+    jb_key(&h, "code");
+    jb_str(&h, code, strlen(code));
+    jb_key(&h, "message");
+    jb_str(&h, message, strlen(message));
+    jb_lit(&h, "}");
+    host.send(K_FAILED, h.failed ? NULL : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+int mux_classify(const struct frame *f, int64_t *id, jspan *idv) {
+    if (json_get(frame_header(f), "id", idv))
+        return MUX_NOT;
+    int is_int = !json_int(*idv, id);
+    if (f->kind == K_STDIN || f->kind == K_KILL || f->kind == K_RESIZE || f->kind == K_DATA ||
+        f->kind == K_ACK)
+        return is_int ? MUX_INPUT : MUX_LATE;
+    if (is_int && (f->kind == K_EXEC || f->kind == K_UPLOAD || f->kind == K_DOWNLOAD))
+        return MUX_NEW;
+    return MUX_REFUSE;
+}
+
+int mux_route(struct frame *f) {
+    jspan idv;
+    int64_t id = -1;
+    int what = mux_classify(f, &id, &idv);
+    if (what == MUX_NOT)
+        return 0;
+    if (what == MUX_INPUT || what == MUX_LATE) {
+        pthread_mutex_lock(&lock);
+        struct request *r = what == MUX_INPUT ? find(id) : NULL;
+        if (r) /* else it just ended: its late input has nowhere to go */
+            deliver(r, f);
+        pthread_mutex_unlock(&lock);
+        frame_free(f);
+        return 1;
+    }
+    pthread_mutex_lock(&lock);
+    int fresh = what == MUX_NEW && !find(id);
+    struct request *r = NULL;
+    for (size_t i = 0; fresh && i < MAX_REQUESTS && !r; i++)
+        r = table[i].used ? NULL : &table[i];
+    if (r) {
+        memset(r, 0, sizeof *r);
+        r->used = 1;
+        r->id = id;
+        r->kind = f->kind;
+        r->f = *f; /* the thread frees it */
+    }
+    pthread_mutex_unlock(&lock);
+    if (!r) {
+        char msg[96];
+        if (fresh)
+            snprintf(msg, sizeof msg, "too many requests at once (%d)", MAX_REQUESTS);
+        else
+            snprintf(msg, sizeof msg, "no request of kind %d with this id here", f->kind);
+        refuse(idv, fresh ? "busy" : "unsupported", msg);
+        frame_free(f);
+        return 1;
+    }
+    host.activity(+1);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, STACK);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, serve, r)) {
+        pthread_mutex_lock(&lock);
+        memset(r, 0, sizeof *r);
+        pthread_mutex_unlock(&lock);
+        refuse(idv, "busy", "no thread for the request");
+        frame_free(f);
+        host.activity(-1);
+    }
+    pthread_attr_destroy(&attr);
+    return 1;
+}

@@ -1,0 +1,195 @@
+"""The native agent's multiplexed requests (``agent/native/mux.c``) as a host process, driven by
+the real host side (``AgentSession``, ``commands``, ``transfers``) over a unix socket.
+
+Each test protects what the host relies on once the HELLO lists "mux": two commands at once
+(on the old agent the second waited for the first: "busy"), output streamed in order, stdin of
+more than the window, a spawned process killed with its group, a timeout that kills
+grandchildren, a user from /etc/passwd and a typed error for an unknown one, streams of more
+than the window both ways, a missing file as ``GuestFileNotFound``, and what is not served yet
+(PTY, tar) refused as ``Unsupported`` by the host. Skips without gcc (the builder needs it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import pwd
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
+
+from cleanroom.agent import native
+from cleanroom.agent.session import AgentSession
+from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser, Unsupported
+
+
+@pytest.fixture(scope="module")
+def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("native-mux") / native.BINARY
+    subprocess.run(native.gcc_argv(out), cwd=native.NATIVE_DIR, check=True)
+    return out
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+async def gone(pid: int) -> bool:
+    for _ in range(200):
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
+    """The host multiplexes only for an agent that says so; tar is not claimed."""
+
+    async def body(session: AgentSession) -> frozenset[str]:
+        return session.features
+
+    features = drive(agent_binary, root, body)
+    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream"}
+
+
+def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Path) -> None:
+    """Two commands at once (the first waits for a file only the second makes), output in
+    order before the end, and 5 MiB of stdin (more than the window: ACKs must flow)."""
+    flag = root / "flag"
+
+    async def body(session: AgentSession) -> None:
+        waiter = session.exec(["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.01; done; echo a"])
+        toucher = session.exec(["sh", "-c", f"touch {flag}; echo b"])
+        first, second = await asyncio.wait_for(asyncio.gather(waiter, toucher), 30)
+        assert (first.stdout, second.stdout) == (b"a\n", b"b\n")
+
+        seen: list[bytes] = []
+        result = await session.exec(["seq", "1", "30000"], on_stdout=seen.append)
+        assert b"".join(seen) == result.stdout
+        assert result.stdout.split() == [str(n).encode() for n in range(1, 30001)]
+
+        data = os.urandom(5 << 20)
+        result = await session.exec(["sha256sum"], stdin=data)
+        assert result.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+
+        missing = await session.exec(["no-such-program-here"])
+        assert missing.exit_code == 127 and b"cannot start" in missing.stderr
+
+    drive(agent_binary, root, body)
+
+
+def test_kill_and_timeout_take_the_whole_group(agent_binary: Path, root: Path) -> None:
+    """KILL is SIGKILL to the process group (a background grandchild dies too); a timeout
+    kills grandchildren and says so."""
+
+    async def body(session: AgentSession) -> None:
+        pids: list[bytes] = []
+        script = "sleep 1000 & echo $!; wait"
+        process = await session.spawn(["sh", "-c", script], on_stdout=pids.append)
+        while not pids:
+            await asyncio.sleep(0.01)
+        await process.kill()
+        assert (await asyncio.wait_for(process.wait(), 10)).signal == 9
+        assert await gone(int(b"".join(pids)))
+
+        inner = "sh -c 'sleep 1000 & echo $!; wait'; wait"
+        result = await session.exec(["sh", "-c", inner], timeout_s=1)
+        assert result.timed_out
+        with pytest.raises(CommandTimeout):
+            result.check()
+        assert await gone(int(result.stdout))
+
+    drive(agent_binary, root, body)
+
+
+def test_user_comes_from_etc_passwd_and_an_unknown_one_is_typed(
+    agent_binary: Path, root: Path
+) -> None:
+    """``user``: its uid, gid and HOME from /etc/passwd (parsed in C), by name or uid; a user
+    that is not there is ``UnknownUser`` and the agent goes on."""
+    nobody = pwd.getpwnam("nobody")
+
+    async def body(session: AgentSession) -> None:
+        script = "id -u; id -g; echo $HOME; echo $USER"
+        for user in ("nobody", str(nobody.pw_uid)):
+            who = await session.exec(["sh", "-c", script], user=user, cwd="/")
+            expected = f"{nobody.pw_uid}\n{nobody.pw_gid}\n{nobody.pw_dir}\nnobody\n"
+            assert who.stdout == expected.encode(), who
+        assert (await session.exec(["id", "-u"])).stdout == b"0\n"
+        with pytest.raises(UnknownUser):
+            await session.exec(["true"], user="nobody-of-that-name")
+        assert (await session.exec(["true"])).ok
+
+    drive(agent_binary, root, body)
+
+
+def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path) -> None:
+    """8 MiB up and back (twice the window each way), a missing file typed, and a tar stream
+    refused by type before anything reaches the guest."""
+    block = os.urandom(1 << 20)
+    path = root / "big.bin"
+
+    async def blocks() -> AsyncIterator[bytes]:
+        for _ in range(8):
+            yield block
+
+    async def body(session: AgentSession) -> None:
+        assert await session.put_stream(str(path), blocks()) == 8 << 20
+        back = hashlib.sha256()
+        async for chunk in session.get_stream(str(path)):
+            back.update(chunk)
+        assert back.hexdigest() == hashlib.sha256(block * 8).hexdigest()
+        await session.put(str(root / "a" / "small"), b"hello")
+        assert await session.get(str(root / "a" / "small")) == b"hello"
+        with pytest.raises(GuestFileNotFound):
+            await session.get(str(root / "no-such-file"))
+        with pytest.raises(Unsupported):
+            async for _ in session.get_tar(str(root)):
+                pass
+        assert (await session.exec(["true"])).ok
+
+    drive(agent_binary, root, body)
+    assert path.read_bytes() == block * 8
+
+
+def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
+    agent_binary: Path, root: Path
+) -> None:
+    """``pty``: one terminal for stdin, stdout and stderr, the controlling terminal of the
+    process's session (so ^C written to it is SIGINT to the foreground group), RESIZE sets its
+    window (the old agent refused a PTY: ``Unsupported``)."""
+
+    async def body(session: AgentSession) -> None:
+        out = bytearray()
+        script = (
+            'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
+        )
+        process = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
+        for _ in range(1000):
+            if b"24 80" in out:
+                break
+            await asyncio.sleep(0.01)
+        await process.resize(30, 100)
+        await process.write_stdin(b"\x03")
+        result = await asyncio.wait_for(process.wait(), 20)
+        assert b"GOT-INT" in out and b"30 100" in out and result.exit_code == 3, bytes(out)
+
+        cat = await session.spawn(["cat"], pty=(10, 40), on_stdout=out.extend)
+        await cat.write_stdin(b"typed\n")
+        await cat.close_stdin()  # ^D on a terminal: cat ends
+        assert (await asyncio.wait_for(cat.wait(), 20)).exit_code == 0
+
+    drive(agent_binary, root, body)
