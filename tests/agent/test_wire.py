@@ -246,3 +246,35 @@ def test_a_verifiers_verdict_crosses_the_same_boundary(raw: bytes) -> None:
 
     with pytest.raises(VerifierError):
         parse_verdict(raw)
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_nesting_up_to_the_depth_limit_is_accepted_one_more_refused(kind: str) -> None:
+    """``max_depth`` is exact for objects and arrays alike: ``depth`` containers pass,
+    ``depth + 1`` is a ProtocolError naming the document (an off-by-one lets a guest nest one
+    level deeper than the limit the README states, or refuses an honest document)."""
+    limits = wire.JsonLimits(max_bytes=1 << 20, max_depth=5)
+
+    def nested(depth: int) -> bytes:
+        opened, closed = ('{"k":', "}") if kind == "object" else ("[", "]")
+        return (opened * depth + "1" + closed * depth).encode()
+
+    assert wire.decode_json(nested(5), limits, "doc") is not None
+    with pytest.raises(ProtocolError, match=r"^doc nests deeper than 5$"):
+        wire.decode_json(nested(6), limits, "doc")
+
+
+def test_header_errors_say_it_was_the_frame_header() -> None:
+    """A guest's bad header is reported as the frame header (not some other document)."""
+    with pytest.raises(ProtocolError, match=r"^frame header is not a JSON object$"):
+        wire.decode_header(b"[1]")
+    with pytest.raises(ProtocolError, match=r"^frame header is not valid JSON"):
+        wire.decode_header(b"{nope")
+    with pytest.raises(ProtocolError, match=r"^frame header has a string with a lone surrogate$"):
+        wire.decode_header(b'{"a": "\\ud800"}')
+    with pytest.raises(ProtocolError, match=r"^frame header is not valid JSON.*1e999 overflows"):
+        wire.decode_header(b'{"a": 1e999}')
+    with pytest.raises(ProtocolError, match=r"^frame header is not valid JSON.*NaN is not allowed"):
+        wire.decode_header(b'{"a": NaN}')
+    with pytest.raises(ProtocolError, match=r"integer of 22 digits is out of range"):
+        wire.decode_header(b'{"a": ' + b"9" * 22 + b"}")
