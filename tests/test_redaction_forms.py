@@ -88,6 +88,10 @@ def test_base64_at_any_alignment_is_redacted(
     text = encode(before + secret.encode() + after)
     out, counts = redacted(secret, b"data:" + text + b"\n")
     assert MARK in out and counts["S"] == 1, (secret, before, after, text)
+    # exactly the characters whose six bits all come from the secret are replaced: every
+    # character from the secret's first whole one to its last is gone, no more
+    first, end = -(-8 * len(before) // 6), 8 * (len(before) + len(secret.encode())) // 6
+    assert len(out) == len(b"data:" + text + b"\n") - (end - first) + len(MARK), (out, text)
 
 
 @settings(max_examples=100, deadline=None)
@@ -99,3 +103,23 @@ def test_json_dumps_either_way_is_redacted_and_plain_text_is_left_alone(secret: 
         assert MARK in out and dumped[1:-1] not in out, (secret, out)
     text = b"nothing secret here: 0123456789 %41 \\u0041 QUJD"
     assert redacted(secret, text) == (text, {"S": 0})
+
+
+def test_the_longer_secret_wins_whatever_order_they_are_given_in() -> None:
+    """A secret that contains another is replaced whole, even when the shorter one is listed
+    first (the redactor tries the longest first)."""
+    redactor = Redactor({"SHORT": "Sup3r", "LONG": "hf_Sup3r_Secret"})
+    assert redactor.redact(b"a hf_Sup3r_Secret b Sup3r") == b"a [REDACTED:LONG] b [REDACTED:SHORT]"
+    assert redactor.counts == {"SHORT": 1, "LONG": 1}
+
+
+def test_a_space_sent_as_plus_is_found_in_text_with_no_other_escape() -> None:
+    """``+`` alone (form-encoded spaces, no ``%`` or ``\\`` anywhere) still makes the
+    redactor look for the escaped forms."""
+    assert redacted("pass word 42", b"q=pass+word+42&x=1") == (b"q=" + MARK + b"&x=1", {"S": 1})
+
+
+def test_the_last_bmp_character_is_one_escape_not_a_surrogate_pair() -> None:
+    """U+FFFF is written ``\\uffff`` (one escape); only characters above it are pairs."""
+    secret = "ab\uffffcd"
+    assert redacted(secret, b"<ab\\uFFFFcd>") == (b"<" + MARK + b">", {"S": 1})

@@ -29,8 +29,9 @@ def test_missing_and_short_secrets_are_refused(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ConfigError, match="NOPE"):
         resolve(provider_from("env"), ["NOPE"])
     monkeypatch.setenv("TINY", "ab")
-    with pytest.raises(ConfigError, match="shorter"):
-        resolve(provider_from("env"), ["TINY"])
+    monkeypatch.setenv("WEE", "abc")
+    with pytest.raises(ConfigError, match=r"^secret\(s\) TINY, WEE shorter than 4 characters$"):
+        resolve(provider_from("env"), ["WEE", "TINY"])
     with pytest.raises(ConfigError):
         provider_from("ftp:x")
 
