@@ -205,7 +205,7 @@ def test_the_summary_says_why_each_episode_failed_and_fail_on_sets_the_exit(home
     assert "hint: every episode failed; look at one with `cleanroom inspect a --run-id rf`" in (
         proc.stdout
     )
-    assert "/episodes/a/logs/stderr.log" in proc.stdout
+    assert "/episodes/a/attempts/1/logs/stderr.log" in proc.stdout
     failing = cli(home, *args, "--run-id", "rf2", "--fail-on", "timeout,episode_error")
     assert failing.returncode == 1, failing.stderr
     bad = cli(home, *args, "--fail-on", "episode-error")

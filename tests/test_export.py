@@ -71,7 +71,8 @@ def test_a_non_final_attempt_keeps_its_redacted_logs_error_and_summary(tmp_path:
     for name, entry in logs.items():
         stored = store.get_bytes("run-1", "ep-1", f"attempts/3/logs/{name}")
         assert stored is not None and b"[REDACTED:TOK]" in stored
-        assert entry == {"name": name, "size": len(stored), "sha256": _sha(stored)}
+        path = f"attempts/3/logs/{name}"
+        assert entry == {"name": name, "size": len(stored), "sha256": _sha(stored), "path": path}
     for path in (tmp_path / "store").rglob("*"):
         assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
     assert store.get_record("run-1", "ep-1") is None  # not final: no record

@@ -111,10 +111,16 @@ def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
     assert record["exit"] == {"code": 3, "signal": 9, "timed_out": True, "duration_s": 1.25}
     assert record["error"] == {"message": "entrypoint failed near [REDACTED:TOK]"}
     sha = hashlib.sha256(b"alpha").hexdigest()
-    assert record["artifacts"] == [{"name": "a.txt", "size": 5, "sha256": sha}]
+    path = "attempts/1/artifacts/a.txt"  # the attempt's own folder, named in the record
+    assert record["artifacts"] == [{"name": "a.txt", "size": 5, "sha256": sha, "path": path}]
+    assert record["evidence"] == "attempts/1"
     assert [log["name"] for log in record["logs"]] == ["stdout.log", "extra.txt"]
-    assert _read(store, "logs/extra.txt") == b"diag [REDACTED:TOK]"
-    assert SECRET.encode() not in _read(store, "logs/stdout.log")
+    assert [log["path"] for log in record["logs"]] == [
+        "attempts/1/logs/stdout.log",
+        "attempts/1/logs/extra.txt",
+    ]
+    assert _read(store, "attempts/1/logs/extra.txt") == b"diag [REDACTED:TOK]"
+    assert SECRET.encode() not in _read(store, "attempts/1/logs/stdout.log")
     prov = record["provenance"]
     assert prov["baseline"] == baseline.digest and prov["baseline_name"] == baseline.name
     assert prov["kernel"] == baseline.kernel_version and prov["env_id"] == "env-9"

@@ -42,7 +42,7 @@ def _break_artifacts(h: Harness, *, attempts_too: bool = False) -> None:
     real_file, real_bytes = h.store.put_file, h.store.put_bytes
 
     def put_file(run_id: str, episode_id: str, rel: str, src: Path) -> Any:
-        if episode_id == "x" and rel.startswith("artifacts/"):
+        if episode_id == "x" and "/artifacts/" in rel:
             raise ValueError(f"bug near {SECRET} \ud800")  # a secret and a lone surrogate
         return real_file(run_id, episode_id, rel, src)
 

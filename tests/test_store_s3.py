@@ -17,6 +17,7 @@ import pytest
 from cleanroom.errors import RecordConflict
 from cleanroom.store import open_store
 from cleanroom.store.remote import FsspecStore
+from tests.test_export_attempts import race
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -106,3 +107,11 @@ def test_racing_writers_exactly_one_wins(s3: FsspecStore) -> None:
     assert len(winners) == 1 and len(conflicts) == 7
     record = s3.get_record("r", "e3")
     assert record is not None and record["reward"] == winners[0]
+
+
+def test_a_late_attempt_never_replaces_the_winners_objects(s3: FsspecStore, tmp_path: Path) -> None:
+    """Protects: on S3 too, two attempts exporting at once write under their own
+    ``attempts/<n>/`` prefixes, the late attempt's objects (written after the winner's) never
+    replace the winner's, and every object the durable record lists holds the winner's bytes
+    (``race`` in ``test_export_attempts.py`` says what it checks)."""
+    race(s3, tmp_path, winner=2)

@@ -89,7 +89,7 @@ async def test_fresh_env_verdict_is_recorded(h: Harness) -> None:
     assert about["env_id"] in envs and about["env_id"] != row.env_id
     h.assert_all_destroyed("r")  # the verifier's env too
     folder = Path(h.store.episode_uri("r", "a").removeprefix("file://"))
-    assert (folder / "verifier" / "stdout.log").read_text() == "verifier ran pass\n"
+    assert (folder / "attempts/1/verifier/stdout.log").read_text() == "verifier ran pass\n"
     assert "verify_s" in record["timings"] and "verify" in record["timings"]["phases"]
     states = [e.data for e in h.ledger.events("r", "verified")]
     assert states and states[0]["verdict"] == "pass"

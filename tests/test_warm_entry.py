@@ -19,6 +19,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.manifest import Limits, Manifest
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from .conftest import ROOT, make_fake_baseline
 from .vmkit import assert_nothing_left
@@ -118,8 +119,8 @@ async def test_a_function_episode_is_durable_and_says_how_it_ran(h: Harness) -> 
     assert provenance["worker"] == "started"  # no template here: started on demand
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
     store = h.tmp / "store" / "runs" / "w1" / "episodes" / "f"
-    assert "warm: stdout f seed=6" in (store / "logs" / "stdout.log").read_text()
-    assert "warm: stderr f" in (store / "logs" / "stderr.log").read_text()
+    assert "warm: stdout f seed=6" in evidence(store, "logs", "stdout.log").read_text()
+    assert "warm: stderr f" in evidence(store, "logs", "stderr.log").read_text()
     h.assert_all_destroyed("w1")
 
 
@@ -135,9 +136,11 @@ async def test_failures_and_timeouts_are_outcomes_like_a_commands(h: Harness) ->
     assert outcomes["nondict"] == (Outcome.EPISODE_ERROR, "entrypoint failed (exit code 1)")
     assert outcomes["slow"][0] is Outcome.TIMEOUT
     logs = h.tmp / "store" / "runs" / "w2" / "episodes"
-    stderr = (logs / "raise" / "logs" / "stderr.log").read_text()
+    stderr = evidence(logs / "raise", "logs", "stderr.log").read_text()
     assert "Traceback (most recent call last)" in stderr and "ValueError: boom in raise" in stderr
-    assert "returned list, not a dict" in (logs / "nondict" / "logs" / "stderr.log").read_text()
+    assert (
+        "returned list, not a dict" in evidence(logs / "nondict", "logs", "stderr.log").read_text()
+    )
     assert h.record("w2", "slow")["exit"]["timed_out"] is True
     h.assert_all_destroyed("w2")
 

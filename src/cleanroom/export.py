@@ -1,8 +1,11 @@
 """Move an episode's staged evidence into the durable store, the result record last.
 
-``export_episode`` is for final outcomes: artifacts and logs first (each confirmed by the store),
-then ``result.json``; only after that is the episode durable. ``export_attempt`` keeps what can
-be had of a non-final attempt (logs, console tail, the error) under ``attempts/<n>/``.
+Every attempt writes under its own folder, ``attempts/<n>/`` (``store.layout``), so a late
+attempt never replaces the winner's files. ``export_episode`` is for final outcomes: artifacts
+and logs first (each confirmed by the store), then ``result.json``, which names the attempt's
+folder (``evidence``) and each file's ``path``; only after that is the episode durable, and
+the first record written decides which attempt *is* the episode. ``export_attempt`` keeps what
+can be had of a non-final attempt (logs, console tail, the error) in the same folder.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from cleanroom.errors import ExportError, ProtocolError, UnsafePath
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome, cleanroom_revision, host_facts, parse_guest_result
 from cleanroom.secrets import Redactor
-from cleanroom.store import Store
+from cleanroom.store import Store, StoredFile
+from cleanroom.store.layout import attempt_dir
 
 if TYPE_CHECKING:
     from cleanroom.episode_clock import EpisodeClock
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: evidence under attempts/<n>/, each file's path in the record
 
 
 def redact_output(
@@ -108,7 +112,7 @@ def _put_logs(
     store: Store,
     run_id: str,
     eid: str,
-    prefix: str,
+    folder: str,
     output: EpisodeOutput | None,
     diagnostics: dict[str, bytes],
 ) -> list[dict[str, Any]]:
@@ -116,12 +120,17 @@ def _put_logs(
     if output is not None:
         for path in (output.stdout_path, output.stderr_path):
             if path is not None and path.exists():
-                stored = store.put_file(run_id, eid, f"{prefix}logs/{path.name}", path)
-                logs.append({"name": path.name, "size": stored.size, "sha256": stored.sha256})
+                stored = store.put_file(run_id, eid, f"{folder}/logs/{path.name}", path)
+                logs.append(_entry(path.name, stored))
     for name, data in sorted(diagnostics.items()):
-        stored = store.put_bytes(run_id, eid, f"{prefix}logs/{name}", data)
-        logs.append({"name": name, "size": stored.size, "sha256": stored.sha256})
+        stored = store.put_bytes(run_id, eid, f"{folder}/logs/{name}", data)
+        logs.append(_entry(name, stored))
     return logs
+
+
+def _entry(name: str, stored: StoredFile) -> dict[str, Any]:
+    """A file as the record lists it: its name, address and where it lies in the store."""
+    return {"name": name, "size": stored.size, "sha256": stored.sha256, "path": stored.name}
 
 
 def export_episode(
@@ -146,13 +155,14 @@ def export_episode(
     eid = manifest.episode_id
     diagnostics = redact_output(output, diagnostics, redactor)
     error = redactor.redact_text(error) if redactor and error else error
+    folder = attempt_dir(attempt)
     artifacts = []
     for artifact in output.artifacts:
-        stored = store.put_file(run_id, eid, f"artifacts/{artifact.name}", artifact.path)
+        stored = store.put_file(run_id, eid, f"{folder}/artifacts/{artifact.name}", artifact.path)
         if stored.sha256 != artifact.sha256:
             raise ExportError(f"artifact {artifact.name}: stored bytes differ from what arrived")
-        artifacts.append({"name": artifact.name, "size": stored.size, "sha256": stored.sha256})
-    logs = _put_logs(store, run_id, eid, "", output, diagnostics)
+        artifacts.append(_entry(artifact.name, stored))
+    logs = _put_logs(store, run_id, eid, folder, output, diagnostics)
     clock.lap("export_s")
     guest = parse_guest_result(output.result_raw)
     record: dict[str, Any] = {
@@ -177,6 +187,7 @@ def export_episode(
             "duration_s": output.exit.duration_s,
         },
         "error": {"message": error} if error else None,
+        "evidence": folder,
         "artifacts": artifacts,
         "logs": logs,
         "secrets": secrets_summary(manifest, redactor),
@@ -226,8 +237,8 @@ def export_attempt(
     eid = manifest.episode_id
     diagnostics = redact_output(output, diagnostics, redactor)
     error = redactor.redact_text(error) if redactor and error else error
-    prefix = f"attempts/{attempt}/"
-    logs = _put_logs(store, run_id, eid, prefix, output, diagnostics)
+    folder = attempt_dir(attempt)
+    logs = _put_logs(store, run_id, eid, folder, output, diagnostics)
     summary = {
         "episode_id": eid,
         "attempt": attempt,
@@ -237,4 +248,4 @@ def export_attempt(
         "logs": logs,
         "secrets": secrets_summary(manifest, redactor),
     }
-    store.put_bytes(run_id, eid, prefix + "attempt.json", json.dumps(summary, indent=1).encode())
+    store.put_bytes(run_id, eid, f"{folder}/attempt.json", json.dumps(summary, indent=1).encode())

@@ -1,22 +1,22 @@
 """Why episodes failed, in one line each: the outcome, the error, the last line of stderr.
 
-The stderr line comes from the stored (already redacted) log: ``logs/stderr.log`` for a final
-outcome, ``attempts/<n>/logs/stderr.log`` for an attempt that did not reach one. Control
+The stderr line comes from the stored (already redacted) log: for a final outcome the one the
+durable record lists (the winning attempt's, whichever attempt the ledger row ends with), else
+``attempts/<n>/logs/stderr.log`` of the attempt that did not reach one. Control
 characters are dropped and the line is cut, so a guest cannot paint the operator's terminal.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import EpisodeRow, Ledger
 from cleanroom.record import Outcome
-from cleanroom.store import Store
+from cleanroom.store import Store, layout
 
 LINE_WIDTH = 160
 TAIL_BYTES = 64 * 1024  # the last line is looked for in this much of the log's end
-FINAL = {o.value for o in Outcome if o.final}
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Failure:
     outcome: str
     error: str | None
     stderr: str | None  # its last non-empty line, cleaned; None if there is no stderr log
+    log: str = "logs/stderr.log"  # where that log lies in the episode's folder
 
 
 def last_line(data: bytes, width: int = LINE_WIDTH) -> str | None:
@@ -37,22 +38,40 @@ def last_line(data: bytes, width: int = LINE_WIDTH) -> str | None:
     return None
 
 
-def _stderr(store: Store, run_id: str, row: EpisodeRow) -> str | None:
-    prefix = "" if row.outcome in FINAL else f"attempts/{row.attempt}/"
+def _failure(store: Store, run_id: str, row: EpisodeRow) -> Failure | None:
+    """The row's failure with its attempt's stderr; when the episode has a durable record, the
+    record's (the winning attempt's outcome and logs, whichever attempt the row is: a late
+    attempt on a cluster ends ``superseded`` after the winner); None if that is ``completed``."""
+    assert row.outcome is not None
+    failure = Failure(row.episode_id, row.attempt, row.outcome, row.error, None)
     try:
-        data = store.get_bytes(run_id, row.episode_id, f"{prefix}logs/stderr.log")
+        record = store.get_record(run_id, row.episode_id)
     except CleanroomError:
-        return None  # an unreadable log must not hide the summary
-    return last_line(data) if data else None
+        record = None  # an unreadable record must not hide the summary
+    if record is not None and isinstance(record.get("attempt"), int):
+        if record.get("outcome") == Outcome.COMPLETED.value:
+            return None
+        error = (record.get("error") or {}).get("message")
+        failure = Failure(
+            row.episode_id, record["attempt"], str(record.get("outcome")), error, None
+        )
+    log = layout.log_path(record, failure.attempt, "stderr.log")
+    try:
+        data = store.get_bytes(run_id, row.episode_id, log)
+    except CleanroomError:
+        data = None  # an unreadable log must not hide the summary
+    return replace(failure, stderr=last_line(data) if data else None, log=log)
 
 
 def failures(run_id: str, ledger: Ledger, store: Store) -> list[Failure]:
-    """Every episode of the run whose latest attempt ended other than ``completed``."""
-    return [
-        Failure(row.episode_id, row.attempt, row.outcome, row.error, _stderr(store, run_id, row))
+    """Every episode of the run whose latest attempt ended other than ``completed`` (and, if it
+    has a durable record, whose record did)."""
+    found = (
+        _failure(store, run_id, row)
         for row in ledger.episodes(run_id)
         if row.outcome is not None and row.outcome != Outcome.COMPLETED.value
-    ]
+    )
+    return [f for f in found if f is not None]
 
 
 def parse_fail_on(text: str | None) -> frozenset[str]:
@@ -77,8 +96,7 @@ def report_lines(run_id: str, failed: list[Failure], total: int, where: str) -> 
             lines.append(f"    stderr: {f.stderr}")
     if failed and len(failed) == total:
         first = failed[0]
-        log = "logs" if first.outcome in FINAL else f"attempts/{first.attempt}/logs"
-        stderr = f"{where}/episodes/{first.episode_id}/{log}/stderr.log"
+        stderr = f"{where}/episodes/{first.episode_id}/{first.log}"
         lines.append(
             f"hint: every episode failed; look at one with `cleanroom inspect {first.episode_id}"
             f" --run-id {run_id}` or its stderr: {stderr}"

@@ -35,6 +35,9 @@ IDENTITY = (
     "provenance.jail.gid",
     "provenance.jail.user",
     "verdict.verifier.env_id",
+    "evidence",  # the attempt's folder, attempts/<n>: it names the attempt
+    "artifacts.*.path",
+    "verdict.verifier.logs",
 )
 """Names this run gave: a new run, attempt and env every time."""
 DURATIONS = (

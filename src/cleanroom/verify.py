@@ -15,7 +15,8 @@ input (the episode cannot tamper with its check); ``in_env: true`` runs it in th
 before teardown. The verdict lands in the durable record (``record["verdict"]``), apart from the
 outcome: a verifier that crashes, times out or writes no valid verdict gives
 ``{"error": ..., "classification": "verifier_error"}`` and leaves the outcome as it was. The
-verifier's stdout and stderr are kept in the store under ``verifier/``.
+verifier's stdout and stderr are kept in the store under the attempt's ``attempts/<n>/verifier/``
+(``verdict.verifier.logs`` names them).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cleanroom.manifest import Manifest, VerifierRef
 from cleanroom.record import Outcome
 from cleanroom.secrets import Redactor
 from cleanroom.store import Store
+from cleanroom.store.layout import attempt_dir
 
 VERIFIER_ERROR = "verifier_error"
 VERDICT_MAX = 1024 * 1024
@@ -209,9 +211,10 @@ class Verifiers:
             verdict = {"error": f"{type(exc).__name__}: {exc}", "classification": VERIFIER_ERROR}
         if result is not None:
             about["exit_code"] = result.exit_code
-            store.put_bytes(run_id, manifest.episode_id, "verifier/stdout.log", result.stdout)
-            store.put_bytes(run_id, manifest.episode_id, "verifier/stderr.log", result.stderr)
-            about["logs"] = ["verifier/stdout.log", "verifier/stderr.log"]
+            logs = [f"{attempt_dir(attempt)}/verifier/{n}" for n in ("stdout.log", "stderr.log")]
+            store.put_bytes(run_id, manifest.episode_id, logs[0], result.stdout)
+            store.put_bytes(run_id, manifest.episode_id, logs[1], result.stderr)
+            about["logs"] = logs
         verdict["verifier"] = about
         self.ctx.ledger.event(
             "verified",

@@ -20,6 +20,7 @@ from tests import vmkit
 from tests.baseline.conftest import needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
 from tests.conftest import with_network
+from tests.stored import evidence_bytes
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
 from cleanroom.agent import native
@@ -148,8 +149,10 @@ async def test_command_episodes_end_to_end_without_python(
     assert record["provenance"]["agent_version"] == native.agent_version()
     assert record["provenance"]["agent_sha256"] == busybox_baseline.agent_sha256
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
-    assert store.get_bytes("native-episodes", "ok", "logs/stdout.log") == b"episode says hi\n"
-    assert store.get_bytes("native-episodes", "ok", "logs/stderr.log") == b"a warning\n"
+    assert (
+        evidence_bytes(store, "native-episodes", "ok", "logs", "stdout.log") == b"episode says hi\n"
+    )
+    assert evidence_bytes(store, "native-episodes", "ok", "logs", "stderr.log") == b"a warning\n"
     failed = store.get_record("native-episodes", "fail")
     assert failed is not None and failed["exit"]["code"] == 3
     assert_nothing_left(driver, ledger, "native-episodes")
@@ -276,7 +279,7 @@ async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
     assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED], result.episodes[0].error
 
     def artifact(name: str) -> bytes | None:
-        return store.get_bytes("native-net", "net", f"artifacts/{name}")
+        return store.get_bytes("native-net", "net", f"attempts/1/artifacts/{name}")
 
     assert artifact("allowed.txt") == b"allowed!\n", artifact("allowed.err")
     assert hits == ["GET /path HTTP/1.1"] or hits == ["GET /path HTTP/1.0"], hits

@@ -27,6 +27,7 @@ from cleanroom.session import session
 from tests import vmkit
 from tests.baseline import testimages
 from tests.baseline.conftest import needs_root_tools
+from tests.stored import evidence_bytes
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]
@@ -79,7 +80,7 @@ async def test_a_busybox_image_runs_as_its_user(tmp_path: Path, harness: Harness
         "home": "/home/app",
         "cwd": "/opt/img",
     }
-    assert store.get_bytes("vm-user", "ep", "artifacts/who.txt") == b"as 1000\n"
+    assert evidence_bytes(store, "vm-user", "ep", "artifacts", "who.txt") == b"as 1000\n"
     assert_nothing_left(driver, ledger, "vm-user")
 
     async with session(
@@ -107,7 +108,7 @@ async def test_a_musl_only_image_from_a_registry(
     _, ledger, store, driver = harness
     assert record["info"]["libc"] == "musl" and record["info"]["uid"] == 0
     assert record["info"]["cwd"] == "/app"
-    assert store.get_bytes("vm-musl", "ep", "logs/stdout.log") == b"hello from musl\n"
+    assert evidence_bytes(store, "vm-musl", "ep", "logs", "stdout.log") == b"hello from musl\n"
     assert record["provenance"]["image"]["layers"] == baseline.image["layers"]  # type: ignore[index]
     assert_nothing_left(driver, ledger, "vm-musl")
 
@@ -131,7 +132,7 @@ async def test_a_distroless_image_runs_its_program_as_nonroot(
         "cwd": "/home/nonroot",
         "libc": "musl",
     }
-    assert store.get_bytes("vm-distroless", "ep", "artifacts/who.txt") == b"uid 65532\n"
+    assert evidence_bytes(store, "vm-distroless", "ep", "artifacts", "who.txt") == b"uid 65532\n"
     assert_nothing_left(driver, ledger, "vm-distroless")
 
     async with session(

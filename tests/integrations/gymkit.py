@@ -13,6 +13,7 @@ from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.gym import CleanroomEnv
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..vmkit import assert_nothing_left
 
@@ -33,7 +34,7 @@ def play(env: Any, seed: int | None, actions: list[int]) -> tuple[list[Any], flo
 
 def transcript(store: LocalStore, run_id: str, episode_id: str) -> list[dict[str, Any]]:
     folder = Path(store.episode_uri(run_id, episode_id).removeprefix("file://"))
-    lines = (folder / "logs" / "transcript.jsonl").read_text().splitlines()
+    lines = evidence(folder, "logs", "transcript.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 

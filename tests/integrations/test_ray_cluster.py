@@ -289,10 +289,11 @@ async def test_a_stalled_node_finishes_late_and_is_superseded(
     for row in late():
         record = opened.get_record("stall", row.episode_id)
         assert record is not None and record["attempt"] != row.attempt
-        listed = [(f"artifacts/{a['name']}", a) for a in record["artifacts"]]
-        listed += [(f"logs/{f['name']}", f) for f in record["logs"]]
+        listed = [*record["artifacts"], *record["logs"]]
         assert listed, "the winner's record lists no files"
-        for rel, entry in listed:
+        for entry in listed:  # under the winner's own folder, holding the winner's bytes
+            rel = entry["path"]
+            assert rel.startswith(f"attempts/{record['attempt']}/"), rel
             data = opened.get_bytes("stall", row.episode_id, rel)
             assert data is not None and hashlib.sha256(data).hexdigest() == entry["sha256"], rel
     os.kill(raylet.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.ledger import Ledger
 from cleanroom.session import AsyncSession
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..vmkit import assert_nothing_left
 
@@ -22,8 +23,10 @@ def steps(store: LocalStore, run_id: str, attempt: int | None = None) -> list[di
     """The durable transcript (the record's, or attempt ``attempt``'s)."""
     base = folder(store, run_id)
     if attempt is not None:
-        base = base / "attempts" / str(attempt)
-    text = (base / "logs" / "transcript.jsonl").read_text()
+        path = base / "attempts" / str(attempt) / "logs" / "transcript.jsonl"
+    else:
+        path = evidence(base, "logs", "transcript.jsonl")
+    text = path.read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 

@@ -27,6 +27,7 @@ from cleanroom.lifecycle.context import RunOptions
 from cleanroom.reaper import reap
 from cleanroom.session import session
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..conftest import TINY_SPEC, make_fake_baseline
 from .kit import ended, folder, root, steps
@@ -116,7 +117,7 @@ async def test_the_session_api(rig: Rig, tmp_path: Path) -> None:
     record = rig.store.get_record("api", "session")
     assert record is not None and [a["size"] for a in record["artifacts"]] == [8]
     assert {log["name"] for log in record["logs"]} >= {"transcript.jsonl", "commands.log"}
-    assert (folder(rig.store, "api") / "logs" / "commands.log").stat().st_size > 0
+    assert evidence(folder(rig.store, "api"), "logs", "commands.log").stat().st_size > 0
     assert [s["op"] for s in steps(rig.store, "api")][-2:] == ["finish", "artifact"]
 
 

@@ -28,6 +28,7 @@ from cleanroom.provenance import missing
 from cleanroom.session import AsyncSession, session
 from cleanroom.session.fork import Branch, fork_session
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..conftest import make_fake_baseline
 from ..forking_fake import ForkingFake
@@ -48,7 +49,7 @@ def parts(tmp_path: Path) -> Iterator[tuple[Ledger, LocalStore]]:
 
 def _transcript(store: LocalStore, run_id: str, episode_id: str) -> list[dict[str, object]]:
     folder = Path(store.episode_uri(run_id, episode_id).removeprefix("file://"))
-    lines = (folder / "logs" / "transcript.jsonl").read_text().splitlines()
+    lines = evidence(folder, "logs", "transcript.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 

@@ -25,6 +25,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.session import AsyncSession, Session, session
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..conftest import make_fake_baseline
 from .kit import ended, folder, root, steps
@@ -86,7 +87,7 @@ async def test_commands_files_and_artifacts_in_the_transcript(
     [artifact] = record["artifacts"]
     assert artifact["name"].endswith("tmp/x/note.txt")
     assert artifact["sha256"] == hashlib.sha256(b"text").hexdigest()
-    log = (folder(store, "c1") / "logs" / "commands.log").read_bytes()
+    log = evidence(folder(store, "c1"), "logs", "commands.log").read_bytes()
     first = steps(store, "c1")[0]
     span = first["stderr_log"]
     assert log[span["offset"] : span["offset"] + span["size"]] == b"err\n"

@@ -18,6 +18,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.session import session
 from cleanroom.store import LocalStore
+from tests.stored import evidence
 
 from ..conftest import make_fake_baseline, with_network
 from ..vmkit import assert_nothing_left
@@ -33,7 +34,7 @@ def parts(tmp_path: Path) -> Iterator[tuple[Ledger, LocalStore]]:
 
 def _transcript(store: LocalStore, run_id: str) -> list[dict[str, object]]:
     folder = Path(store.episode_uri(run_id, "session").removeprefix("file://"))
-    lines = (folder / "logs" / "transcript.jsonl").read_text().splitlines()
+    lines = evidence(folder, "logs", "transcript.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 

@@ -20,6 +20,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
+from tests.stored import evidence_bytes
 
 from ..conftest import ROOT
 from ..vmkit import assert_nothing_left
@@ -71,8 +72,7 @@ class Run:
         return record
 
     def log(self, run_id: str, eid: str, name: str) -> str:
-        path = self.tmp / "store" / "runs" / run_id / "episodes" / eid / "logs" / name
-        return path.read_text()
+        return evidence_bytes(self.store, run_id, eid, "logs", name).decode()
 
     def assert_all_destroyed(self, run_id: str) -> None:
         assert_nothing_left(self.driver, self.ledger, run_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import with_network
+from tests.stored import evidence
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.controller import Controller, RunOptions
@@ -145,7 +146,7 @@ async def test_only_the_allowlist_gets_out_and_every_attempt_is_recorded(
     assert allowed_event["bytes_up"] == len("via-connect")
     assert allowed_event["bytes_down"] == len("echo:via-connect")
     folder = tmp_path / "store" / "runs" / "egress" / "episodes" / "egress"
-    log = (folder / "logs" / "network.jsonl").read_text()
+    log = evidence(folder, "logs", "network.jsonl").read_text()
     assert [json.loads(line) for line in log.splitlines()] == [e.data for e in events]
     assert "network.jsonl" in {entry["name"] for entry in record["logs"]}
     assert SECRET not in log and SECRET not in json.dumps([e.data for e in events])

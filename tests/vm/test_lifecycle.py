@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests import vmkit
+from tests.stored import evidence, evidence_bytes
 from tests.vmkit import CANARIES, Harness, assert_nothing_left, manifest
 
 from cleanroom.baseline.model import Baseline
@@ -54,17 +55,13 @@ async def test_batch_outcomes_evidence_and_cleanup(
     folder = Path(store.episode_uri("vm-batch", "ok-1").removeprefix("file://"))
     names = {a["name"]: a for a in record["artifacts"]}
     assert "hello.txt" in names
-    assert (folder / "artifacts" / "hello.txt").stat().st_size == names["hello.txt"]["size"]
+    assert evidence(folder, "artifacts", "hello.txt").stat().st_size == names["hello.txt"]["size"]
 
     failed = store.get_record("vm-batch", "fail-1")
     assert failed is not None and failed["outcome"] == "episode_error"
     assert failed["exit"]["code"] == 3
-    stderr = (
-        Path(store.episode_uri("vm-batch", "fail-1").removeprefix("file://"))
-        / "logs"
-        / "stderr.log"
-    )
-    assert stderr.read_bytes(), "the failing episode's stderr was not kept"
+    stderr = evidence_bytes(store, "vm-batch", "fail-1", "logs", "stderr.log")
+    assert stderr, "the failing episode's stderr was not kept"
 
     timed_out = store.get_record("vm-batch", "sleep-1")
     assert timed_out is not None and timed_out["exit"]["timed_out"] is True

@@ -11,7 +11,7 @@ from cleanroom.batch.group_report import GroupReport
 from cleanroom.errors import StoreError
 from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.record import Outcome
-from cleanroom.store import Store
+from cleanroom.store import Store, layout
 
 __all__ = ["EpisodeResult", "RunResult"]
 
@@ -63,8 +63,10 @@ class RunResult:
     def artifact_path(self, episode_id: str, name: str) -> Path:
         """Where artifact ``name`` of ``episode_id`` lies in a local store (StoreError for an
         artifact the record does not list, or a store that is not a local folder)."""
-        names = [a.get("name") for a in self.record(episode_id).get("artifacts") or []]
-        if name not in names:
+        record = self.record(episode_id)
+        names = [a.get("name") for a in record.get("artifacts") or []]
+        rel = layout.listed(record, "artifacts", name)
+        if rel is None:
             raise StoreError(
                 f"run {self.run_id}: episode {episode_id!r} has no artifact {name!r} "
                 f"(it has {', '.join(map(str, names)) or 'none'})"
@@ -73,4 +75,4 @@ class RunResult:
         uri = urlparse(self.store.episode_uri(self.run_id, episode_id))
         if uri.scheme != "file":
             raise StoreError(f"{uri.geturl()}: not a local folder; read the artifact with fsspec")
-        return Path(unquote(uri.path)) / "artifacts" / name
+        return Path(unquote(uri.path)) / rel

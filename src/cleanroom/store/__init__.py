@@ -3,10 +3,16 @@
 Layout (the same for every backend)::
 
     <root>/runs/<run_id>/episodes/<episode_id>/
-        result.json          the result record: written last, atomically, never replaced
-        artifacts/<name>     what the guest left in /run/cleanroom/out/
-        logs/{stdout,stderr,console}.log
-        attempts/<n>/...     diagnostics of attempts that did not reach a final outcome
+        result.json          the result record: written last, atomically, never replaced;
+                             first writer wins, and it names the attempt that is the episode
+        attempts/<n>/        everything attempt n wrote, and nothing another attempt wrote:
+            artifacts/<name>     what the guest left in /run/cleanroom/out/
+            logs/{stdout,stderr,console}.log ...
+            verifier/{stdout,stderr}.log
+            destroy.json, attempt.json (an attempt that did not reach a final outcome)
+
+Readers follow the record (``layout.listed``: each file's ``path``); a record without paths
+(record_version 1) is the old layout, ``artifacts/`` and ``logs/`` beside ``result.json``.
 
 Every write is confirmed before it returns (``LocalStore``: temp file, fsync, rename, fsync the
 folder, read back and re-hash; ``FsspecStore``: write, then check the stored size). A failed write
