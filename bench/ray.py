@@ -14,7 +14,11 @@ Before the timed rounds one untimed warm-up run on each side builds what a first
 steady state; the warm-up's cluster wall is printed as the first run's cost. The profile: CPU
 seconds per episode of the controller side, locally (this process) and on the cluster (this
 process, the head's and nodes' Ray processes and the node actors' workers; never the VMs),
-read from /proc around each timed run.
+read from /proc around each timed run, split into the driver, the node actors and the rest of
+Ray; each part's idle rate (10 s with kept actors and nothing running) times the run's wall is
+its background, and what the driver and node actors burn beyond the local run and their own
+background is what the cluster path itself costs per episode. The cluster's processes inherit
+the ``RAY_*`` settings below that turn Ray's metrics and event reporting off.
 
     python bench/ray.py [--episodes 40] [--parallel 2] [--rounds 3] [--driver qemu]
 """
@@ -37,6 +41,12 @@ for _key, _value in {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
+    # Ray's own background (metrics, task events, event stats): the cluster's processes inherit
+    # these; off, an idle 3-node cluster takes ~1/4 less CPU (README, "Scaling out")
+    "RAY_enable_metrics_collection": "0",
+    "RAY_metrics_report_interval_ms": "0",
+    "RAY_task_events_report_interval_ms": "0",
+    "RAY_event_stats": "0",
 }.items():
     os.environ.setdefault(_key, _value)
 
@@ -202,16 +212,29 @@ async def main() -> None:
 
     warm_local, res = await timed(run("warm-local"))
     assert res.ok, res.counts()  # type: ignore[attr-defined]
-    warm_cluster, res = await timed(run("warm-ray", True))
+    warm_actors: set[int] = set()
+
+    def actor_pids(kind: str, data: dict[str, object]) -> None:
+        if kind == "node_ready" and isinstance(data.get("pid"), int):
+            warm_actors.add(data["pid"])  # type: ignore[arg-type]
+
+    warm_cluster, res = await timed(run("warm-ray", True, actor_pids))
     assert res.ok, res.counts()  # type: ignore[attr-defined]
     print(f"warm-up: local {warm_local:.2f} s, cluster {warm_cluster:.2f} s")
-    before, t_idle = cpu_s(ray_pids(cluster)), time.perf_counter()
+    before, t_idle, c_idle = cpu_s(ray_pids(cluster)), time.perf_counter(), own_cpu_s()
     await asyncio.sleep(10)  # Ray's own background, nothing running (node actors kept)
     after = cpu_s(ray_pids(cluster))
-    idle = sum(v - before.get(pid, 0.0) for pid, v in after.items())
-    idle_share = idle / (time.perf_counter() - t_idle)
+    idle_used = {pid: v - before.get(pid, 0.0) for pid, v in after.items()}
+    idle_s = time.perf_counter() - t_idle
+    idle_share = sum(idle_used.values()) / idle_s
+    idle_rate = {  # share of a core each part burns with nothing running
+        "driver": (own_cpu_s() - c_idle) / idle_s,
+        "actors": sum(v for pid, v in idle_used.items() if pid in warm_actors) / idle_s,
+        "ray": sum(v for pid, v in idle_used.items() if pid not in warm_actors) / idle_s,
+    }
 
     local_s, cluster_s, setup_s, local_cpu, cluster_cpu = [], [], [], [], []
+    split: dict[str, list[float]] = {"driver": [], "actors": [], "ray": []}
     local_ids: list[str] = []
     cluster_ids: list[str] = []
     for r in range(args.rounds):
@@ -224,15 +247,29 @@ async def main() -> None:
         marks: dict[str, float] = {}
         start = time.perf_counter()
 
-        def mark(kind: str, data: dict[str, object], marks: dict[str, float] = marks) -> None:
+        actors: set[int] = set()
+
+        def mark(
+            kind: str,
+            data: dict[str, object],
+            marks: dict[str, float] = marks,
+            actors: set[int] = actors,
+        ) -> None:
             marks.setdefault(kind, time.perf_counter())
+            if kind == "node_ready" and isinstance(data.get("pid"), int):
+                actors.add(data["pid"])  # type: ignore[arg-type]
 
         before, c0 = cpu_s(ray_pids(cluster)), own_cpu_s()
         wall, res = await timed(run(f"ray{r}", True, mark))
         assert res.ok, res.counts()  # type: ignore[attr-defined]
         after = cpu_s(ray_pids(cluster))
-        ray_cpu = sum(v - before.get(pid, 0.0) for pid, v in after.items())
-        cluster_cpu.append(own_cpu_s() - c0 + ray_cpu)
+        used = {pid: v - before.get(pid, 0.0) for pid, v in after.items()}
+        ray_cpu = sum(used.values())
+        driver_cpu = own_cpu_s() - c0
+        cluster_cpu.append(driver_cpu + ray_cpu)
+        split["driver"].append(driver_cpu)
+        split["actors"].append(sum(v for pid, v in used.items() if pid in actors))
+        split["ray"].append(sum(v for pid, v in used.items() if pid not in actors))
         cluster_s.append(wall)
         cluster_ids.append(res.run_id)  # type: ignore[attr-defined]
         setup_s.append(marks["run_started"] - start)
@@ -251,6 +288,9 @@ async def main() -> None:
     cp = profile(tmp / "store", cluster_ids, 2 * max(1, args.parallel // 2))
     shutil.rmtree(tmp, ignore_errors=True)
     cpu_cluster = statistics.median(cluster_cpu) / n * 1000
+    parts = {k: statistics.median(v) / n * 1000 for k, v in split.items()}
+    idle_part = {k: rate * cm / n * 1000 for k, rate in idle_rate.items()}  # at the run's wall
+    left = parts["driver"] + parts["actors"] - cpu_local - idle_part["driver"] - idle_part["actors"]
     lines = [
         f"# bench/ray.py: {n} function episodes (warm baseline, driver {args.driver}), "
         f"parallel {args.parallel} locally vs 2 nodes x {max(1, args.parallel // 2)} slots, "
@@ -270,6 +310,17 @@ async def main() -> None:
         f"host-side CPU per episode, local        {cpu_local:8.1f} ms  (this process; not the VMs)",
         f"host-side CPU per episode, cluster      {cpu_cluster:8.1f} ms  "
         "(driver, head, raylets, node actors; not the VMs)",
+        f"  the driver (this process)             {parts['driver']:8.1f} ms  (scheduler, "
+        "its ledger, Ray's client side)",
+        f"  the node actors (their workers)       {parts['actors']:8.1f} ms  (each node's "
+        "controller: the local run's work)",
+        f"  the rest of Ray                       {parts['ray']:8.1f} ms  (head, raylets, "
+        "reapers, idle workers: its background)",
+        "  idle background at the cluster wall   "
+        + ", ".join(f"{k} {idle_part[k]:.1f}" for k in ("driver", "actors", "ray"))
+        + " ms  (each part's idle share of a core x wall / n)",
+        f"  left per episode, the cluster path    {left:8.1f} ms  (driver + node actors - local "
+        "- their idle background)",
         "per episode, p50 (ms)                      local   cluster   ratio",
         *(
             f"  {label:40} {lp[key]:7.1f}  {cp[key]:8.1f}  {cp[key] / max(lp[key], 1e-9):6.2f}"
