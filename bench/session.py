@@ -41,7 +41,7 @@ from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from cleanroom.baseline.builder import build
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.record import Outcome
-from cleanroom.session import session
+from cleanroom.sessions import session
 from tests import vmkit
 from tests.baseline import testimages
 from tests.baseline.conftest import needs_root_tools

@@ -6,7 +6,7 @@ leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent
 A driver with the capability ``fork`` can also save a running env (``fork_parent``,
 ``fork_save``) and restore new envs from that snapshot (``fork_clone``); see ``groups.py``.
 With ``fork-live`` too, ``fork_live`` saves a parent that lives on (a session's branches,
-``session/fork.py``).
+``sessions/fork.py``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class EnvInfo:
     template: str | None = None  # the template's digest when start_kind == "snapshot"
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
-    branch: dict[str, Any] | None = None  # the live session it forked from (session/fork.py)
+    branch: dict[str, Any] | None = None  # the live session it forked from (sessions/fork.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
     jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
     console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
