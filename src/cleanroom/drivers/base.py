@@ -20,15 +20,10 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Unpack
 
-from cleanroom.agent.session import (
-    AgentSession,
-    EpisodeOutput,
-    ExecResult,
-    GuestProcess,
-    OutputCallback,
-)
+from cleanroom.agent.commands import CommandOptions, SpawnOptions
+from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult, GuestProcess
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
 from cleanroom.errors import DriverError, Unsupported
@@ -178,44 +173,16 @@ class Env:
         return self.session.features
 
     async def exec(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        max_output: int = 16 * 1024 * 1024,
+        self, argv: list[str], *, stdin: bytes | None = None, **options: Unpack[CommandOptions]
     ) -> ExecResult:
         """Run ``argv`` to its end (``user`` None: root); output reaches the callbacks as it
         comes. Several run at once on one env. The exit code is data (``check()`` raises)."""
-        return await self.session.exec(
-            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, stdin=stdin,
-            on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output,
-        )  # fmt: skip
+        return await self.session.exec(argv, stdin=stdin, **options)
 
-    async def spawn(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        pty: tuple[int, int] | None = None,
-        max_output: int = 16 * 1024 * 1024,
-    ) -> GuestProcess:
+    async def spawn(self, argv: list[str], **options: Unpack[SpawnOptions]) -> GuestProcess:
         """Start ``argv`` in the background: ``write_stdin``, ``close_stdin``, ``kill`` (its
         process group), ``resize`` (with ``pty=(rows, cols)``), ``wait``."""
-        return await self.session.spawn(
-            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, on_stdout=on_stdout,
-            on_stderr=on_stderr, pty=pty, max_output=max_output,
-        )  # fmt: skip
+        return await self.session.spawn(argv, **options)
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await self.session.put(path, data, mode)
