@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import platform
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -85,9 +84,9 @@ async def main() -> None:
         lines += [table.row(name, times[kind][key]) for key, name in ROWS]
         lines.append("")
     lines.append("native / python, p50 of the same run:")
-    for key, name in ROWS:
-        ratio = statistics.median(times["native"][key]) / statistics.median(times["python"][key])
-        lines.append(f"  {name:<38} {ratio:.2f}")
+    lines += [
+        table.ratio_row(name, times["native"][key], times["python"][key]) for key, name in ROWS
+    ]
     write(args.out, lines)
 
 
