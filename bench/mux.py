@@ -11,7 +11,6 @@ Every row also as a ratio to its reference (p50). Results: bench/results/mux.txt
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -21,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from start import ROOT, request
-from stats import Table, p50, timed, write
+from stats import Table, p50, parser, timed, write
 
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.qemu import QemuDriver
@@ -41,10 +40,7 @@ async def blocks() -> AsyncIterator[bytes]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mux.txt")
-    args = parser.parse_args()
+    args = parser(__doc__, "mux.txt", runs=10).parse_args()
     load_at_start = os.getloadavg()[0]
     baseline = resolve_or_build(str(ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"))
     driver = QemuDriver()

@@ -16,7 +16,6 @@ Results: bench/results/native.txt.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -24,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from start import ROOT, request, timed_env, timed_episode
-from stats import Table, write
+from stats import Table, parser, write
 
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.qemu import QemuDriver
@@ -42,10 +41,7 @@ ROWS = (
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "native.txt")
-    args = parser.parse_args()
+    args = parser(__doc__, "native.txt", runs=15).parse_args()
     load_at_start = os.getloadavg()[0]
     baselines = {
         kind: resolve_or_build(str(spec), progress=lambda s, d: print(f"build {s}: {d}"))

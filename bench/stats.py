@@ -6,12 +6,15 @@ it as ``from stats import ...``.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleanroom.report import percentile
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 _STATS: dict[str, Callable[[list[float]], float]] = {
     "p50": lambda ms: percentile(ms, 50),
@@ -30,6 +33,15 @@ def p50_p95(seconds: Sequence[float]) -> tuple[float, float]:
     """p50 and p95 of timings in seconds, in ms."""
     ms = _ms(seconds)
     return percentile(ms, 50), percentile(ms, 95)
+
+
+def parser(doc: str, result: str, runs: int) -> argparse.ArgumentParser:
+    """A script's arguments: described by its docstring's first line, ``--runs`` (``runs``
+    by default) and ``--out`` (``bench/results/<result>`` by default); add more to it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--out", type=Path, default=RESULTS / result)
+    return parser
 
 
 def p50(seconds: Sequence[float]) -> float:

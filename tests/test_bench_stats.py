@@ -3,7 +3,8 @@
 Protects: ``bench/mux.py`` and ``bench/native.py`` print their "row / reference" lines through
 ``Table.ratio_row`` (p50 over the reference's p50, the median of an even count interpolated as
 ``statistics.median`` did, two decimals, aligned under the table's names as their own loops
-were), and ``timed`` awaits the step it times. No timing is asserted.
+were), ``timed`` awaits the step it times, and ``parser`` gives a script its ``--runs`` and
+``--out``. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -54,3 +55,15 @@ def test_timed_awaits_its_step() -> None:
 
     seconds = asyncio.run(stats.timed(step))
     assert ran == [True] and isinstance(seconds, float) and seconds >= 0
+
+
+def test_a_scripts_parser_has_its_runs_and_result_file() -> None:
+    """Protects: ``stats.parser`` gives mux/native their ``--runs`` default and write their
+    results under ``bench/results/`` unless ``--out`` says otherwise."""
+    stats = _stats()
+    parser = stats.parser("The bench.\n\nMore.", "mux.txt", runs=10)
+    assert parser.description == "The bench."
+    args = parser.parse_args([])
+    assert (args.runs, args.out) == (10, ROOT / "bench" / "results" / "mux.txt")
+    args = parser.parse_args(["--runs", "3", "--out", "/tmp/x.txt"])
+    assert (args.runs, args.out) == (3, Path("/tmp/x.txt"))
