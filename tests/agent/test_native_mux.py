@@ -5,8 +5,8 @@ Each test protects what the host relies on once the HELLO lists "mux": two comma
 (on the old agent the second waited for the first: "busy"), output streamed in order, stdin of
 more than the window, a spawned process killed with its group, a timeout that kills
 grandchildren, a user from /etc/passwd and a typed error for an unknown one, streams of more
-than the window both ways, a missing file as ``GuestFileNotFound``, and what is not served yet
-(PTY, tar) refused as ``Unsupported`` by the host. Skips without gcc (the builder needs it too).
+than the window both ways, a missing file as ``GuestFileNotFound``, and a PTY (tar:
+``test_native_tar``). Skips without gcc (the builder needs it too).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native
 from cleanroom.agent.session import AgentSession
-from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser, Unsupported
+from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +56,13 @@ async def gone(pid: int) -> bool:
 
 
 def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
-    """The host multiplexes only for an agent that says so; tar is not claimed."""
+    """The host multiplexes only for an agent that says so; tar (tar.c) is claimed, gym not."""
 
     async def body(session: AgentSession) -> frozenset[str]:
         return session.features
 
     features = drive(agent_binary, root, body)
-    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream"}
+    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream", "tar"}
 
 
 def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Path) -> None:
@@ -138,7 +138,7 @@ def test_user_comes_from_etc_passwd_and_an_unknown_one_is_typed(
 
 def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path) -> None:
     """8 MiB up and back (twice the window each way), a missing file typed, and a tar stream
-    refused by type before anything reaches the guest."""
+    of a folder that is not there typed too (tar itself: ``test_native_tar``)."""
     block = os.urandom(1 << 20)
     path = root / "big.bin"
 
@@ -156,8 +156,8 @@ def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path
         assert await session.get(str(root / "a" / "small")) == b"hello"
         with pytest.raises(GuestFileNotFound):
             await session.get(str(root / "no-such-file"))
-        with pytest.raises(Unsupported):
-            async for _ in session.get_tar(str(root)):
+        with pytest.raises(GuestFileNotFound):
+            async for _ in session.get_tar(str(root / "no-such-folder")):
                 pass
         assert (await session.exec(["true"])).ok
 

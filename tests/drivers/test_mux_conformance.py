@@ -5,8 +5,8 @@ kills grandchildren, ``user`` (``agent`` is uid 1000 in a baseline), PTY, a 64 M
 ways, a tar round trip, refused tar members, a missing file as ``GuestFileNotFound``, and a
 hostile guest breaking the protocol ends that env only. On the old code the second command of
 a pair waited for the first (the test timed out), and stdin, spawn, user, PTY, streams and tar
-did not exist. The native agent (agent/native/mux.c) runs it too, but for what it does not
-serve yet (tar): there the host must refuse it by type (``Unsupported``)."""
+did not exist. The native agent (agent/native/mux.c, tar.c) runs all of it too; before tar.c
+it refused tar (``Unsupported``) and the tar round trip here failed for it."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from .conftest import Kit
 
 pytestmark = pytest.mark.timeout(400)
 AGENTS = ("python", "native")
-NOT_NATIVE = frozenset({"tar"})  # what the native agent's HELLO does not list (yet)
 
 STATE = (
     's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone'
@@ -156,14 +155,7 @@ async def test_files(kit: Kit) -> None:
     with pytest.raises(GuestFileNotFound):
         await env.get(f"{kit.scratch}/no-such-file")
     assert (await env.exec(["true"])).ok
-    if kit.agent == "native":  # no tar there yet: refused by type, both ways
-        assert not NOT_NATIVE & env.features
-        with pytest.raises(Unsupported):
-            async for _ in env.get_tar(kit.scratch):
-                pass
-        with pytest.raises(Unsupported):
-            await env.put_tar(f"{kit.scratch}/dest", _blocks(b"x", 1))
-        return
+    assert "tar" in env.features
 
     # a folder as tar, and back into another
     src = f"{kit.scratch}/src"
