@@ -16,6 +16,7 @@ import hashlib
 import os
 import pwd
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,5 +192,49 @@ def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
         await cat.write_stdin(b"typed\n")
         await cat.close_stdin()  # ^D on a terminal: cat ends
         assert (await asyncio.wait_for(cat.wait(), 20)).exit_code == 0
+
+    drive(agent_binary, root, body)
+
+
+DETACHED = """
+import fcntl, signal, sys, termios, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+fcntl.ioctl(0, termios.TIOCNOTTY)  # the terminal is nobody's controlling terminal now
+signal.signal(signal.SIGINT, lambda *_: (print("GOT-INT", flush=True), sys.exit(3)))
+print("detached", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_reaches_a_command_whose_terminal_signals_nobody(
+    agent_binary: Path, root: Path
+) -> None:
+    """gVisor's case, made on this kernel: the PTY is no session's controlling terminal (the
+    command gave it up; under gVisor its line discipline never signals), so a ^C written to
+    it reaches nobody unless the agent sends SIGINT to the command's group itself
+    (``pty.c``). On the old agent the command never saw the ^C and the wait timed out."""
+
+    async def body(session: AgentSession) -> None:
+        out = bytearray()
+        argv = [sys.executable, "-c", DETACHED]
+        process = await session.spawn(argv, pty=(24, 80), on_stdout=out.extend)
+        for _ in range(1000):
+            if b"detached" in out:
+                break
+            await asyncio.sleep(0.01)
+        await process.write_stdin(b"\x03")
+        result = await asyncio.wait_for(process.wait(), 20)
+        assert b"GOT-INT" in out and result.exit_code == 3, bytes(out)
+
+        script = "stty raw -echo; echo ready; head -c 1 | od -An -tx1"
+        raw = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
+        for _ in range(1000):
+            if b"ready" in out:
+                break
+            await asyncio.sleep(0.01)
+        await raw.write_stdin(b"\x03")
+        assert (await asyncio.wait_for(raw.wait(), 20)).exit_code == 0  # a key, not a signal
+        assert b" 03" in out, bytes(out)
 
     drive(agent_binary, root, body)

@@ -1,6 +1,7 @@
 /* Multiplexed requests: see mux.h. */
 #define _GNU_SOURCE
 #include "mux.h"
+#include "pty.h"
 #include "tar.h"
 
 #include <errno.h>
@@ -299,6 +300,12 @@ static void *feed_stdin(void *arg) {
             } else if (!(w < 0 && errno == EINTR)) {
                 break; /* a process that closed its stdin: the rest is dropped */
             }
+        }
+        if (fe->terminal && memchr(c->data, 0x03, c->n)) { /* ^C */
+            pthread_mutex_lock(&lock);
+            int pgid = fe->r->pid;
+            pthread_mutex_unlock(&lock);
+            pty_interrupt_unattached(fe->fd, pgid);
         }
         written += (int64_t)c->n;
         free(c);
