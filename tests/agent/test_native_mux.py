@@ -48,6 +48,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+async def shown(marker: bytes, out: bytearray) -> None:
+    """Wait (10 s at most) until a command's output shows ``marker``."""
+    for _ in range(1000):
+        if marker in out:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def gone(pid: int) -> bool:
     for _ in range(200):
         if not alive(pid):
@@ -179,10 +187,7 @@ def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
             'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
         )
         process = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
-        for _ in range(1000):
-            if b"24 80" in out:
-                break
-            await asyncio.sleep(0.01)
+        await shown(b"24 80", out)
         await process.resize(30, 100)
         await process.write_stdin(b"\x03")
         result = await asyncio.wait_for(process.wait(), 20)
@@ -219,20 +224,14 @@ def test_ctrl_c_reaches_a_command_whose_terminal_signals_nobody(
         out = bytearray()
         argv = [sys.executable, "-c", DETACHED]
         process = await session.spawn(argv, pty=(24, 80), on_stdout=out.extend)
-        for _ in range(1000):
-            if b"detached" in out:
-                break
-            await asyncio.sleep(0.01)
+        await shown(b"detached", out)
         await process.write_stdin(b"\x03")
         result = await asyncio.wait_for(process.wait(), 20)
         assert b"GOT-INT" in out and result.exit_code == 3, bytes(out)
 
         script = "stty raw -echo; echo ready; head -c 1 | od -An -tx1"
         raw = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
-        for _ in range(1000):
-            if b"ready" in out:
-                break
-            await asyncio.sleep(0.01)
+        await shown(b"ready", out)
         await raw.write_stdin(b"\x03")
         assert (await asyncio.wait_for(raw.wait(), 20)).exit_code == 0  # a key, not a signal
         assert b" 03" in out, bytes(out)
