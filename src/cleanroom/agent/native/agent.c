@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/random.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -54,6 +55,7 @@ enum {
     MAX_SECRETS = 256,
     MAX_ENTROPY = 1024, /* of a RESEED's body kept for function episodes' seeds */
     THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
+    MALLOC_KEEP = 4 * 1024 * 1024, /* past a frame (MAX_BODY): below this, malloc keeps the heap */
 };
 
 static int port = -1;
@@ -890,6 +892,10 @@ static void power_off(void) {
 }
 
 int main(void) {
+    /* a transfer's chunks (256 KiB frames) from the heap, reused, not each a fresh mmap: under
+     * TCG every first touch of a page is a fault the guest pays for again and again */
+    mallopt(M_MMAP_THRESHOLD, MALLOC_KEEP);
+    mallopt(M_TRIM_THRESHOLD, 2 * MALLOC_KEEP);
     const char *relocated = getenv("CLEANROOM_GUEST_ROOT");
     snprintf(root, sizeof root, "%s/run/cleanroom", relocated ? relocated : "");
     ssize_t n = readlink("/proc/self/exe", agent_dir, sizeof agent_dir - 1);

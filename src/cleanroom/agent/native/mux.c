@@ -25,8 +25,13 @@ enum {
 struct chunk {
     struct chunk *next;
     size_t n;
-    unsigned char data[];
+    unsigned char *data; /* the frame's body, taken over: input is never copied here */
 };
+
+static void chunk_free(struct chunk *c) {
+    free(c->data);
+    free(c);
+}
 
 struct request {
     int used, kind, pid, killed, eof;
@@ -106,7 +111,7 @@ static struct request *find(int64_t id) {
     return NULL;
 }
 
-static void deliver(struct request *r, const struct frame *f) {
+static void deliver(struct request *r, struct frame *f) {
     int64_t size;
     if (f->kind == K_KILL) {
         r->killed = 1;
@@ -117,11 +122,12 @@ static void deliver(struct request *r, const struct frame *f) {
             r->acked = size;
     } else if (f->kind == K_STDIN || f->kind == K_DATA) {
         if (f->blen && r->queued + f->blen <= MAX_QUEUED) {
-            struct chunk *c = malloc(sizeof *c + f->blen);
+            struct chunk *c = malloc(sizeof *c);
             if (c) {
                 c->next = NULL;
                 c->n = f->blen;
-                memcpy(c->data, f->body, f->blen);
+                c->data = f->body;
+                f->body = NULL; /* the chunk owns it now (frame_free leaves it) */
                 *(r->tail ? &r->tail->next : &r->head) = c;
                 r->tail = c;
                 r->queued += f->blen;
@@ -295,7 +301,7 @@ static void *feed_stdin(void *arg) {
             }
         }
         written += (int64_t)c->n;
-        free(c);
+        chunk_free(c);
         send_size(K_ACK, written, NULL);
     }
     pthread_mutex_lock(&lock);
@@ -485,7 +491,7 @@ static void upload(struct request *r) {
                     err = w < 0 ? errno : EIO;
             }
             size += (int64_t)c->n;
-            free(c);
+            chunk_free(c);
             if (!err)
                 send_size(K_ACK, size, NULL);
         }
@@ -564,7 +570,7 @@ static void *serve(void *arg) {
     pthread_mutex_lock(&lock);
     for (struct chunk *c = r->head, *next; c; c = next) {
         next = c->next;
-        free(c);
+        chunk_free(c);
     }
     frame_free(&r->f);
     memset(r, 0, sizeof *r);
