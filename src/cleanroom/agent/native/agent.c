@@ -102,6 +102,30 @@ static void send_raw(const void *data, size_t total) {
     pthread_mutex_unlock(&send_lock);
 }
 
+/* A multiplexed EXEC's EXIT, held by its thread until the DONE that follows it, so both go
+ * to the port in one write (each write is a trip through the virtio queue); any other frame
+ * of that thread sends it first, so the order stays. */
+static __thread unsigned char *held;
+static __thread size_t held_n;
+
+static void send_held(unsigned char *data, size_t total) {
+    if (!held) {
+        send_raw(data, total);
+        return;
+    }
+    unsigned char *both = data ? realloc(held, held_n + total) : held;
+    if (both && data) {
+        memcpy(both + held_n, data, total);
+        send_raw(both, held_n + total);
+    } else {
+        send_raw(held, held_n); /* out of memory: one after the other */
+        if (data)
+            send_raw(data, total);
+    }
+    free(both ? both : held);
+    held = NULL;
+}
+
 /* one frame; a multiplexed request's thread (mux.c) has its id put first in the header */
 static void send_frame(int kind, const char *header, const void *body, size_t blen) {
     size_t total;
@@ -118,6 +142,7 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
         }
         if (tagged.failed) {
             jb_free(&tagged);
+            send_held(NULL, 0);
             return;
         }
         header = tagged.p;
@@ -125,9 +150,16 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
     unsigned char *data =
         frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
     jb_free(&tagged);
-    if (!data)
+    if (!data) {
+        send_held(NULL, 0);
         return;
-    send_raw(data, total);
+    }
+    if (kind == K_EXIT && id >= 0 && !held) {
+        held = data; /* its DONE comes next */
+        held_n = total;
+        return;
+    }
+    send_held(data, total);
     free(data);
 }
 
