@@ -925,9 +925,11 @@ static void power_off(void) {
 
 int main(void) {
     /* a transfer's chunks (256 KiB frames) from the heap, reused, not each a fresh mmap: under
-     * TCG every first touch of a page is a fault the guest pays for again and again */
+     * TCG every first touch of a page is a fault the guest pays for again and again. At most
+     * two arenas, so what the heaps keep stays bounded (2 x 2 x MALLOC_KEEP) */
     mallopt(M_MMAP_THRESHOLD, MALLOC_KEEP);
     mallopt(M_TRIM_THRESHOLD, 2 * MALLOC_KEEP);
+    mallopt(M_ARENA_MAX, 2);
     const char *relocated = getenv("CLEANROOM_GUEST_ROOT");
     snprintf(root, sizeof root, "%s/run/cleanroom", relocated ? relocated : "");
     ssize_t n = readlink("/proc/self/exe", agent_dir, sizeof agent_dir - 1);
