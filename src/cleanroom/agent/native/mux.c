@@ -28,7 +28,10 @@ struct chunk {
     unsigned char *data; /* the frame's body, taken over: input is never copied here */
 };
 
+/* a chunk and its data (NULL: nothing); never a bare free(c), which would leak the body */
 static void chunk_free(struct chunk *c) {
+    if (!c)
+        return;
     free(c->data);
     free(c);
 }
