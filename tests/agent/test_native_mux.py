@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
-from cleanroom.agent import native
+from cleanroom.agent import native, protocol
 from cleanroom.agent.session import AgentSession
-from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser
+from cleanroom.errors import CommandTimeout, GuestFileNotFound, QuotaExceeded, UnknownUser
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +172,28 @@ def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path
 
     drive(agent_binary, root, body)
     assert path.read_bytes() == block * 8
+
+
+def test_a_whole_file_get_is_held_to_max_size_at_the_byte(agent_binary: Path, root: Path) -> None:
+    """``get`` joins the chunks once at the end (transfers.get_all): a file of exactly
+    ``max_size`` bytes over several chunks arrives whole, one byte more is ``QuotaExceeded``
+    (the download stopped, the session still usable); uploads of sizes around a chunk's edge
+    land byte for byte (the agent reads bodies straight into their frames)."""
+    chunk = protocol.CHUNK
+    data = os.urandom(3 * chunk + 5)
+
+    async def body(session: AgentSession) -> None:
+        for size in (0, 1, chunk - 1, chunk, chunk + 1, len(data)):
+            await session.put(str(root / f"f{size}"), data[:size])
+            assert (root / f"f{size}").read_bytes() == data[:size]
+        path = str(root / f"f{len(data)}")
+        assert await session.get(path, max_size=len(data)) == data
+        with pytest.raises(QuotaExceeded):
+            await session.get(path, max_size=len(data) - 1)
+        assert await session.get(str(root / "f1")) == data[:1]
+        assert (await session.exec(["true"])).ok
+
+    drive(agent_binary, root, body)
 
 
 def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(

@@ -27,8 +27,16 @@ enum {
 struct chunk {
     struct chunk *next;
     size_t n;
-    unsigned char data[];
+    unsigned char *data; /* the frame's body, taken over: input is never copied here */
 };
+
+/* a chunk and its data (NULL: nothing); never a bare free(c), which would leak the body */
+static void chunk_free(struct chunk *c) {
+    if (!c)
+        return;
+    free(c->data);
+    free(c);
+}
 
 struct request {
     int used, kind, pid, killed, eof;
@@ -113,7 +121,7 @@ static struct request *find(int64_t id) {
     return NULL;
 }
 
-static void deliver(struct request *r, const struct frame *f) {
+static void deliver(struct request *r, struct frame *f) {
     int64_t size;
     if (f->kind == K_KILL) {
         r->killed = 1;
@@ -124,11 +132,12 @@ static void deliver(struct request *r, const struct frame *f) {
             r->acked = size;
     } else if (f->kind == K_STDIN || f->kind == K_DATA) {
         if (f->blen && r->queued + f->blen <= MAX_QUEUED) {
-            struct chunk *c = malloc(sizeof *c + f->blen);
+            struct chunk *c = malloc(sizeof *c);
             if (c) {
                 c->next = NULL;
                 c->n = f->blen;
-                memcpy(c->data, f->body, f->blen);
+                c->data = f->body;
+                f->body = NULL; /* the chunk owns it now (frame_free leaves it) */
                 *(r->tail ? &r->tail->next : &r->head) = c;
                 r->tail = c;
                 r->queued += f->blen;
@@ -308,7 +317,7 @@ static void *feed_stdin(void *arg) {
             pty_interrupt_unattached(fe->fd, pgid);
         }
         written += (int64_t)c->n;
-        free(c);
+        chunk_free(c);
         send_size(K_ACK, written, NULL);
     }
     pthread_mutex_lock(&lock);
@@ -478,7 +487,7 @@ struct tar_in {
 static size_t tar_read(void *ctx, unsigned char *buf, size_t cap) {
     struct tar_in *in = ctx;
     if (!in->c || in->off == in->c->n) {
-        free(in->c);
+        chunk_free(in->c);
         in->off = 0;
         if (!(in->c = next_input(in->r)))
             return 0;
@@ -528,7 +537,7 @@ static void upload_tar(struct request *r, const char *path) {
         tar_failed(&e);
     else
         send_size(K_DONE, in.size, NULL);
-    free(in.c);
+    chunk_free(in.c);
 }
 
 /* DOWNLOAD with "tar": the folder `path` packed; DONE {size} (stopped: the host left) */
@@ -579,7 +588,7 @@ static void upload(struct request *r) {
                     err = w < 0 ? errno : EIO;
             }
             size += (int64_t)c->n;
-            free(c);
+            chunk_free(c);
             if (!err)
                 send_size(K_ACK, size, NULL);
         }
@@ -658,7 +667,7 @@ static void *serve(void *arg) {
     pthread_mutex_lock(&lock);
     for (struct chunk *c = r->head, *next; c; c = next) {
         next = c->next;
-        free(c);
+        chunk_free(c);
     }
     frame_free(&r->f);
     memset(r, 0, sizeof *r);
