@@ -11,7 +11,10 @@ Measures, on the tiny test baseline (qemu, snapshot starts, a spare kept ready):
   close                             (leaving the block: transcript + record exported, VM destroyed
                                      and confirmed absent)
 References, measured in the same run and interleaved with the sessions: a host subprocess
-(``true``) for commands, a host file copy (1 MiB, 64 MiB) for transfers; each session row is
+(``true``) for commands, a host file copy (1 MiB, 64 MiB) for transfers, and the guest's own
+floor for a command: ``bench/spawn_floor.c`` (built here with ``gcc -static``, put into each
+session) spawning and reaping ``/bin/true`` in a loop inside the same VM, per spawn (the
+guest kernel's spawn and the dynamic loader under TCG: no agent, no channel); each session row is
 also given as a ratio to its reference (session / host: how many times slower; the paths that
 are not a command or a transfer against the host subprocess too).
 It uses the session's ``commands``/``files`` API where it has one, else ``exec``/``put``/``get``.
@@ -28,6 +31,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -41,13 +45,24 @@ from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
 MIB = 1 << 20
 BIG = 64 * MIB
+FLOOR_SPAWNS = 10  # /bin/true runs of the guest's own loop (bench/spawn_floor.c), per session
+FLOOR_SOURCE = ROOT / "bench" / "spawn_floor.c"
+
+
+def build_floor(folder: Path) -> bytes:
+    """bench/spawn_floor.c as a static binary (the guest may have no compiler, or no libc)."""
+    out = folder / "spawn_floor"
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(out), str(FLOOR_SOURCE)], check=True)
+    return out.read_bytes()
+
+
 TARGETS = {
     "ready": "<= 25 ms",
     "first": "<= 150 ms",
@@ -68,9 +83,9 @@ async def run_true(sb: AsyncSession) -> None:
         (await sb.exec(["true"])).check()
 
 
-async def write_file(sb: AsyncSession, path: str, data: bytes) -> None:
+async def write_file(sb: AsyncSession, path: str, data: bytes, mode: int = 0o644) -> None:
     files = getattr(sb, "files", None)
-    await (files.write(path, data) if files is not None else sb.put(path, data))
+    await (files.write(path, data, mode=mode) if files is not None else sb.put(path, data, mode))
 
 
 async def read_file(sb: AsyncSession, path: str) -> bytes:
@@ -123,6 +138,7 @@ class TimedDriver(QemuDriver):
 class Bench:
     def __init__(self, baseline: Baseline, tmp: Path, cmds: int) -> None:
         self.baseline, self.tmp, self.cmds = baseline, tmp, cmds
+        self.floor = build_floor(tmp)
         self.driver = TimedDriver(start="snapshot")
         self.driver.snapshots = []
         self.driver.keep_spares(1)  # each create starts the next session's spare
@@ -162,6 +178,9 @@ class Bench:
                 t = time.perf_counter()
                 await run_true(sb)
                 self.add("true", time.perf_counter() - t)
+            await write_file(sb, "/tmp/spawn_floor", self.floor, mode=0o755)
+            loop = (await sb.exec(["/tmp/spawn_floor", str(FLOOR_SPAWNS), "/bin/true"])).check()
+            self.add("guest spawn", float(loop.stdout) / 1e6)
             data = os.urandom(MIB)
             t = time.perf_counter()
             await write_file(sb, "/tmp/one.bin", data)
@@ -219,7 +238,9 @@ async def main() -> None:
     parser.add_argument("--big", type=int, default=5, help="sessions that also move 64 MiB")
     parser.add_argument("--forks", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)")
+    parser.add_argument(
+        "--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)"
+    )
     args = parser.parse_args()
     baseline = resolve_or_build(str(args.baseline), progress=lambda s, d: print(f"build {s}: {d}"))
     load_at_start = os.getloadavg()[0]
@@ -268,10 +289,11 @@ def report(bench: Bench, args: argparse.Namespace, load_at_start: float) -> list
         )
 
     fork_facts = bench.fork_facts[-1] if bench.fork_facts else {}
+    agent = "native" if bench.baseline.agent_sha256 else "python"
     lines = [
         f"# bench/session.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, qemu {facts.get('accelerator_version')}, accelerator "
-        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({'native' if bench.baseline.agent_sha256 else 'python'} "
+        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({agent} "
         f"agent); load average (1 min) at the "
         f"start {load_at_start:.1f}, at the end {os.getloadavg()[0]:.1f}",
         f"# {args.sessions} sessions from a spare ({args.cmds} repeated commands each, "
@@ -291,6 +313,9 @@ def report(bench: Bench, args: argparse.Namespace, load_at_start: float) -> list
         row("  of close: destroy + confirm", "destroy", "host true"),
         row("reference: host subprocess `true`", "host true", None),
         row("reference: host 1 MiB write + read", "host rt", None),
+        row("reference: guest spawn of `true`", "guest spawn", None),
+        f"# repeated command / the guest's own spawn of /bin/true in the same VMs (the floor "
+        f"under TCG, no agent, no channel): {ratio(t['true'], t['guest spawn']).strip()}",
     ]
     if t.get("put"):
         lines += ["", rate("64 MiB write (host -> guest)", "put")]

@@ -153,14 +153,17 @@ def _check_chunk(channel: Channel, frame: Frame, received: int) -> None:
 
 
 async def get_all(channel: Channel, path: str, max_size: int) -> bytes:
-    """The whole file at ``path``; ``QuotaExceeded`` once it passes ``max_size`` bytes."""
-    data = bytearray()
+    """The whole file at ``path``; ``QuotaExceeded`` once it passes ``max_size`` bytes.
+    The chunks are joined once at the end (one copy of the file, not a growing buffer's)."""
+    chunks: list[bytes] = []
+    size = 0
     stream = get_stream(channel, path)
     try:
         async for chunk in stream:
-            data.extend(chunk)
-            if len(data) > max_size:
+            size += len(chunk)
+            if size > max_size:
                 raise QuotaExceeded(f"{path} is larger than {max_size} bytes")
+            chunks.append(chunk)
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
-    return bytes(data)
+    return b"".join(chunks)

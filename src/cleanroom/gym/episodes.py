@@ -2,7 +2,7 @@
 
 Runs on the env's loop thread (``loop.LoopThread``). ``GymRun`` holds the driver (one spare kept
 started ahead, so a reset takes a clone that is already up), the ledger and the store; each
-``GymEpisode`` is ``cleanroom.session.session`` held open by a task until ``end``: on the way
+``GymEpisode`` is ``cleanroom.sessions.session`` held open by a task until ``end``: on the way
 out the transcript (with one ``gym_step`` entry per step: the trajectory) is exported, then the
 record (``completed`` with the return as its reward once ended normally), then the VM is
 destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or of its answers
@@ -30,7 +30,7 @@ from cleanroom.gym import wire
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import release_spares
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import Store, open_store
 
 GUEST_FAULTS = (GymEnvError, ProtocolError)  # the guest's: the episode ends episode_error

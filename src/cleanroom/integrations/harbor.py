@@ -6,7 +6,7 @@ Harbor (PyPI ``harbor`` 0.25, Python >= 3.12; ``pip install 'cleanroom[harbor]'`
 class by its import path; nothing in Harbor changes and nothing else in cleanroom imports this
 module. ``start`` resolves the task's environment to a baseline (``environment/cleanroom.toml``,
 a spec; else the task's ``docker_image``; else ``environment/Dockerfile``) and opens a
-``cleanroom.session`` (a run of its own, ``harbor-<trial>``; the manifest's ``task`` names
+``cleanroom.sessions`` (a run of its own, ``harbor-<trial>``; the manifest's ``task`` names
 Harbor's task, trial and trial id). ``exec`` runs the shell string (the exit code is data);
 files and folders travel through the session's ``put``/``get`` (folders as tar). ``stop`` ends
 the session: the transcript and the record (the reward Harbor's verifier wrote, read from the
@@ -53,7 +53,7 @@ from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import open_store
 
 __all__ = ["CleanroomEnvironment", "baseline_spec_for", "egress_allowlist"]

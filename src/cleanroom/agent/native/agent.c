@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/random.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -54,6 +55,7 @@ enum {
     MAX_SECRETS = 256,
     MAX_ENTROPY = 1024, /* of a RESEED's body kept for function episodes' seeds */
     THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
+    MALLOC_KEEP = 4 * 1024 * 1024, /* past a frame (MAX_BODY): below this, malloc keeps the heap */
 };
 
 static int port = -1;
@@ -100,6 +102,30 @@ static void send_raw(const void *data, size_t total) {
     pthread_mutex_unlock(&send_lock);
 }
 
+/* A multiplexed EXEC's EXIT, held by its thread until the DONE that follows it, so both go
+ * to the port in one write (each write is a trip through the virtio queue); any other frame
+ * of that thread sends it first, so the order stays. */
+static __thread unsigned char *held;
+static __thread size_t held_n;
+
+static void send_held(unsigned char *data, size_t total) {
+    if (!held) {
+        send_raw(data, total);
+        return;
+    }
+    unsigned char *both = data ? realloc(held, held_n + total) : held;
+    if (both && data) {
+        memcpy(both + held_n, data, total);
+        send_raw(both, held_n + total);
+    } else {
+        send_raw(held, held_n); /* out of memory: one after the other */
+        if (data)
+            send_raw(data, total);
+    }
+    free(both ? both : held);
+    held = NULL;
+}
+
 /* one frame; a multiplexed request's thread (mux.c) has its id put first in the header */
 static void send_frame(int kind, const char *header, const void *body, size_t blen) {
     size_t total;
@@ -116,6 +142,7 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
         }
         if (tagged.failed) {
             jb_free(&tagged);
+            send_held(NULL, 0);
             return;
         }
         header = tagged.p;
@@ -123,9 +150,16 @@ static void send_frame(int kind, const char *header, const void *body, size_t bl
     unsigned char *data =
         frame_encode(kind, header, header ? strlen(header) : 0, body, blen, &total);
     jb_free(&tagged);
-    if (!data)
+    if (!data) {
+        send_held(NULL, 0);
         return;
-    send_raw(data, total);
+    }
+    if (kind == K_EXIT && id >= 0 && !held) {
+        held = data; /* its DONE comes next */
+        held_n = total;
+        return;
+    }
+    send_held(data, total);
     free(data);
 }
 
@@ -161,12 +195,8 @@ static void hello_fields(jbuf *h) {
     jb_str(h, u.release, strlen(u.release));
     jb_key(h, "pid");
     jb_int(h, getpid());
-    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (tar) by type. Under
-     * gVisor (PID 1 on the socket) a PTY's command ends the agent's channel (not understood
-     * yet): there it is not offered either */
-    int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
-    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\"]"
-                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"]");
+    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (gym) by type */
+    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"]");
     warm_hello(h);
     net_hello(h);
 }
@@ -890,6 +920,12 @@ static void power_off(void) {
 }
 
 int main(void) {
+    /* a transfer's chunks (256 KiB frames) from the heap, reused, not each a fresh mmap: under
+     * TCG every first touch of a page is a fault the guest pays for again and again. At most
+     * two arenas, so what the heaps keep stays bounded (2 x 2 x MALLOC_KEEP) */
+    mallopt(M_MMAP_THRESHOLD, MALLOC_KEEP);
+    mallopt(M_TRIM_THRESHOLD, 2 * MALLOC_KEEP);
+    mallopt(M_ARENA_MAX, 2);
     const char *relocated = getenv("CLEANROOM_GUEST_ROOT");
     snprintf(root, sizeof root, "%s/run/cleanroom", relocated ? relocated : "");
     ssize_t n = readlink("/proc/self/exe", agent_dir, sizeof agent_dir - 1);

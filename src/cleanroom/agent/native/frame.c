@@ -42,10 +42,23 @@ int frame_prefix(const unsigned char *p, size_t max_body, int *kind, size_t *hle
     return 0;
 }
 
+/* what is left of a read this large goes straight into its destination, not through r->buf */
+enum { DIRECT_READ = 4096 };
+
 /* fill `dst` with exactly n bytes: 0, or FRAME_EOF / FRAME_CLOSED */
 static int read_exact(struct reader *r, unsigned char *dst, size_t n, int first) {
     size_t got = 0;
     while (got < n) {
+        if (r->start == r->end && n - got >= DIRECT_READ) { /* a body: no copy through buf */
+            ssize_t k;
+            do
+                k = r->read(r->ctx, dst + got, n - got);
+            while (k < 0 && errno == EINTR);
+            if (k <= 0)
+                return first && got == 0 ? FRAME_EOF : FRAME_CLOSED;
+            got += (size_t)k;
+            continue;
+        }
         if (r->start == r->end) {
             ssize_t k;
             do

@@ -1,6 +1,8 @@
 /* Multiplexed requests: see mux.h. */
 #define _GNU_SOURCE
 #include "mux.h"
+#include "pty.h"
+#include "tar.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,8 +27,16 @@ enum {
 struct chunk {
     struct chunk *next;
     size_t n;
-    unsigned char data[];
+    unsigned char *data; /* the frame's body, taken over: input is never copied here */
 };
+
+/* a chunk and its data (NULL: nothing); never a bare free(c), which would leak the body */
+static void chunk_free(struct chunk *c) {
+    if (!c)
+        return;
+    free(c->data);
+    free(c);
+}
 
 struct request {
     int used, kind, pid, killed, eof;
@@ -75,12 +85,17 @@ static void failed(const char *code, const char *message) {
     jb_free(&h);
 }
 
+/* muxed.ERRNO_CODES: FAILED's code for an errno */
+static const char *errno_code(int err) {
+    return err == ENOENT || err == ENOTDIR ? "not_found"
+           : err == EACCES                 ? "permission"
+           : err == EISDIR                 ? "is_a_directory"
+                                           : "os_error";
+}
+
 /* FAILED for an errno, with muxed.ERRNO_CODES' codes */
 static void failed_errno(const char *what, const char *path, int err) {
-    const char *code = err == ENOENT || err == ENOTDIR ? "not_found"
-                       : err == EACCES                 ? "permission"
-                       : err == EISDIR                 ? "is_a_directory"
-                                                       : "os_error";
+    const char *code = errno_code(err);
     char msg[4400];
     snprintf(msg, sizeof msg, "%s: [Errno %d] %s: '%.4096s'", what, err, strerror(err), path);
     failed(code, msg);
@@ -106,7 +121,7 @@ static struct request *find(int64_t id) {
     return NULL;
 }
 
-static void deliver(struct request *r, const struct frame *f) {
+static void deliver(struct request *r, struct frame *f) {
     int64_t size;
     if (f->kind == K_KILL) {
         r->killed = 1;
@@ -117,11 +132,12 @@ static void deliver(struct request *r, const struct frame *f) {
             r->acked = size;
     } else if (f->kind == K_STDIN || f->kind == K_DATA) {
         if (f->blen && r->queued + f->blen <= MAX_QUEUED) {
-            struct chunk *c = malloc(sizeof *c + f->blen);
+            struct chunk *c = malloc(sizeof *c);
             if (c) {
                 c->next = NULL;
                 c->n = f->blen;
-                memcpy(c->data, f->body, f->blen);
+                c->data = f->body;
+                f->body = NULL; /* the chunk owns it now (frame_free leaves it) */
                 *(r->tail ? &r->tail->next : &r->head) = c;
                 r->tail = c;
                 r->queued += f->blen;
@@ -294,8 +310,14 @@ static void *feed_stdin(void *arg) {
                 break; /* a process that closed its stdin: the rest is dropped */
             }
         }
+        if (fe->terminal && memchr(c->data, 0x03, c->n)) { /* ^C */
+            pthread_mutex_lock(&lock);
+            int pgid = fe->r->pid;
+            pthread_mutex_unlock(&lock);
+            pty_interrupt_unattached(fe->fd, pgid);
+        }
         written += (int64_t)c->n;
-        free(c);
+        chunk_free(c);
         send_size(K_ACK, written, NULL);
     }
     pthread_mutex_lock(&lock);
@@ -453,6 +475,87 @@ static void exec_request(struct request *r) {
     env_free(&env);
 }
 
+/* -- tar (tar.c): the request's DATA as its input, DATA within the window as its output -- */
+
+struct tar_in {
+    struct request *r;
+    struct chunk *c;
+    size_t off;
+    int64_t size; /* consumed and ACKed */
+};
+
+static size_t tar_read(void *ctx, unsigned char *buf, size_t cap) {
+    struct tar_in *in = ctx;
+    if (!in->c || in->off == in->c->n) {
+        chunk_free(in->c);
+        in->off = 0;
+        if (!(in->c = next_input(in->r)))
+            return 0;
+        in->size += (int64_t)in->c->n;
+        send_size(K_ACK, in->size, NULL);
+    }
+    size_t n = in->c->n - in->off < cap ? in->c->n - in->off : cap;
+    memcpy(buf, in->c->data + in->off, n);
+    in->off += n;
+    return n;
+}
+
+struct tar_out {
+    struct request *r;
+    int64_t sent;
+};
+
+static int tar_write(void *ctx, const unsigned char *p, size_t n) {
+    struct tar_out *out = ctx;
+    if (!wait_window(out->r, out->sent, n))
+        return 0;
+    jbuf h = {0};
+    jb_lit(&h, "{\"offset\":");
+    jb_int(&h, out->sent);
+    jb_lit(&h, ",\"eof\":false}");
+    host.send(K_DATA, h.failed ? NULL : h.p, p, n);
+    jb_free(&h);
+    out->sent += (int64_t)n;
+    return 1;
+}
+
+static void tar_failed(const struct tar_error *e) {
+    if (e->code == TAR_OS && e->err)
+        failed_errno("OSError", e->message, e->err);
+    else
+        failed(tar_code(e->code), e->message);
+}
+
+/* UPLOAD with "tar": unpacked into the folder `path`; DONE {size} of all the input */
+static void upload_tar(struct request *r, const char *path) {
+    struct tar_in in = {.r = r};
+    struct tar_io io = {.ctx = &in, .read = tar_read};
+    struct tar_error e;
+    if (!path || !*path)
+        failed("error", "ValueError: UPLOAD needs a path");
+    else if (tar_extract(&io, path, &e))
+        tar_failed(&e);
+    else
+        send_size(K_DONE, in.size, NULL);
+    chunk_free(in.c);
+}
+
+/* DOWNLOAD with "tar": the folder `path` packed; DONE {size} (stopped: the host left) */
+static void download_tar(struct request *r, const char *path) {
+    struct tar_out out = {.r = r};
+    struct tar_io io = {.ctx = &out, .write = tar_write};
+    struct tar_error e;
+    int rc = path ? tar_pack(&io, path, &e) : TAR_BAD;
+    if (!path)
+        failed("error", "ValueError: DOWNLOAD needs a path");
+    else if (rc == TAR_STOPPED)
+        send_size(K_DONE, out.sent, ",\"stopped\":true");
+    else if (rc)
+        tar_failed(&e);
+    else
+        send_size(K_DONE, out.sent, NULL);
+}
+
 /* -- UPLOAD / DOWNLOAD --------------------------------------------------------------------- */
 
 static void upload(struct request *r) {
@@ -461,7 +564,7 @@ static void upload(struct request *r) {
     int64_t mode = 0644;
     jspan m = field(f, "mode");
     if (json_true(field(f, "tar"))) {
-        failed("unsupported", "a tar upload: the native agent does not serve it");
+        upload_tar(r, path);
     } else if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777) {
         failed("error", "ValueError: UPLOAD needs a path and an integer mode");
     } else {
@@ -485,7 +588,7 @@ static void upload(struct request *r) {
                     err = w < 0 ? errno : EIO;
             }
             size += (int64_t)c->n;
-            free(c);
+            chunk_free(c);
             if (!err)
                 send_size(K_ACK, size, NULL);
         }
@@ -505,7 +608,7 @@ static void download(struct request *r) {
     const struct frame *f = &r->f;
     char *path = json_strdup(field(f, "path"));
     if (json_true(field(f, "tar"))) {
-        failed("unsupported", "a tar download: the native agent does not serve it");
+        download_tar(r, path);
         free(path);
         return;
     }
@@ -564,7 +667,7 @@ static void *serve(void *arg) {
     pthread_mutex_lock(&lock);
     for (struct chunk *c = r->head, *next; c; c = next) {
         next = c->next;
-        free(c);
+        chunk_free(c);
     }
     frame_free(&r->f);
     memset(r, 0, sizeof *r);

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +78,7 @@ static const char *env_get(char *const envp[], const char *key) {
     return NULL;
 }
 
-/* In the forked child: only async-signal-safe calls. execve each PATH entry, as execvpe does
+/* In the child: only async-signal-safe calls. execve each PATH entry, as execvpe does
  * but with the new environment's PATH. */
 static void child_exec(char *const argv[], char *const envp[], const char *path_env) {
     const char *name = argv[0];
@@ -223,13 +225,71 @@ static void fail_start(send_fn send, const struct proc_opts *o, const char *name
     cannot_start(send, name, err);
 }
 
-/* In the forked child: the request's user (its groups, then gid, then uid); 0 or -1 */
+/* In the child: the request's user (its groups, then gid, then uid); 0 or -1. Raw system
+ * calls: glibc's setuid() in a threaded process signals every thread to change too, and this
+ * child shares the agent's memory (spawn_child) */
 static int child_ids(const struct proc_opts *o) {
     if (!o || !o->has_ids)
         return 0;
-    if (setgroups(o->ngroups, o->groups) || setgid(o->gid) || setuid(o->uid))
+    if (syscall(SYS_setgroups, o->ngroups, o->groups) || syscall(SYS_setgid, o->gid) ||
+        syscall(SYS_setuid, o->uid))
         return -1;
     return 0;
+}
+
+/* What the child of spawn() needs, and what it says back if it could not exec */
+struct spawn {
+    char *const *argv, *const *envp;
+    const char *cwd, *path_env;
+    int in, out, err, tty;
+    const struct proc_opts *opts;
+    int failed, err_no;
+};
+
+/* The child: it shares the agent's memory until its execve (CLONE_VM | CLONE_VFORK), so only
+ * system calls here, no allocation, no lock; its errno goes back through `s`. */
+static int spawn_child(void *arg) {
+    struct spawn *s = arg;
+    child_signals();
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    int null = s->tty >= 0 ? s->tty : s->in >= 0 ? s->in : open("/dev/null", O_RDONLY);
+    if (null >= 0)
+        dup2(null, 0);
+    dup2(s->tty >= 0 ? s->tty : s->out, 1);
+    dup2(s->tty >= 0 ? s->tty : s->err, 2);
+    if (s->tty >= 0)
+        ioctl(0, TIOCSCTTY, 0); /* its terminal: ^C and window changes reach its group */
+    if (child_ids(s->opts) == 0 && chdir(s->cwd ? s->cwd : "/") == 0)
+        child_exec((char *const *)s->argv, (char *const *)s->envp, s->path_env);
+    s->err_no = errno ? errno : ENOENT;
+    s->failed = 1;
+    _exit(127);
+}
+
+/* Start the child as vfork does (no copy of the agent's page tables, no copy-on-write faults
+ * after it: under TCG a fork of the agent cost more than the exec of /bin/true), on a stack of
+ * its own, every signal blocked meanwhile; its pid once it exec'd, or -1 with errno (clone's
+ * own, or the child's from its execve, the child then reaped). */
+static pid_t spawn(struct spawn *s) {
+    static const size_t stack_size = 32 * 1024; /* child_exec's 4 KiB path and the calls */
+    char stack[32 * 1024] __attribute__((aligned(16)));
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    s->failed = 0;
+    pid_t pid = clone(spawn_child, stack + stack_size, CLONE_VM | CLONE_VFORK | SIGCHLD, s);
+    int err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (pid > 0 && s->failed) {
+        waitpid(pid, NULL, 0);
+        err = s->err_no;
+        pid = -1;
+    }
+    errno = err;
+    return pid;
 }
 
 void run_process(send_fn send, char *const argv[], char *const envp[], const char *cwd,
@@ -241,7 +301,7 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
                       double timeout_s, struct timed_file *timed, size_t ntimed,
                       const struct proc_opts *opts) {
     double started = monotonic_s();
-    int out[2], err[2], status_pipe[2];
+    int out[2], err[2];
     int stdin_fd = opts ? opts->stdin_fd : -1;
     int tty = opts && opts->tty_fd > 0 ? opts->tty_fd : -1;
     if (!argv[0]) {
@@ -252,7 +312,7 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
         fail_start(send, opts, "[]", ENOENT);
         return;
     }
-    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
         if (tty >= 0)
             close(tty);
         if (stdin_fd >= 0)
@@ -260,32 +320,12 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
         fail_start(send, opts, argv[0], errno);
         return;
     }
-    const char *path_env = env_get(envp, "PATH");
-    pid_t pid = fork();
-    if (pid == 0) {
-        child_signals();
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setsid();
-        int null = tty >= 0 ? tty : stdin_fd >= 0 ? stdin_fd : open("/dev/null", O_RDONLY);
-        if (null >= 0)
-            dup2(null, 0);
-        dup2(tty >= 0 ? tty : out[1], 1);
-        dup2(tty >= 0 ? tty : err[1], 2);
-        if (tty >= 0)
-            ioctl(0, TIOCSCTTY, 0); /* its terminal: ^C and window changes reach its group */
-        if (child_ids(opts) == 0 && chdir(cwd ? cwd : "/") == 0)
-            child_exec(argv, envp, path_env);
-        int e = errno;
-        ssize_t ignored = write(status_pipe[1], &e, sizeof e);
-        (void)ignored;
-        _exit(127);
-    }
-    int fork_errno = errno;
+    struct spawn s = {argv, envp, cwd, env_get(envp, "PATH"), stdin_fd, out[1], err[1], tty, opts,
+                      0, 0};
+    pid_t pid = spawn(&s);
+    int spawn_errno = errno;
     close(out[1]);
     close(err[1]);
-    close(status_pipe[1]);
     if (stdin_fd >= 0)
         close(stdin_fd); /* the child's end: a writer to an exited process gets EPIPE */
     if (tty >= 0) { /* one terminal for all three: its master is read as stdout */
@@ -295,28 +335,12 @@ void run_process_with(send_fn send, char *const argv[], char *const envp[], cons
         out[0] = fcntl(opts->tty_master, F_DUPFD_CLOEXEC, 0);
         err[0] = -1;
     }
-    if (pid < 0) {
+    if (pid < 0) { /* no child, or one whose exec failed: nothing ran */
         if (out[0] >= 0)
             close(out[0]);
         if (err[0] >= 0)
             close(err[0]);
-        close(status_pipe[0]);
-        fail_start(send, opts, argv[0], fork_errno);
-        return;
-    }
-    int child_errno = 0;
-    ssize_t got;
-    do
-        got = read(status_pipe[0], &child_errno, sizeof child_errno);
-    while (got < 0 && errno == EINTR);
-    close(status_pipe[0]);
-    if (got == (ssize_t)sizeof child_errno) { /* exec failed: nothing ran */
-        waitpid(pid, NULL, 0);
-        if (out[0] >= 0)
-            close(out[0]);
-        if (err[0] >= 0)
-            close(err[0]);
-        fail_start(send, opts, argv[0], child_errno);
+        fail_start(send, opts, argv[0], spawn_errno);
         return;
     }
     if (opts && opts->started)
