@@ -347,3 +347,18 @@ def test_updates_of_unknown_rows_name_the_row(tmp_path: Path) -> None:
             led.snapshot_saved("s-9", parent_env_id="x", digest="d", group_digest="g")
         with pytest.raises(LedgerError, match=r"^ledger env_created: no intent .*'env-9'"):
             led.env_created("env-9", pid=1, run_dir="/d", accelerator="tcg")
+
+
+def test_an_episodes_row_is_not_an_attempt_that_lost_to_another_record(ledger: Ledger) -> None:
+    """Protects one outcome per episode on a cluster: an attempt that lost to another
+    attempt's durable record (``superseded``) is not the episode's row while another exists,
+    even when it is the latest; alone, it still is."""
+    ledger.episode_queued(RUN, "a", 1)
+    ledger.episode_finished(RUN, "a", 1, outcome="completed", reward=1.0)
+    ledger.episode_queued(RUN, "a", 2)
+    ledger.episode_finished(RUN, "a", 2, outcome="superseded", error="lost")
+    ledger.episode_queued(RUN, "b", 1)
+    ledger.episode_finished(RUN, "b", 1, outcome="superseded")
+
+    assert ledger.outcome_counts(RUN) == {"completed": 1, "superseded": 1}
+    assert {(e.episode_id, e.attempt) for e in ledger.episodes(RUN)} == {("a", 1), ("b", 1)}

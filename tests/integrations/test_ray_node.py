@@ -211,3 +211,30 @@ async def test_a_group_runs_whole_on_one_node(
         assert e.record is not None and e.record["provenance"]["group"]["id"] == "g1"
     await node.close_run("r")
     assert forking.list_owned() == [] and forking.list_snapshots() == []
+
+
+def test_a_superseded_attempt_leaves_the_episode_to_the_record_it_lost_to(tmp_path: Path) -> None:
+    """Protects the driver's aggregate: attempt 1's node was taken for lost (``infra_error``)
+    just before its record got out; attempt 2 then lost to that record (``superseded``). The
+    run's counts and rows show the record's outcome, not ``superseded`` nor ``infra_error``."""
+    from cleanroom.batch.result import EpisodeResult
+    from cleanroom.integrations.ray.aggregate import Aggregate
+
+    store = LocalStore(tmp_path / "store")
+    record = {"episode_id": "e1", "attempt": 1, "outcome": "completed", "reward": 0.75}
+    assert store.put_record("r1", "e1", record)
+    events: list[dict[str, Any]] = []
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for attempt in (1, 2):
+            ledger.episode_queued("r1", "e1", attempt)
+        ledger.episode_finished("r1", "e1", 1, outcome=Outcome.INFRA_ERROR.value, error="lost")
+        aggregate = Aggregate(ledger, store, lambda kind, **f: events.append({"kind": kind, **f}))
+        lost = EpisodeResult("e1", 2, Outcome.SUPERSEDED, None, "superseded: the record exists")
+        aggregate.finished("r1", lost)
+
+        assert ledger.outcome_counts("r1") == {"completed": 1}
+        (row,) = ledger.episodes("r1")
+        assert (row.attempt, row.outcome, row.reward) == (1, "completed", 0.75)
+        attempts = {r.attempt: r.outcome for r in ledger.episodes("r1", all_attempts=True)}
+        assert attempts == {1: "completed", 2: "superseded"}
+    assert [e["outcome"] for e in events if e["kind"] == "episode_finished"] == ["superseded"]

@@ -51,9 +51,13 @@ __all__ = [
     "SnapshotRow",
 ]
 
+_SAME_EPISODE = "e2.run_id = episodes.run_id AND e2.episode_id = episodes.episode_id"
+# an episode's row: its latest attempt that did not lose to another's record (``superseded``
+# on a cluster), else its latest
 _LATEST = (
-    "attempt = (SELECT MAX(attempt) FROM episodes AS e2 "
-    "WHERE e2.run_id = episodes.run_id AND e2.episode_id = episodes.episode_id)"
+    "attempt = COALESCE((SELECT MAX(attempt) FROM episodes AS e2 "
+    f"WHERE {_SAME_EPISODE} AND e2.outcome IS NOT 'superseded'), "
+    f"(SELECT MAX(attempt) FROM episodes AS e2 WHERE {_SAME_EPISODE}))"
 )
 
 
@@ -269,13 +273,14 @@ class Ledger:
         )
 
     def episodes(self, run_id: str, *, all_attempts: bool = False) -> list[EpisodeRow]:
-        """The latest attempt of each episode (or every attempt), in queue order."""
+        """Each episode's row (its latest attempt, a ``superseded`` one only if it has no
+        other) or every attempt, in queue order."""
         where = "run_id = ?" if all_attempts else f"run_id = ? AND {_LATEST}"
         sql = f"SELECT * FROM episodes WHERE {where} ORDER BY queued_at, episode_id, attempt"
         return [EpisodeRow(**dict(r)) for r in self._rows("episodes", sql, (run_id,))]
 
     def outcome_counts(self, run_id: str) -> dict[str, int]:
-        """Outcome -> count over each episode's latest attempt ("unfinished" if none yet)."""
+        """Outcome -> count over each episode's row (as ``episodes``; "unfinished" if none yet)."""
         sql = (
             "SELECT COALESCE(outcome, 'unfinished'), COUNT(*) FROM episodes "
             f"WHERE run_id = ? AND {_LATEST} GROUP BY 1 ORDER BY 1"

@@ -58,6 +58,8 @@ class Aggregate:
             error=done.error,
             verdict=verdict_label((done.record or {}).get("verdict")),
         )
+        if done.outcome is Outcome.SUPERSEDED:
+            self._take_the_record(run_id, done.episode_id)
         destroy = done.destroy
         self.emit(
             "episode_finished",
@@ -68,6 +70,24 @@ class Aggregate:
             error=done.error,
             cleanup_ms=destroy.elapsed_ms if destroy else None,
             confirmed_absent=destroy.confirmed_absent if destroy else None,
+        )
+
+    def _take_the_record(self, run_id: str, eid: str) -> None:
+        """An attempt lost to a durable record: the winner's row takes that record's outcome
+        (it may say ``infra_error``: its node was taken for lost before the record got out)."""
+        record = self.store.get_record(run_id, eid)
+        if record is None:
+            return
+        winner = from_record(record)
+        self.ledger.episode_queued(run_id, eid, winner.attempt)
+        self.ledger.episode_finished(
+            run_id,
+            eid,
+            winner.attempt,
+            outcome=winner.outcome.value,
+            reward=winner.reward,
+            error=winner.error,
+            verdict=verdict_label(record.get("verdict")),
         )
 
 
