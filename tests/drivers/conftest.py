@@ -1,7 +1,7 @@
 """The driver kit: one fixture that hands the conformance suite any driver, ready to use.
 
-``kit`` is parametrized over every driver: ``fake`` (the agent as a host process, with the
-fake baseline), ``gvisor`` and ``qemu`` (the tiny test baseline; marked ``vm``), and those two
+``kit`` is parametrized over every driver: ``fake`` (the native agent as a host process, with
+the fake baseline), ``gvisor`` and ``qemu`` (the tiny test baseline; marked ``vm``), and those two
 again on the native agent (``gvisor-native``, ``qemu-native``: the tiny-native baseline). gVisor
 is skipped, with the reason, when ``runsc`` is missing or cannot run a sandbox here.
 """
@@ -73,6 +73,7 @@ class Kit:
 
 
 KITS = ("fake", "gvisor", "qemu", "gvisor-native", "qemu-native")
+AGENT_OF = {"fake": "native"}  # the fake driver runs the native agent on the host
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -82,10 +83,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kit" not in metafunc.fixturenames:
         return
     agents = getattr(metafunc.module, "AGENTS", ("python", "native"))
-    names = [k for k in KITS if (k.partition("-")[2] or "python") in agents]
+    names = [k for k in KITS if agent_of(k) in agents]
     marks = {k: () if k == "fake" else (pytest.mark.vm,) for k in KITS}
     params = [pytest.param(k, marks=marks[k], id=k) for k in names]
     metafunc.parametrize("kit", params, indirect=True)
+
+
+def agent_of(kit: str) -> str:
+    """The guest agent a kit's envs run: ``native`` or ``python``."""
+    return AGENT_OF.get(kit) or kit.partition("-")[2] or "python"
 
 
 @pytest.fixture
@@ -106,7 +112,7 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
             driver = QemuDriver(run_root=tmp_path / "run")
         python, scratch = "python3", "/root/conformance"
     kit = Kit(
-        name, driver, baseline, python, scratch, tmp_path, tmp_path / "run", agent or "python"
+        name, driver, baseline, python, scratch, tmp_path, tmp_path / "run", agent_of(request.param)
     )
     yield kit
     for env in kit.envs:  # whatever a failing test left behind
