@@ -1,12 +1,12 @@
 """The shared host-side interface (issue 16) on every driver: ``fake``, ``gvisor`` and ``qemu``
-(real VMs, the tiny baseline with the Python agent). Concurrent commands on one env, output
+(real VMs, the tiny baseline; the native agent everywhere). Concurrent commands on one env, output
 streamed in order, stdin, a background process killed with its process group, a timeout that
 kills grandchildren, ``user`` (``agent`` is uid 1000 in a baseline), PTY, a 64 MiB stream both
 ways, a tar round trip, refused tar members, a missing file as ``GuestFileNotFound``, and a
 hostile guest breaking the protocol ends that env only. On the old code the second command of
 a pair waited for the first (the test timed out), and stdin, spawn, user, PTY, streams and tar
-did not exist. The native agent (agent/native/mux.c) runs it too, but for what it does not
-serve yet (tar): there the host must refuse it by type (``Unsupported``)."""
+did not exist. What the agent's HELLO does not offer (tar, until agent/native serves it; a PTY
+under gVisor) the host must refuse by type (``Unsupported``)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,6 @@ from cleanroom.errors import (
 from .conftest import Kit
 
 pytestmark = pytest.mark.timeout(400)
-AGENTS = ("python", "native")
-NOT_NATIVE = frozenset({"tar"})  # what the native agent's HELLO does not list (yet)
 
 STATE = (
     's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone'
@@ -112,7 +110,7 @@ async def test_commands(kit: Kit) -> None:
         await env.exec(["true"], user="nobody-of-that-name")
 
     # a PTY: its size, a resize, ^C to the foreground
-    if kit.name == "gvisor" and kit.agent == "native":  # not offered there (README): typed
+    if kit.name == "gvisor" and "pty" not in env.features:  # not offered there yet: typed
         assert "pty" not in env.features
         with pytest.raises(Unsupported):
             await env.spawn(["sh"], pty=(24, 80))
@@ -156,8 +154,7 @@ async def test_files(kit: Kit) -> None:
     with pytest.raises(GuestFileNotFound):
         await env.get(f"{kit.scratch}/no-such-file")
     assert (await env.exec(["true"])).ok
-    if kit.agent == "native":  # no tar there yet: refused by type, both ways
-        assert not NOT_NATIVE & env.features
+    if "tar" not in env.features:  # not served by the agent yet: refused by type, both ways
         with pytest.raises(Unsupported):
             async for _ in env.get_tar(kit.scratch):
                 pass

@@ -406,7 +406,7 @@ def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> 
     if not python.is_file():
         raise BuildError(
             f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
-            'there (an image with only busybox or one program needs [agent] kind = "native")'
+            'there (the default native agent needs none: remove [agent] kind = "python")'
         )
     return image
 

@@ -232,12 +232,13 @@ class NetworkSection(_Section):
 
 
 class AgentSection(_Section):
-    """Which guest agent the baseline runs as PID 1: ``python`` (``agent/guest.py``; the image
-    needs Python 3) or ``native`` (``agent/native``, static C: needs nothing from the image, so
-    an image of only busybox or one program works; a function entrypoint runs in the warm
-    Python worker it starts, so that one needs Python 3 in the image)."""
+    """Which guest agent the baseline runs as PID 1: ``native`` (the default: ``agent/native``,
+    static C, needs nothing from the image, so an image of only busybox or one program works; a
+    function entrypoint runs in the warm Python worker it starts, so that one needs Python 3 in
+    the image) or, until the native agent serves Gymnasium envs, ``python`` (``agent/guest.py``;
+    the image needs Python 3)."""
 
-    kind: Literal["python", "native"] = "python"
+    kind: Literal["python", "native"] = "native"
 
 
 class BaselineSpec(_Section):
@@ -280,8 +281,7 @@ class BaselineSpec(_Section):
     def canonical(self) -> dict[str, Any]:
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
-        ``network`` appears only when set and ``agent`` only when not the default (python), so
-        specs without them keep their digests."""
+        ``network`` appears only when set and ``agent`` only when not the default (native)."""
         data = {
             **self.model_dump(mode="json"),
             "base": self.base.canonical(),
@@ -289,7 +289,7 @@ class BaselineSpec(_Section):
         }
         if self.network is None:
             del data["network"]
-        if not self.native:
+        if self.native:
             del data["agent"]
         if self.entrypoint is None:
             del data["entrypoint"]  # the image's Entrypoint + Cmd

@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 from cleanroom import paths
-from cleanroom.agent import native
+from cleanroom.agent import guest, native
 from cleanroom.agent.session import AgentSession
+from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import cgroups, hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
@@ -30,6 +32,15 @@ from cleanroom.drivers.base import (
     write_owner,
 )
 from cleanroom.errors import LaunchError
+
+
+def agent_argv(baseline: Baseline, marker: str) -> list[str]:
+    """The agent of an env: the native one, or the Python agent for a baseline whose spec asks
+    for it (``[agent] kind = "python"``: only Gymnasium envs need it, until the native agent
+    serves them)."""
+    if (baseline.spec.get("agent") or {}).get("kind") == "python":
+        return [sys.executable, guest.__file__, marker]
+    return [str(native.host_binary()), marker]
 
 
 class FakeDriver(RunFolderDriver):
@@ -80,7 +91,7 @@ class FakeDriver(RunFolderDriver):
             if not connected.done():
                 connected.set_result((reader, writer))
 
-        binary = native.host_binary()  # before anything runs: no gcc is a ConfigError
+        argv = agent_argv(request.baseline, hostproc.marker(request.env_id))  # no gcc: refused
         server = await asyncio.start_unix_server(on_connect, str(sock_path), limit=1 << 22)
         started = time.monotonic()
         env = {
@@ -88,7 +99,6 @@ class FakeDriver(RunFolderDriver):
             "CLEANROOM_AGENT_SOCKET": str(sock_path),
             "CLEANROOM_GUEST_ROOT": str(run_dir / "root"),
         }
-        argv = [str(binary), hostproc.marker(request.env_id)]
         self.groups.create(request.env_id)
         proc = await asyncio.create_subprocess_exec(
             *self.groups.wrap(request.env_id, hostproc.supervised(argv, request.hard_deadline_s)),
