@@ -1,9 +1,9 @@
 """The multiplexed protocol (issue 16, "the protocol carries it") between the real guest agent
-(``guest.Agent`` in a host thread; its commands are host processes) and the real host session
-over a socket pair. Each test would fail on the one-request-at-a-time protocol: there a second
-request waited for the first (the concurrency tests time out), stdin, spawn, PTY, user, streams
-and tar did not exist, and a missing file was a bare ``ProtocolError``. The same API on real
-VMs: ``tests/vm/test_mux_vm.py``."""
+(each in turn: ``guest.Agent`` in a host thread, and the native agent as a host process; their
+commands are host processes) and the real host session. Each test would fail on the
+one-request-at-a-time protocol: there a second request waited for the first (the concurrency
+tests time out), stdin, spawn, PTY, user, streams and tar did not exist, and a missing file
+was a bare ``ProtocolError``. The same API on real VMs: ``tests/vm/test_mux_vm.py``."""
 
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ from cleanroom.errors import (
     GuestOperationError,
     GuestUnsafePath,
     UnknownUser,
+    Unsupported,
 )
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for another hangs without mux
 
 
 @pytest.fixture
-def session(thread_agent: AgentSession) -> AgentSession:
-    return thread_agent
+def session(agent_session: AgentSession) -> AgentSession:
+    return agent_session
 
 
 def gone(pid: int) -> bool:
@@ -53,8 +54,27 @@ async def wait_gone(pid: int) -> bool:
     return False
 
 
+NOT_NATIVE = {"tar", "gym"}  # what the native agent does not serve yet (HELLO says so)
+
+
 async def test_hello_lists_the_features(session: AgentSession) -> None:
-    assert session.mux and set(protocol.FEATURES) <= session.features
+    native = session.hello.get("agent") == "native"
+    assert session.mux and set(protocol.FEATURES) - (NOT_NATIVE if native else set()) <= (
+        session.features
+    )
+
+
+async def refused_without_tar(session: AgentSession, tmp_path: Path) -> bool:
+    """An agent whose HELLO lacks ``tar``: the host refuses both ways by type (True)."""
+    if "tar" in session.features:
+        return False
+    with pytest.raises(Unsupported):
+        async for _ in session.get_tar(str(tmp_path)):
+            pass
+    with pytest.raises(Unsupported):
+        await session.put_tar(str(tmp_path / "dest"), one(b"x"))
+    assert (await session.exec(["true"])).ok
+    return True
 
 
 async def test_two_commands_run_at_once(session: AgentSession, tmp_path: Path) -> None:
@@ -210,6 +230,8 @@ async def one(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def test_tar_round_trip(session: AgentSession, tmp_path: Path) -> None:
+    if await refused_without_tar(session, tmp_path):
+        return
     src = tmp_path / "src"
     (src / "sub" / "deeper").mkdir(parents=True)
     (src / "a.txt").write_bytes(b"alpha")
@@ -249,6 +271,8 @@ async def test_tar_members_that_escape_are_refused(
 ) -> None:
     """Nothing lands outside the folder, not even through a link already inside it (made by
     an earlier command, say); no device node, no link pointing out."""
+    if await refused_without_tar(session, tmp_path):
+        return
     outside = tmp_path / "outside"
     outside.mkdir()
     dest = tmp_path / "box" / "dest"
