@@ -81,7 +81,7 @@ def test_what_the_native_agent_cannot_run_is_refused_naming_the_field(
         load_spec(write(tmp_path, 'name = "n"\n' + extra))
 
 
-FUNCTION = 'name = "n"\n[entrypoint]\nfunction = "entry:run"\n[agent]\nkind = "native"\n'
+FUNCTION = 'name = "n"\n[entrypoint]\nfunction = "entry:run"\n'  # the default agent
 
 
 def test_a_native_function_spec_loads_and_its_digest_covers_the_warm_worker(
