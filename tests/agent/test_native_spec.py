@@ -40,7 +40,8 @@ def test_the_default_agent_is_the_native_one_and_naming_it_changes_nothing(
     assert "agent" not in spec.canonical()
     explicit = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "native"\n'))
     assert spec_digest(explicit) == spec_digest(spec)
-    python = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
+    with pytest.warns(FutureWarning, match=r'agent.kind = "python" is deprecated'):
+        python = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
     assert not python.native and python.canonical()["agent"] == {"kind": "python"}
     assert spec_digest(python) != spec_digest(spec)
     assert init_script() == INIT_SCRIPT.read_bytes()

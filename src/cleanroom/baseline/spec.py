@@ -14,6 +14,7 @@ import json
 import re
 import stat
 import tomllib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -241,6 +242,12 @@ class AgentSection(_Section):
     kind: Literal["python", "native"] = "native"
 
 
+PYTHON_AGENT_DEPRECATED = (
+    '{path}: agent.kind = "python" is deprecated: the native agent (the default) is the one guest '
+    "agent; the Python agent stays only until the native one serves Gymnasium envs, then goes"
+)
+
+
 class BaselineSpec(_Section):
     """A validated ``baseline.toml``; ``folder`` is where relative ``files.src`` resolve."""
 
@@ -375,6 +382,8 @@ def load_spec(path: Path) -> BaselineSpec:
         missing.append(f"  base.context: {docker[1]} is not a folder")
     if missing:
         raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
+    if not spec.native:
+        warnings.warn(PYTHON_AGENT_DEPRECATED.format(path=path), FutureWarning, stacklevel=2)
     return spec
 
 
