@@ -26,7 +26,6 @@ from cleanroom.errors import (
     GuestOperationError,
     GuestUnsafePath,
     UnknownUser,
-    Unsupported,
 )
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for another hangs without mux
@@ -54,7 +53,7 @@ async def wait_gone(pid: int) -> bool:
     return False
 
 
-NOT_NATIVE = {"tar", "gym"}  # what the native agent does not serve yet (HELLO says so)
+NOT_NATIVE = {"gym"}  # what the native agent does not serve yet (its HELLO says so)
 
 
 async def test_hello_lists_the_features(session: AgentSession) -> None:
@@ -62,19 +61,6 @@ async def test_hello_lists_the_features(session: AgentSession) -> None:
     assert session.mux and set(protocol.FEATURES) - (NOT_NATIVE if native else set()) <= (
         session.features
     )
-
-
-async def refused_without_tar(session: AgentSession, tmp_path: Path) -> bool:
-    """An agent whose HELLO lacks ``tar``: the host refuses both ways by type (True)."""
-    if "tar" in session.features:
-        return False
-    with pytest.raises(Unsupported):
-        async for _ in session.get_tar(str(tmp_path)):
-            pass
-    with pytest.raises(Unsupported):
-        await session.put_tar(str(tmp_path / "dest"), one(b"x"))
-    assert (await session.exec(["true"])).ok
-    return True
 
 
 async def test_two_commands_run_at_once(session: AgentSession, tmp_path: Path) -> None:
@@ -230,8 +216,6 @@ async def one(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def test_tar_round_trip(session: AgentSession, tmp_path: Path) -> None:
-    if await refused_without_tar(session, tmp_path):
-        return
     src = tmp_path / "src"
     (src / "sub" / "deeper").mkdir(parents=True)
     (src / "a.txt").write_bytes(b"alpha")
@@ -271,8 +255,6 @@ async def test_tar_members_that_escape_are_refused(
 ) -> None:
     """Nothing lands outside the folder, not even through a link already inside it (made by
     an earlier command, say); no device node, no link pointing out."""
-    if await refused_without_tar(session, tmp_path):
-        return
     outside = tmp_path / "outside"
     outside.mkdir()
     dest = tmp_path / "box" / "dest"
