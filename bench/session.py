@@ -220,7 +220,7 @@ async def main() -> None:
     parser.add_argument("--forks", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
-        "--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)"
+        "--baseline", type=Path, default=TINY, help="the spec (default: the tiny test baseline)"
     )
     args = parser.parse_args()
     baseline = resolve_or_build(str(args.baseline), progress=lambda s, d: print(f"build {s}: {d}"))
