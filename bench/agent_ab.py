@@ -38,7 +38,7 @@ from cleanroom.store import LocalStore
 from session import MIB, TINY, build_floor
 
 ROOT = Path(__file__).resolve().parent.parent
-NATIVE = TINY.parent.parent / "tiny-native" / "baseline.toml"
+NATIVE = TINY  # the tiny baseline runs the native agent (the default kind)
 ROWS = (
     ("true", "repeated command (`true`)"),
     ("agent", "  of it, in the guest (duration_s)"),

@@ -239,7 +239,7 @@ async def main() -> None:
     parser.add_argument("--forks", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
-        "--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)"
+        "--baseline", type=Path, default=TINY, help="the spec (default: the tiny test baseline)"
     )
     args = parser.parse_args()
     baseline = resolve_or_build(str(args.baseline), progress=lambda s, d: print(f"build {s}: {d}"))
@@ -293,8 +293,8 @@ def report(bench: Bench, args: argparse.Namespace, load_at_start: float) -> list
     lines = [
         f"# bench/session.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, qemu {facts.get('accelerator_version')}, accelerator "
-        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({agent} "
-        f"agent); load average (1 min) at the "
+        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({agent} agent); "
+        "load average (1 min) at the "
         f"start {load_at_start:.1f}, at the end {os.getloadavg()[0]:.1f}",
         f"# {args.sessions} sessions from a spare ({args.cmds} repeated commands each, "
         f"{args.big} with 64 MiB each way), {args.forks} forkable sessions forked into 4; host "

@@ -12,7 +12,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
   qemu-system-x86 mmdebstrap erofs-utils busybox-static cpio lz4 util-linux python3-venv
   ca-certificates
-  gcc libc6-dev  # the guest agent's native reseed helper (agent/reseed.c), built into baselines
+  gcc libc6-dev  # the native guest agent (agent/native), built into baselines and for the fake driver
   clang libclang-rt-14-dev  # make fuzz-native: libFuzzer, ASan, UBSan over agent/native's reader
   runsc  # gVisor, for --driver gvisor (a user-space kernel sandbox: no VM, no KVM needed)
   skopeo  # container images as baselines: docker:// pulls and archive conversions

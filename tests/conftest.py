@@ -24,7 +24,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TEST_HOME = ROOT / ".cache" / "test-home"
 TINY_SPEC = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
-TINY_NATIVE_SPEC = ROOT / "tests" / "baselines" / "tiny-native" / "baseline.toml"
 TINY_ENTRY = ROOT / "tests" / "baselines" / "tiny" / "files" / "entry.py"
 
 SKIPS_ALLOWED = ROOT / "tests" / "skips_allowed.txt"
@@ -75,10 +74,13 @@ def pytest_runtest_makereport(
     report.longrepr = f"skipped under CI=true, and not in tests/{SKIPS_ALLOWED.name}: {reason}"
 
 
-def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # noqa: UP037
+def make_fake_baseline(
+    tmp: Path, script: Path = TINY_ENTRY, *, agent: str = "native"
+) -> "Baseline":  # noqa: UP037
     """A baseline for the fake driver: the tiny entry script (or ``script``) run by the host's
     Python. The script is a component (hard-linked into the baseline folder), so drift tests
-    work."""
+    work. ``agent="python"`` asks for the Python agent (only Gymnasium envs need it, until the
+    native agent serves them): its spec says so and its digest differs."""
     from cleanroom.baseline.model import Baseline, Component, identity
     from cleanroom.digests import digest_of, sha256_file
     from cleanroom.manifest import Limits
@@ -93,7 +95,7 @@ def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # n
         Limits(timeout_s=30),
         "host",
         "0.1.0",
-        "sha256:" + "0" * 64,
+        "sha256:" + ("0" if agent == "native" else "2") * 64,
     )
     digest = digest_of(ident)
     folder = tmp / "baselines" / digest.removeprefix("sha256:")
@@ -109,9 +111,26 @@ def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # n
         Limits(timeout_s=30),
         "host",
         "0.1.0",
+        spec={} if agent == "native" else {"agent": {"kind": agent}},
     )
     (folder / "baseline.json").write_text(json.dumps(baseline.to_json()))
     return baseline
+
+
+def seed_agent_cache(home: Path) -> None:
+    """Give the fresh home ``home`` the fake driver's agent already built (hard links to the
+    suite's own), so a test that starts nodes with their own homes does not wait for gcc."""
+    from cleanroom.agent import native
+
+    saved = os.environ["CLEANROOM_HOME"]
+    os.environ["CLEANROOM_HOME"] = str(TEST_HOME)
+    try:
+        built = native.host_binary().parent
+    finally:
+        os.environ["CLEANROOM_HOME"] = saved
+    dest = home / "cache" / "agent" / built.name
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(built, dest, ignore=ignore, copy_function=os.link, dirs_exist_ok=True)
 
 
 def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline":  # noqa: UP037
@@ -141,16 +160,6 @@ def tiny_baseline() -> Iterator["Baseline"]:  # noqa: UP037
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
     yield resolve_or_build(str(TINY_SPEC), progress=lambda step, detail: print(step, detail))
-
-
-@pytest.fixture(scope="session")
-def tiny_native_baseline() -> Iterator["Baseline"]:  # noqa: UP037
-    """The tiny baseline on the native agent (``[agent] kind = "native"``), built once."""
-    from cleanroom.baseline.resolve import resolve_or_build
-
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
-    yield resolve_or_build(str(TINY_NATIVE_SPEC), progress=lambda step, detail: print(step, detail))
 
 
 def _gvisor_unusable(tmp: Path) -> str | None:

@@ -1,8 +1,10 @@
-"""Fixtures of the agent tests: the real guest agent in a host thread, the real host session."""
+"""Fixtures of the agent tests: a real guest agent serving a host socket (its commands are host
+processes, its ``/run/cleanroom`` in ``tmp_path``) and the real host session of it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.agent import guest
+from cleanroom.agent import guest, native
 from cleanroom.agent.session import AgentSession
 
 
@@ -30,3 +32,44 @@ async def thread_agent(
     yield session
     await session.aclose()
     guest_sock.close()
+
+
+@pytest.fixture
+async def native_agent(tmp_path: Path) -> AsyncIterator[AgentSession]:
+    """The native agent (``native.host_binary``, as the fake driver runs it) as a host process
+    on a unix socket, and the host's session of it after HELLO."""
+    sock = tmp_path / "agent.sock"
+    done: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+        asyncio.get_running_loop().create_future()
+    )
+    server = await asyncio.start_unix_server(
+        lambda r, w: done.set_result((r, w)), str(sock), limit=1 << 22
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "CLEANROOM_AGENT_SOCKET": str(sock),
+        "CLEANROOM_GUEST_ROOT": str(tmp_path / "guest"),
+    }
+    binary = native.host_binary()
+    proc = await asyncio.create_subprocess_exec(str(binary), env=env, start_new_session=True)
+    try:
+        reader, writer = await asyncio.wait_for(done, 30)
+        session = AgentSession(reader, writer)
+        await asyncio.wait_for(session.wait_hello(), 30)
+        yield session
+        await session.aclose()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        server.close()
+
+
+@pytest.fixture(params=["python", "native"])
+def agent_session(request: pytest.FixtureRequest) -> AgentSession:
+    """The host session of each guest agent in turn (their behaviour must be the same; the
+    Python one goes once the native one serves everything)."""
+    session: AgentSession = request.getfixturevalue(
+        "thread_agent" if request.param == "python" else "native_agent"
+    )
+    return session

@@ -25,23 +25,18 @@ from cleanroom.record import Outcome
 pytestmark = pytest.mark.vm
 
 HOSTILE_SPEC = Path(__file__).resolve().parents[1] / "baselines" / "hostile" / "baseline.toml"
-HOSTILE_SPECS = {
-    "python": HOSTILE_SPEC,
-    "native": HOSTILE_SPEC.parents[1] / "hostile-native" / "baseline.toml",
-}
 SECRET = "hf_Hidd3nTok/en+Value"
 HOSTILE = ["deep-result", "nan-metrics", "surrogate-name", "long-name", "deep-header"]
 
 
-@pytest.fixture(scope="module", params=sorted(HOSTILE_SPECS))
-def hostile_baseline(request: pytest.FixtureRequest) -> Baseline:
-    """The hostile baseline on each agent: the host's distrust must not depend on which."""
+@pytest.fixture(scope="module")
+def hostile_baseline() -> Baseline:
+    """The hostile baseline (the native agent relays its attacks), built once and cached."""
     from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
-    spec = HOSTILE_SPECS[request.param]
-    return resolve_or_build(str(spec), progress=lambda step, detail: print(step, detail))
+    return resolve_or_build(str(HOSTILE_SPEC), progress=lambda step, detail: print(step, detail))
 
 
 @pytest.fixture

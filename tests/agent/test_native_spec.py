@@ -1,10 +1,11 @@
 """``[agent] kind`` in a baseline spec, and what it changes in the build's inputs.
 
-Protects: the default stays the Python agent with the same canonical spec, digest and
-``/init`` bytes (existing baselines keep their digests); a native spec is another build (its
-digest covers the C sources, and with a function entrypoint the warm worker it starts); an
-unknown agent is refused at load time, and a function entrypoint in an image without Python at
-build time, naming the entrypoint; a [network] allowlist is accepted (the agent sets up the NIC).
+Protects: the default is the native agent, with no ``agent`` in the canonical spec (an explicit
+``kind = "native"`` is the same spec and digest); the Python agent, while it lasts, is another
+build (its digest covers the Python sources, its ``/init`` is ``init.sh``); the native digest
+covers the C sources, and with a function entrypoint the warm worker it starts; an unknown agent
+is refused at load time, and a function entrypoint in an image without Python at build time,
+naming the entrypoint; a [network] allowlist is accepted (the agent sets up the NIC).
 """
 
 from __future__ import annotations
@@ -31,22 +32,26 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_the_default_agent_leaves_the_spec_and_init_as_they_were(tmp_path: Path) -> None:
+def test_the_default_agent_is_the_native_one_and_naming_it_changes_nothing(
+    tmp_path: Path,
+) -> None:
     spec = load_spec(write(tmp_path, COMMAND))
-    assert spec.agent.kind == "python" and not spec.native
+    assert spec.agent.kind == "native" and spec.native
     assert "agent" not in spec.canonical()
-    explicit = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
+    explicit = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "native"\n'))
     assert spec_digest(explicit) == spec_digest(spec)
+    with pytest.warns(FutureWarning, match=r'agent.kind = "python" is deprecated'):
+        python = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
+    assert not python.native and python.canonical()["agent"] == {"kind": "python"}
+    assert spec_digest(python) != spec_digest(spec)
     assert init_script() == INIT_SCRIPT.read_bytes()
 
 
-def test_a_native_spec_is_another_build_whose_digest_covers_the_c_sources(
+def test_a_native_spec_is_a_build_whose_digest_covers_the_c_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plain = load_spec(write(tmp_path, COMMAND))
-    spec = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "native"\n'))
-    assert spec.native and spec.canonical()["agent"] == {"kind": "native"}
-    assert spec_digest(spec) != spec_digest(plain)
+    spec = load_spec(write(tmp_path, COMMAND))
+    assert spec.native
     copy = tmp_path / "native"
     copy.mkdir()
     for name in native.files():
@@ -77,7 +82,7 @@ def test_what_the_native_agent_cannot_run_is_refused_naming_the_field(
         load_spec(write(tmp_path, 'name = "n"\n' + extra))
 
 
-FUNCTION = 'name = "n"\n[entrypoint]\nfunction = "entry:run"\n[agent]\nkind = "native"\n'
+FUNCTION = 'name = "n"\n[entrypoint]\nfunction = "entry:run"\n'  # the default agent
 
 
 def test_a_native_function_spec_loads_and_its_digest_covers_the_warm_worker(
@@ -122,17 +127,20 @@ def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent
 
 
 def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -> None:
-    """The sandbox's PID 1 follows the baseline's agent; python3 stays for the default."""
+    """The sandbox's PID 1 follows the baseline's agent component (the spec's [agent] section
+    is absent for the default), python3 only for a baseline without one."""
     import dataclasses
 
     from tests.conftest import make_fake_baseline
 
+    from cleanroom.baseline.model import AGENT_FILE, Component
     from cleanroom.drivers import gvisor_bundle
 
     python = make_fake_baseline(tmp_path)
-    native_one = dataclasses.replace(python, spec={"agent": {"kind": "native"}})
+    agent = Component(AGENT_FILE, 3, "ab" * 32)
+    native_one = dataclasses.replace(python, components=(*python.components, agent))
     assert gvisor_bundle.agent_args(native_one) == ["/opt/cleanroom/agent/agent"]
-    assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"
+    assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"  # no agent component
 
 
 def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""Transfers of any documented size work end to end: the real guest agent (``guest.Agent``, as a
-host thread) talks to the real host session over a socket pair, both with the default frame
-limit (``DEFAULT_MAX_BODY``, 1 MiB). On the old code a 2 MiB result.json was one RESULT frame
-(``FrameTooLarge``) and a PUT over 1 MiB one frame the agent refused."""
+"""Transfers of any documented size work end to end: each real guest agent (``guest.Agent`` as a
+host thread, the native one as a host process) talks to the real host session, both with the
+default frame limit (``DEFAULT_MAX_BODY``, 1 MiB). On the old code a 2 MiB result.json was one
+RESULT frame (``FrameTooLarge``) and a PUT over 1 MiB one frame the agent refused."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ with open(os.environ["CLEANROOM_DIR"] + "/result.json", "wb") as f:
 
 
 @pytest.fixture
-def session(thread_agent: AgentSession) -> AgentSession:
-    return thread_agent
+def session(agent_session: AgentSession) -> AgentSession:
+    return agent_session
 
 
 async def run_with_result(session: AgentSession, staging: Path, size: int) -> bytes | None:

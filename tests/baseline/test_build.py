@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from cleanroom.agent import native
 from cleanroom.baseline import store
-from cleanroom.baseline.builder import agent_version, build
-from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.builder import build, native_agent_version
+from cleanroom.baseline.model import AGENT_FILE, Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.baseline.rootfs import scratch_parent
 from cleanroom.baseline.spec import load_spec, spec_digest
@@ -31,14 +32,14 @@ pytestmark = pytest.mark.build
 def test_the_tiny_baseline_is_complete(tiny: Baseline) -> None:
     assert tiny.name == "tiny"
     assert tiny.path == store.baselines_dir() / tiny.digest.removeprefix("sha256:")
-    assert {c.name for c in tiny.components} == {"vmlinux", "initrd.cpio", "rootfs.erofs"}
+    assert {c.name for c in tiny.components} == {"vmlinux", "initrd.cpio", "rootfs.erofs", "agent"}
     assert tiny.kernel.read_bytes()[:4] == b"\x7fELF"
     assert tiny.entrypoint == ("python3", "/opt/tiny/entry.py")
     assert tiny.limits.timeout_s == 30 and tiny.limits.memory_mib == 256
-    assert tiny.agent_version == agent_version()
+    assert tiny.agent_version == native_agent_version()
     assert tiny.spec_digest == spec_digest(load_spec(TINY_SPEC))
     built = store.metadata(tiny)["built"]
-    assert set(built["mtime_ns"]) == {"vmlinux", "initrd.cpio", "rootfs.erofs"}
+    assert set(built["mtime_ns"]) == {"vmlinux", "initrd.cpio", "rootfs.erofs", "agent"}
 
 
 def test_a_second_build_comes_from_the_cache_and_force_rebuilds_the_same(tiny: Baseline) -> None:
@@ -50,7 +51,8 @@ def test_a_second_build_comes_from_the_cache_and_force_rebuilds_the_same(tiny: B
     steps.clear()
     rebuilt = build(TINY_SPEC, progress=lambda step, detail: steps.append(step), force=True)
     assert rebuilt.digest == tiny.digest  # byte-identical components
-    assert {"kernel", "rootfs", "files", "compile", "erofs", "initramfs", "digest"} <= set(steps)
+    assert {"kernel", "rootfs", "files", "erofs", "initramfs", "digest"} <= set(steps)
+    assert "compile" not in steps  # a command baseline on the native agent compiles no Python
     assert store.verify(rebuilt) == []
 
 
@@ -97,16 +99,9 @@ def test_the_image_holds_the_files_the_agent_and_no_host_state(tiny: Baseline) -
         entry = root / "opt" / "tiny" / "entry.py"
         assert entry.read_bytes() == TINY_SPEC.parent.joinpath("files", "entry.py").read_bytes()
         assert entry.stat().st_mode & 0o777 == 0o644
-        agent = root / "opt" / "cleanroom" / "agent"
-        assert {p.name for p in agent.iterdir()} >= {
-            "guest.py",
-            "protocol.py",
-            "warm.py",
-            "worker.py",
-            "__pycache__",
-        }
-        assert list((agent / "__pycache__").glob("protocol.cpython-3*.pyc"))
-        assert list((agent / "__pycache__").glob("worker.cpython-3*.pyc"))
+        agent = root / "opt" / "cleanroom" / "agent"  # the native agent: a command baseline
+        assert {p.name for p in agent.iterdir()} == {native.BINARY}
+        assert (agent / native.BINARY).read_bytes() == (tiny.path / AGENT_FILE).read_bytes()
         assert not (root / "opt" / "cleanroom" / "entry.json").exists()  # a command baseline
         assert (root / "etc" / "hostname").read_text() == "cleanroom\n"
         assert (root / "etc" / "machine-id").read_bytes() == b""

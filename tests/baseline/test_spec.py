@@ -140,14 +140,14 @@ def test_the_digest_follows_the_spec_text_agent_and_builder(
     path.write_text(GOOD)
     assert spec_digest(load_spec(path)) == before
 
-    agent = tmp_path / "agent"
+    agent = tmp_path / "agent"  # the native agent's sources (the default agent)
     agent.mkdir()
-    for name in spec_module.AGENT_FILES:
-        shutil.copy(spec_module.AGENT_DIR / name, agent / name)
-    monkeypatch.setattr(spec_module, "AGENT_DIR", agent)
+    for name in spec_module.native.files():
+        shutil.copy(spec_module.native.NATIVE_DIR / name, agent / name)
+    monkeypatch.setattr(spec_module.native, "NATIVE_DIR", agent)
     assert spec_digest(load_spec(path)) == before
-    with (agent / "protocol.py").open("a") as f:
-        f.write("\n# changed\n")
+    with (agent / "frame.c").open("a") as f:
+        f.write("\n/* changed */\n")
     agent_changed = spec_digest(load_spec(path))
     assert agent_changed != before
 

@@ -1,9 +1,9 @@
 """The driver kit: one fixture that hands the conformance suite any driver, ready to use.
 
-``kit`` is parametrized over every driver: ``fake`` (the agent as a host process, with the
-fake baseline), ``gvisor`` and ``qemu`` (the tiny test baseline; marked ``vm``), and those two
-again on the native agent (``gvisor-native``, ``qemu-native``: the tiny-native baseline). gVisor
-is skipped, with the reason, when ``runsc`` is missing or cannot run a sandbox here.
+``kit`` is parametrized over every driver: ``fake`` (the native agent as a host process, with
+the fake baseline), ``gvisor`` and ``qemu`` (the tiny test baseline, also on the native agent;
+marked ``vm``). gVisor is skipped, with the reason, when ``runsc`` is missing or cannot run a
+sandbox here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class Kit:
     scratch: str  # a writable folder in the guest
     tmp: Path
     run_root: Path  # the driver's run folders
-    agent: str = "python"  # which guest agent the baseline runs ("native": agent/native)
     envs: list[Env] = field(default_factory=list)
 
     @property
@@ -72,25 +71,20 @@ class Kit:
         return env
 
 
-KITS = ("fake", "gvisor", "qemu", "gvisor-native", "qemu-native")
+KITS = ("fake", "gvisor", "qemu")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every kit for a suite that uses ``kit``; a module whose ``AGENTS`` leaves out "native"
-    (a suite of the multiplexed protocol, which the native agent does not serve) gets none of
-    the native kits."""
+    """Every kit for a suite that uses ``kit``."""
     if "kit" not in metafunc.fixturenames:
         return
-    agents = getattr(metafunc.module, "AGENTS", ("python", "native"))
-    names = [k for k in KITS if (k.partition("-")[2] or "python") in agents]
-    marks = {k: () if k == "fake" else (pytest.mark.vm,) for k in KITS}
-    params = [pytest.param(k, marks=marks[k], id=k) for k in names]
+    params = [pytest.param(k, marks=() if k == "fake" else (pytest.mark.vm,), id=k) for k in KITS]
     metafunc.parametrize("kit", params, indirect=True)
 
 
 @pytest.fixture
 async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Kit]:
-    name, _, agent = str(request.param).partition("-")
+    name = str(request.param)
     driver: Driver
     if name == "fake":
         baseline = make_fake_baseline(tmp_path)
@@ -99,15 +93,13 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
     else:
         if name == "gvisor":
             request.getfixturevalue("gvisor_usable")
-        baseline = request.getfixturevalue(f"tiny_{agent}_baseline" if agent else "tiny_baseline")
+        baseline = request.getfixturevalue("tiny_baseline")
         if name == "gvisor":
             driver = GvisorDriver(run_root=tmp_path / "run")
         else:
             driver = QemuDriver(run_root=tmp_path / "run")
         python, scratch = "python3", "/root/conformance"
-    kit = Kit(
-        name, driver, baseline, python, scratch, tmp_path, tmp_path / "run", agent or "python"
-    )
+    kit = Kit(name, driver, baseline, python, scratch, tmp_path, tmp_path / "run")
     yield kit
     for env in kit.envs:  # whatever a failing test left behind
         await env.aclose()

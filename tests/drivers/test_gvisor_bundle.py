@@ -82,7 +82,7 @@ async def test_tree_is_extracted_once_verified_and_repaired(
     monkeypatch.setattr(gb, "_verified", set())
     tree = await gb.ensure_tree(tiny_baseline)
     assert tree == gb.tree_dir(tiny_baseline) / "rootfs"
-    agent = tree / "opt" / "cleanroom" / "agent" / "guest.py"
+    agent = tree / "opt" / "cleanroom" / "agent" / "agent"
     original = agent.read_bytes()
     assert await gb.ensure_tree(tiny_baseline) == tree
 

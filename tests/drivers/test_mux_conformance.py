@@ -32,7 +32,6 @@ from cleanroom.errors import (
 from .conftest import Kit
 
 pytestmark = pytest.mark.timeout(400)
-AGENTS = ("python", "native")
 
 STATE = (
     's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone'

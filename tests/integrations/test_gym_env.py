@@ -1,4 +1,5 @@
-"""``CleanroomEnv`` on the fake driver (the real guest agent and gym process as host processes):
+"""``CleanroomEnv`` on the fake driver (the real Python guest agent, which serves GYM_* frames
+until the native one does, and its gym process as host processes):
 the Gymnasium contract and the episode contract, fast. The same on real VMs: test_gym_vm.py.
 
 Protects issue 19: nothing boots in ``__init__``; ``close`` is idempotent; each reset is one
@@ -45,7 +46,7 @@ def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
 
 
 def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
-    baseline = make_fake_baseline(tmp_path)
+    baseline = make_fake_baseline(tmp_path, agent="python")
     store = LocalStore(tmp_path / "store")
     forget_spaces()
     env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
@@ -78,7 +79,7 @@ def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
 
 
 def test_a_failing_in_vm_env_ends_its_episode_and_the_next_reset_works(tmp_path: Path) -> None:
-    baseline = make_fake_baseline(tmp_path)
+    baseline = make_fake_baseline(tmp_path, agent="python")
     store = LocalStore(tmp_path / "store")
     env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
     try:
@@ -98,7 +99,9 @@ def test_a_failing_in_vm_env_ends_its_episode_and_the_next_reset_works(tmp_path:
 
 
 def test_an_unknown_env_is_a_gym_env_error(tmp_path: Path) -> None:
-    env = cgym.CleanroomEnv(make_fake_baseline(tmp_path), env="NoSuchEnv-v9", driver="fake")
+    env = cgym.CleanroomEnv(
+        make_fake_baseline(tmp_path, agent="python"), env="NoSuchEnv-v9", driver="fake"
+    )
     try:
         with pytest.raises(GymEnvError, match="NoSuchEnv"):
             env.reset(seed=0)

@@ -29,7 +29,7 @@ from cleanroom.reaper import reap
 from cleanroom.record import Outcome
 from cleanroom.store import open_store
 
-from ..conftest import make_fake_baseline
+from ..conftest import make_fake_baseline, seed_agent_cache
 from ..test_controller import manifest
 
 RAY_ENV = {  # read when Ray is imported: set before
@@ -78,6 +78,7 @@ class LocalCluster:
     def add(self, name: str) -> Any:
         home = self.root / name
         home.mkdir()
+        seed_agent_cache(home)  # no node waits for gcc inside a test's timing
         node = self.cluster.add_node(
             num_cpus=1,
             resources={"cleanroom_vm": 2},

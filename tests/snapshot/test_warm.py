@@ -1,6 +1,6 @@
 """Function entrypoints on real VMs: the warm baseline's worker imports ``entry`` before the
 snapshot, and each clone's episode runs ``entry.run`` in the worker's child saved with it.
-Every test runs on both agents: Python's ``guest.py`` and the native one (``warm-native``)."""
+The native agent starts the worker at boot and relays each function episode to it."""
 
 from __future__ import annotations
 
@@ -28,18 +28,16 @@ from ..vmkit import assert_nothing_left
 pytestmark = pytest.mark.vm
 
 WARM_SPEC = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
-WARM_SPECS = {"python": WARM_SPEC, "native": WARM_SPEC.parents[1] / "warm-native" / "baseline.toml"}
 
 
-@pytest.fixture(scope="module", params=sorted(WARM_SPECS))
-def warm_baseline(request: pytest.FixtureRequest) -> Baseline:
-    """The warm test baseline (a function entrypoint), built once and cached; every test runs
-    with each agent (the native one relays the function to the same warm Python worker)."""
+@pytest.fixture(scope="module")
+def warm_baseline() -> Baseline:
+    """The warm test baseline (a function entrypoint), built once and cached."""
     from cleanroom.baseline.resolve import resolve_or_build
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (run `make setup`)")
-    baseline = resolve_or_build(str(WARM_SPECS[request.param]))
+    baseline = resolve_or_build(str(WARM_SPEC))
     assert baseline.function is not None and baseline.entrypoint == ()
     return baseline
 

@@ -7,15 +7,16 @@ Steps, each reported to the progress callback:
    ``cache_dir()/rootfs/<key>.tar``; every build extracts that tarball, so builds that share
    packages share one debootstrap and a rebuild starts from identical bytes.
 2. ``pip``: wheels for the guest's Python (``pyinstall.install_pip``).
-3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/`` (with its
-   native reseed helper, compiled here by ``gcc``; for a function entrypoint, the warm worker's
-   config as ``/opt/cleanroom/entry.json``).
-4. ``compile``: byte-compiled by the guest's own Python, reproducibly
-   (``pyinstall.byte_compile``); the agent is test-imported so a missing module fails the build.
+3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/``: the
+   static ``agent/native`` binary, compiled here by ``gcc`` (for a function entrypoint, with the
+   warm worker and its config as ``/opt/cleanroom/entry.json``, which needs the image's Python).
+4. ``compile``: for a function entrypoint, byte-compiled by the guest's own Python,
+   reproducibly (``pyinstall.byte_compile``), the worker test-imported.
 5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
    machine-id, logs, apt lists and caches, ``*-old`` files).
-A native-agent baseline (``[agent] kind = "native"``) gets the static ``agent/native`` binary
-instead of the Python agent in step 3, and skips step 4 and the image's Python check.
+A spec that still asks for the Python agent (``[agent] kind = "python"``) gets ``guest.py`` and
+its helpers (with the reseed helper ``reseed.c``) in step 3 instead, always step 4, and the
+image's Python check.
 
 6. ``erofs``: ``mkfs.erofs`` with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a fixed UUID.
    Ownership is kept as Debian set it (``/etc/shadow`` stays group ``shadow``); the tree is
@@ -406,7 +407,7 @@ def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> 
     if not python.is_file():
         raise BuildError(
             f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
-            'there (an image with only busybox or one program needs [agent] kind = "native")'
+            'there (the default native agent needs none: remove [agent] kind = "python")'
         )
     return image
 

@@ -14,6 +14,7 @@ import json
 import re
 import stat
 import tomllib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -232,12 +233,19 @@ class NetworkSection(_Section):
 
 
 class AgentSection(_Section):
-    """Which guest agent the baseline runs as PID 1: ``python`` (``agent/guest.py``; the image
-    needs Python 3) or ``native`` (``agent/native``, static C: needs nothing from the image, so
-    an image of only busybox or one program works; a function entrypoint runs in the warm
-    Python worker it starts, so that one needs Python 3 in the image)."""
+    """Which guest agent the baseline runs as PID 1: ``native`` (the default: ``agent/native``,
+    static C, needs nothing from the image, so an image of only busybox or one program works; a
+    function entrypoint runs in the warm Python worker it starts, so that one needs Python 3 in
+    the image) or, until the native agent serves Gymnasium envs, ``python`` (``agent/guest.py``;
+    the image needs Python 3)."""
 
-    kind: Literal["python", "native"] = "python"
+    kind: Literal["python", "native"] = "native"
+
+
+PYTHON_AGENT_DEPRECATED = (
+    '{path}: agent.kind = "python" is deprecated: the native agent (the default) is the one guest '
+    "agent; the Python agent stays only until the native one serves Gymnasium envs, then goes"
+)
 
 
 class BaselineSpec(_Section):
@@ -280,8 +288,7 @@ class BaselineSpec(_Section):
     def canonical(self) -> dict[str, Any]:
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
-        ``network`` appears only when set and ``agent`` only when not the default (python), so
-        specs without them keep their digests."""
+        ``network`` appears only when set and ``agent`` only when not the default (native)."""
         data = {
             **self.model_dump(mode="json"),
             "base": self.base.canonical(),
@@ -289,7 +296,7 @@ class BaselineSpec(_Section):
         }
         if self.network is None:
             del data["network"]
-        if not self.native:
+        if self.native:
             del data["agent"]
         if self.entrypoint is None:
             del data["entrypoint"]  # the image's Entrypoint + Cmd
@@ -375,6 +382,8 @@ def load_spec(path: Path) -> BaselineSpec:
         missing.append(f"  base.context: {docker[1]} is not a folder")
     if missing:
         raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
+    if not spec.native:
+        warnings.warn(PYTHON_AGENT_DEPRECATED.format(path=path), FutureWarning, stacklevel=2)
     return spec
 
 

@@ -1,9 +1,10 @@
 """The fake driver: the real guest agent as a plain host process. No isolation at all.
 
 Shipped like httpx's MockTransport: for fast tests of the controller and for trying the API
-without QEMU. The agent, its protocol and the host session are the real ones; only the VM is
-missing. ``/run/cleanroom`` is relocated to ``<run_dir>/root/run/cleanroom`` and entrypoints run
-on the host, so a baseline used with it should name a host command as its entrypoint.
+without QEMU. The agent (the native one, compiled by the host's gcc: ``native.host_binary``),
+its protocol and the host session are the real ones; only the VM is missing.
+``/run/cleanroom`` is relocated to ``<run_dir>/root/run/cleanroom`` and entrypoints run on the
+host, so a baseline used with it should name a host command as its entrypoint.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 from cleanroom import paths
-from cleanroom.agent import guest
+from cleanroom.agent import guest, native
 from cleanroom.agent.session import AgentSession
+from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import cgroups, hostproc, sockets
 from cleanroom.drivers.base import (
     DestroyReport,
@@ -30,6 +32,15 @@ from cleanroom.drivers.base import (
     write_owner,
 )
 from cleanroom.errors import LaunchError
+
+
+def agent_argv(baseline: Baseline, marker: str) -> list[str]:
+    """The agent of an env: the native one, or the Python agent for a baseline whose spec asks
+    for it (``[agent] kind = "python"``: only Gymnasium envs need it, until the native agent
+    serves them)."""
+    if (baseline.spec.get("agent") or {}).get("kind") == "python":
+        return [sys.executable, guest.__file__, marker]
+    return [str(native.host_binary()), marker]
 
 
 class FakeDriver(RunFolderDriver):
@@ -80,6 +91,7 @@ class FakeDriver(RunFolderDriver):
             if not connected.done():
                 connected.set_result((reader, writer))
 
+        argv = agent_argv(request.baseline, hostproc.marker(request.env_id))  # no gcc: refused
         server = await asyncio.start_unix_server(on_connect, str(sock_path), limit=1 << 22)
         started = time.monotonic()
         env = {
@@ -87,7 +99,6 @@ class FakeDriver(RunFolderDriver):
             "CLEANROOM_AGENT_SOCKET": str(sock_path),
             "CLEANROOM_GUEST_ROOT": str(run_dir / "root"),
         }
-        argv = [sys.executable, guest.__file__, hostproc.marker(request.env_id)]
         self.groups.create(request.env_id)
         proc = await asyncio.create_subprocess_exec(
             *self.groups.wrap(request.env_id, hostproc.supervised(argv, request.hard_deadline_s)),

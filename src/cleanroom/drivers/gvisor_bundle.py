@@ -13,7 +13,7 @@ read-only by every env of that baseline: runsc's ``--overlay2=root:memory`` puts
 writes in its own memory, which dies with the sandbox, so nothing an episode does reaches it.
 
 ``oci_spec`` writes the per-env ``config.json``: the agent as PID 1 (the static native binary
-for a baseline with ``[agent] kind = "native"``, else Python's ``guest.py``); ``/proc``,
+of a baseline that has it as a component, else Python's ``guest.py``); ``/proc``,
 ``/sys``, ``/dev`` (with ``/dev/shm``), a tmpfs ``/run`` and ``/tmp``; the host folder holding
 the agent socket bind-mounted at ``GUEST_CTL_DIR``; an empty network namespace; cgroup limits
 (memory, CPU quota, pids) from the episode's limits.
@@ -219,8 +219,9 @@ def cgroup_leaves(container_id: str) -> list[Path]:
 
 
 def agent_args(baseline: Baseline) -> list[str]:
-    """PID 1 of the sandbox: the baseline's agent (the native binary, or Python's guest.py)."""
-    if (baseline.spec.get("agent") or {}).get("kind") == "native":
+    """PID 1 of the sandbox: the baseline's agent (the native binary, a component of the
+    baseline, or Python's guest.py where it has none)."""
+    if baseline.agent_sha256 is not None:
         return [NATIVE_AGENT]
     return ["/usr/bin/python3", "-I", "-S", "-c", AGENT_LAUNCH]
 

@@ -1,15 +1,19 @@
 """The native guest agent (C, static): its sources and the one way it is compiled.
 
-Standard library only. The baseline builder compiles it for a baseline whose spec says
-``[agent] kind = "native"`` (``baseline/rootfs.py``); the tests and ``make fuzz-native`` use
-the same sources. ``CFLAGS`` are fixed and the compiler runs in this folder on relative names
-(``-ffile-prefix-map``), so the same sources and compiler give the same bytes anywhere.
+Standard library only. The baseline builder compiles it into every baseline
+(``baseline/rootfs.py``); the fake driver runs ``host_binary()``; the tests and ``make
+fuzz-native`` use the same sources. ``CFLAGS`` are fixed and the compiler runs in this folder on
+relative names (``-ffile-prefix-map``), so the same sources and compiler give the same bytes
+anywhere.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from cleanroom import hostbuild
+from cleanroom.errors import ConfigError
 
 NATIVE_DIR = Path(__file__).resolve().parent
 SOURCES = (
@@ -37,6 +41,8 @@ CFLAGS = (
     "-pthread",
     f"-ffile-prefix-map={NATIVE_DIR}=.",
 )
+WORKER = NATIVE_DIR.parent / "worker.py"
+"""The warm Python worker a function entrypoint runs in (the agent starts it from its folder)."""
 BINARY = "agent"
 """Its name in ``/opt/cleanroom/agent/`` of a native baseline (the initramfs starts it)."""
 _VERSION_RE = re.compile(r'^#define AGENT_VERSION "([0-9][0-9.]*)"$', re.MULTILINE)
@@ -56,3 +62,21 @@ def agent_version() -> str | None:
     """``AGENT_VERSION`` of ``agent.c`` (None if the source names none)."""
     found = _VERSION_RE.search((NATIVE_DIR / "agent.c").read_text())
     return found.group(1) if found else None
+
+
+def host_binary() -> Path:
+    """The agent compiled by the host's gcc (the fake driver runs it as a host process), with
+    the warm worker beside it as in a baseline's ``/opt/cleanroom/agent/``; cached under
+    ``cache_dir()/agent/`` by the digest of those sources and the flags. No gcc is a
+    ``ConfigError`` that says so."""
+    sources = [NATIVE_DIR / name for name in files()] + [WORKER]
+    return hostbuild.cached_binary(
+        "agent",
+        BINARY,
+        hostbuild.source_key(sources, CFLAGS),
+        lambda gcc, out: [gcc, *gcc_argv(out)[1:]],
+        cwd=NATIVE_DIR,
+        error=ConfigError,
+        needed_by="the fake driver's guest agent (agent/native)",
+        extras=[WORKER],
+    )
