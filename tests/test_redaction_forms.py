@@ -15,6 +15,7 @@ import base64
 import json
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,10 +89,31 @@ def test_base64_at_any_alignment_is_redacted(
     text = encode(before + secret.encode() + after)
     out, counts = redacted(secret, b"data:" + text + b"\n")
     assert MARK in out and counts["S"] == 1, (secret, before, after, text)
-    # exactly the characters whose six bits all come from the secret are replaced: every
-    # character from the secret's first whole one to its last is gone, no more
+    # every character whose six bits all come from the secret is replaced, in one span; more
+    # only where a neighbour also reads as the secret (one that repeats its own bytes)
     first, end = -(-8 * len(before) // 6), 8 * (len(before) + len(secret.encode())) // 6
-    assert len(out) == len(b"data:" + text + b"\n") - (end - first) + len(MARK), (out, text)
+    head, _, tail = out.removeprefix(b"data:").removesuffix(b"\n").partition(MARK)
+    assert len(head) <= first and len(text) - len(tail) >= end, (out, text)
+    assert text.startswith(head) and text.endswith(tail), (out, text)
+
+
+@pytest.mark.parametrize("before", [b"", b"\xff", b"\xff\xfe"])
+def test_base64_redaction_replaces_exactly_the_secrets_characters(before: bytes) -> None:
+    """Protects against over-redaction: at each alignment, with neighbours that read as no
+    part of the secret, exactly the characters whose six bits all come from it are replaced."""
+    secret = "hunter2-Secret"
+    text = base64.b64encode(before + secret.encode() + b"\xff\xff")
+    out, _ = redacted(secret, text)
+    first, end = -(-8 * len(before) // 6), 8 * (len(before) + len(secret)) // 6
+    assert out == text[:first] + MARK + text[end:], (out, text)
+
+
+def test_base64_of_a_secret_that_repeats_its_bytes_leaves_none_of_it() -> None:
+    """Protects the overlapping case Hypothesis found: in ``AAAACQkJCQg=`` (4 bytes, then the
+    secret ``\\t\\t\\t\\x08``) the secret reads at two alignments that overlap; replacing the
+    first alone left ``Qg=``, six of the secret's bits."""
+    out, counts = redacted("\t\t\t\x08", b"data:" + base64.b64encode(b"\0\0\0\t\t\t\t\x08"))
+    assert out == b"data:AAAA" + MARK + b"g=" and counts == {"S": 1}, out
 
 
 @settings(max_examples=100, deadline=None)

@@ -21,7 +21,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -156,8 +156,7 @@ class Redactor:
         return self._marks[index]
 
     def redact(self, data: bytes) -> bytes:
-        regex = self._regex(data)
-        return regex.sub(self._mark, data) if regex is not None else data
+        return self._redact_until(data, len(data))[0]
 
     def redact_text(self, value: str) -> str:
         return self.redact(value.encode("utf-8", "surrogatepass")).decode(errors="replace")
@@ -202,14 +201,28 @@ class Redactor:
         """
         regex = self._regex(data)
         out, i = [], 0
-        for match in regex.finditer(data) if regex is not None else ():
-            if match.start() >= safe:
-                break
+        for match, end in _spans(regex, data, safe) if regex is not None else ():
             out += [data[i : match.start()], self._mark(match)]
-            i = match.end()
+            i = end
         cut = max(i, safe)
         out.append(data[i:cut])
         return b"".join(out), data[cut:]
+
+
+def _spans(
+    regex: re.Pattern[bytes], data: bytes, safe: int
+) -> Iterator[tuple[re.Match[bytes], int]]:
+    """Each match starting before ``safe`` and where its span ends, overlapping matches merged:
+    base64 of a secret that repeats its own bytes can match at two alignments that overlap
+    (``CQkJC`` and ``kJCQ`` in ``AAAACQkJCQg=``), and either one alone leaves some of it."""
+    pos = 0
+    while (match := regex.search(data, pos)) is not None and match.start() < safe:
+        end, nxt = match.end(), match.start() + 1
+        while (more := regex.search(data, nxt)) is not None and more.start() < min(end, safe):
+            end, nxt = max(end, more.end()), more.start() + 1
+        if end > match.start():  # (no form is empty: secrets have a minimum length)
+            yield match, end
+        pos = max(end, nxt)
 
 
 _MAX_FORM = 12  # bytes one character of a secret can take encoded (a surrogate pair of \\u)
