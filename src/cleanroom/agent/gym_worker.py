@@ -79,7 +79,8 @@ class Proxy:
         self.ready = False
         self.error = ""
         self.sock, self.proc = warm_module().spawn(LAUNCHER.format(here=HERE), dumps(config), env)
-        self.stream = self.sock.makefile("rwb", buffering=0)
+        self.stream = self.sock.makefile("wb", buffering=0)  # a frame is one write
+        self.reader = self.sock.makefile("rb")  # an answer is one read, mostly
 
     def wait_ready(self, timeout_s: float = READY_S) -> bool:
         """Wait for the process's imports and premade envs; False (``error`` set) if it failed."""
@@ -87,7 +88,7 @@ class Proxy:
             return self.ready
         self.sock.settimeout(timeout_s)
         try:
-            frame = read_frame(self.stream)
+            frame = read_frame(self.reader)
             self.ready = frame.kind == Kind.OK and frame.header.get("ready") is True
             self.error = "" if self.ready else str(frame.header.get("message") or "not ready")
         except (OSError, ValueError, EOFError) as exc:
@@ -121,7 +122,7 @@ class Proxy:
     def _read(self, size: int) -> bytes:
         data = bytearray()
         while len(data) < size:
-            chunk = self.stream.read(size - len(data))
+            chunk = self.reader.read(size - len(data))
             if not chunk:
                 raise EOFError("the gym process closed its channel")
             data += chunk
@@ -131,7 +132,8 @@ class Proxy:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.sock.close()
+        for end in (self.reader, self.stream, self.sock):  # the fd closes with the last
+            end.close()
 
 
 def warm_module() -> Any:
@@ -297,13 +299,13 @@ def rehearse(env: Any) -> Any:
     return env
 
 
-def serve(stream: Any, server: Server) -> None:
+def serve(reader: Any, stream: Any, server: Server) -> None:
     """Answer requests until the agent closes the channel."""
     import traceback
 
     while True:
         try:
-            frame = read_frame(stream, max_body=DEFAULT_MAX_BODY)
+            frame = read_frame(reader, max_body=DEFAULT_MAX_BODY)
         except EOFError:
             return
         try:
@@ -323,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv if argv is None else argv
     sys.path[:] = [p for p in sys.path if p != HERE]  # protocol, gym_codec: imported already
-    stream = socket.socket(fileno=int(argv[1])).makefile("rwb", buffering=0)
+    sock = socket.socket(fileno=int(argv[1]))
+    stream, reader = sock.makefile("wb", buffering=0), sock.makefile("rb")  # as ``Proxy``
     started = time.monotonic()
     try:
         config = json.loads(argv[2])
@@ -346,5 +349,5 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
-    serve(stream, server)
+    serve(reader, stream, server)
     return 0
