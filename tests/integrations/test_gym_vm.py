@@ -3,7 +3,8 @@ guest): Gymnasium's ``check_env``, same seed → same trajectory, vector envs (s
 and spawn, NEXT_STEP autoreset), and a SIGKILLed worker leaving no VM for ``cleanroom reap``.
 
 Protects issue 19 with real parts: the gym process in the template, one GYM_STEP round trip per
-step, each reset a fresh spare clone whose predecessor is confirmed gone, every episode durable.
+step, each reset a fresh clone opened ahead (its predecessor's end settled by the next reset or
+close), every episode durable.
 About 30 clones in all (one template build on a fresh machine).
 """
 
