@@ -12,8 +12,18 @@ import re
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).resolve().parent
-SOURCES = ("agent.c", "fastseed.c", "frame.c", "json.c", "mux.c", "net.c", "proc.c", "warm.c")
-HEADERS = ("fastseed.h", "frame.h", "json.h", "mux.h", "net.h", "proc.h", "warm.h")
+SOURCES = (
+    "agent.c",
+    "fastseed.c",
+    "frame.c",
+    "gym.c",
+    "json.c",
+    "mux.c",
+    "net.c",
+    "proc.c",
+    "warm.c",
+)
+HEADERS = ("fastseed.h", "frame.h", "gym.h", "json.h", "mux.h", "net.h", "proc.h", "warm.h")
 FUZZ_SOURCES = ("fuzz_frame.c", "fastseed.c", "frame.c", "json.c", "mux.c", "proc.c")
 CFLAGS = (
     "-static",

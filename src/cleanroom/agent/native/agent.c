@@ -42,6 +42,7 @@
 #include "mux.h"
 #include "net.h"
 #include "proc.h"
+#include "gym.h"
 #include "warm.h"
 
 #define AGENT_VERSION "0.6.0"
@@ -165,8 +166,9 @@ static void hello_fields(jbuf *h) {
      * gVisor (PID 1 on the socket) a PTY's command ends the agent's channel (not understood
      * yet): there it is not offered either */
     int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
-    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\"]"
-                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"]");
+    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\""
+                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"");
+    jb_lit(h, gym_ready() ? ",\"gym\"]" : "]"); /* gym.c: the baseline's gym process is up */
     warm_hello(h);
     net_hello(h);
 }
@@ -783,11 +785,24 @@ static int open_port(void) {
     return -1;
 }
 
+/* A GYM_* request, answered by the gym process; making or closing an env may take seconds
+ * (a module imported, an env constructed): the heartbeat runs meanwhile. */
+static void gym_relay(const struct frame *f) {
+    int slow = f->kind == K_GYM_MAKE || f->kind == K_GYM_CLOSE;
+    if (slow)
+        mux_activity(1);
+    gym_handle(send_frame, f);
+    if (slow)
+        mux_activity(-1);
+}
+
 static void serve(void) {
     struct env base = {0};
     jspan none = {"", 0};
-    if (env_of(&base, none) == 0) /* a function baseline: its worker is ready before HELLO */
+    if (env_of(&base, none) == 0) { /* a function baseline: its worker is ready before HELLO */
         warm_boot(agent_dir, base.items);
+        gym_boot(agent_dir, base.items); /* a baseline with gym.json: its gym process too */
+    }
     env_free(&base);
     struct mux_host lent = {send_frame, env_of, mux_activity};
     mux_init(&lent);
@@ -859,6 +874,8 @@ static void serve(void) {
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
             reseed(&f, 0);
+        } else if (gym_request(f.kind) && json_get(frame_header(&f), "id", &(jspan){0}) != 0) {
+            gym_relay(&f); /* inline, as the Python agent's: a step hands off to no thread */
         } else if (mux_route(&f)) {
             continue; /* routed: mux.c freed it or keeps it */
         } else if (!wait_idle()) {

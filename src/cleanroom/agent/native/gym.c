@@ -1,0 +1,215 @@
+/* The gym process, from the native agent: see gym.h (and agent/gym_worker.py, its twin). */
+#define _GNU_SOURCE
+#include "gym.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "json.h"
+
+enum { MAX_CONFIG = 256 * 1024 };      /* gym.json */
+static const double READY_S = 60.0;    /* gym_worker.READY_S */
+static const char CONFIG[] = "/etc/cleanroom/gym.json"; /* gym_worker.CONFIG_FILE */
+static const char *const PYTHONS[] = {"/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"};
+
+static struct {
+    pid_t pid;
+    int sock;
+    int ready;
+    char error[512];
+    struct reader rd;
+} g = {.pid = 0, .sock = -1};
+
+static ssize_t sock_read(void *ctx, void *buf, size_t n) {
+    (void)ctx;
+    ssize_t got;
+    do
+        got = read(g.sock, buf, n);
+    while (got < 0 && errno == EINTR);
+    return got;
+}
+
+static void stop(const char *why) {
+    if (g.pid > 0) {
+        kill(g.pid, SIGKILL);
+        waitpid(g.pid, NULL, 0);
+        g.pid = 0;
+    }
+    if (g.sock >= 0)
+        close(g.sock);
+    g.sock = -1;
+    g.ready = 0;
+    snprintf(g.error, sizeof g.error, "%s", why);
+}
+
+static char *read_config(size_t *n) {
+    int fd = open(CONFIG, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *buf = malloc(MAX_CONFIG + 1);
+    size_t have = 0;
+    ssize_t got = 1;
+    while (buf && have < MAX_CONFIG && got > 0) {
+        got = read(fd, buf + have, MAX_CONFIG - have);
+        if (got > 0)
+            have += (size_t)got;
+    }
+    close(fd);
+    if (!buf || got < 0 || have == MAX_CONFIG) {
+        free(buf);
+        return NULL;
+    }
+    buf[have] = 0;
+    *n = have;
+    return buf;
+}
+
+/* The gym process's first frame: OK {"ready": true, ...} once its envs are made. */
+static void wait_ready(void) {
+    struct pollfd p = {g.sock, POLLIN, 0};
+    if (poll(&p, 1, (int)(READY_S * 1000)) != 1) {
+        stop("the gym process was not ready in time");
+        return;
+    }
+    struct frame f;
+    const char *why = "closed";
+    int st = frame_read(&g.rd, &f, &why);
+    if (st != FRAME_OK) {
+        stop(st == FRAME_BAD ? why : "the gym process closed its channel");
+        return;
+    }
+    jspan v;
+    if (f.kind == K_OK && !json_get(frame_header(&f), "ready", &v) && json_true(v)) {
+        g.ready = 1;
+    } else {
+        char *message = json_get(frame_header(&f), "message", &v) ? NULL : json_strdup(v);
+        stop(message ? message : "not ready");
+        free(message);
+    }
+    frame_free(&f);
+}
+
+void gym_boot(const char *agent_dir, char *const envp[]) {
+    size_t n = 0;
+    char *config = read_config(&n);
+    if (!config)
+        return; /* no gym config: GYM_* requests are answered with a GYM_ERROR */
+    const char *python = NULL;
+    for (size_t i = 0; !python && i < sizeof PYTHONS / sizeof *PYTHONS; i++)
+        if (access(PYTHONS[i], X_OK) == 0)
+            python = PYTHONS[i];
+    jbuf launcher = {0};
+    jb_lit(&launcher, "import sys; sys.path.insert(0, ");
+    jb_str(&launcher, agent_dir, strlen(agent_dir)); /* a JSON string is a Python literal */
+    jb_lit(&launcher, "); import gym_worker; sys.exit(gym_worker.main())");
+    int sv[2];
+    if (!python || launcher.failed || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+        stop(python ? "cannot make its channel" : "no python3 in the image");
+        jb_free(&launcher);
+        free(config);
+        return;
+    }
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", sv[1]);
+    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, config, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        child_signals();
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setsid(); /* its own session and process group, as gym_worker.Proxy's */
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        fcntl(sv[1], F_SETFD, 0); /* its end stays open across exec */
+        if (chdir("/") == 0)
+            execve(python, argv, envp);
+        _exit(127);
+    }
+    close(sv[1]);
+    jb_free(&launcher);
+    free(config);
+    if (pid < 0) {
+        close(sv[0]);
+        stop("cannot fork");
+        return;
+    }
+    g.pid = pid, g.sock = sv[0];
+    g.rd.read = sock_read;
+    g.rd.ctx = NULL;
+    g.rd.start = g.rd.end = 0;
+    wait_ready();
+}
+
+int gym_ready(void) { return g.ready; }
+
+int gym_request(int kind) { return kind >= K_GYM_MAKE && kind <= K_GYM_CLOSE; }
+
+static void fatal(send_fn send, const char *why) {
+    jbuf h = {0};
+    jb_lit(&h, "{\"message\":");
+    jb_str(&h, why, strlen(why));
+    jb_lit(&h, ",\"fatal\":true}");
+    send(K_GYM_ERROR, h.failed ? "{\"fatal\":true}" : h.p, NULL, 0);
+    jb_free(&h);
+}
+
+static int write_all(const unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t put = write(g.sock, p, n);
+        if (put < 0 && errno == EINTR)
+            continue;
+        if (put <= 0)
+            return -1;
+        p += put, n -= (size_t)put;
+    }
+    return 0;
+}
+
+void gym_handle(send_fn send, const struct frame *f) {
+    if (!g.ready) {
+        char why[600];
+        snprintf(why, sizeof why, "gym process: %s", g.error[0] ? g.error : "none (no gym.json)");
+        fatal(send, why);
+        return;
+    }
+    size_t total = 0;
+    unsigned char *out = frame_encode(f->kind, f->header, f->hlen, f->body, f->blen, &total);
+    if (!out) {
+        fatal(send, "out of memory");
+        return;
+    }
+    int failed = write_all(out, total);
+    free(out);
+    if (failed) {
+        stop("the gym process died (its channel broke)");
+        fatal(send, g.error);
+        return;
+    }
+    struct frame a;
+    const char *why = "closed";
+    int st = frame_read(&g.rd, &a, &why);
+    if (st != FRAME_OK) {
+        stop(st == FRAME_BAD ? "the gym process sent a bad frame" : "the gym process died");
+        fatal(send, g.error);
+        return;
+    }
+    if (a.kind != K_GYM_SPACES && a.kind != K_GYM_OBS && a.kind != K_GYM_ERROR) {
+        frame_free(&a);
+        stop("the gym process answered with a frame of another kind");
+        fatal(send, g.error);
+        return;
+    }
+    send(a.kind, a.header, a.body, a.blen);
+    frame_free(&a);
+}
