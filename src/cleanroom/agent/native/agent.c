@@ -168,7 +168,7 @@ static void hello_fields(jbuf *h) {
     int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
     jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\""
                         : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"");
-    jb_lit(h, gym_ready() ? ",\"gym\"]" : "]"); /* gym.c: the baseline's gym process is up */
+    jb_lit(h, gym_available() ? ",\"gym\"]" : "]"); /* gym.c: a gym process runs or can */
     warm_hello(h);
     net_hello(h);
 }

@@ -21,12 +21,16 @@ static const double READY_S = 60.0;    /* gym_worker.READY_S */
 static const char CONFIG[] = "/etc/cleanroom/gym.json"; /* gym_worker.CONFIG_FILE */
 static const char *const PYTHONS[] = {"/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"};
 
+enum { MAX_ENV = 64 };
+
 static struct {
     pid_t pid;
     int sock;
     int ready;
     char error[512];
     struct reader rd;
+    char dir[4096];          /* the agent's folder: gym_worker.py is there */
+    char *envp[MAX_ENV + 1]; /* the base environment, kept for a start at the first request */
 } g = {.pid = 0, .sock = -1};
 
 static ssize_t sock_read(void *ctx, void *buf, size_t n) {
@@ -98,29 +102,29 @@ static void wait_ready(void) {
     frame_free(&f);
 }
 
-void gym_boot(const char *agent_dir, char *const envp[]) {
-    size_t n = 0;
-    char *config = read_config(&n);
-    if (!config)
-        return; /* no gym config: GYM_* requests are answered with a GYM_ERROR */
-    const char *python = NULL;
-    for (size_t i = 0; !python && i < sizeof PYTHONS / sizeof *PYTHONS; i++)
+static const char *python3(void) {
+    for (size_t i = 0; i < sizeof PYTHONS / sizeof *PYTHONS; i++)
         if (access(PYTHONS[i], X_OK) == 0)
-            python = PYTHONS[i];
+            return PYTHONS[i];
+    return NULL;
+}
+
+/* Start the gym process with `config` (a JSON object) and wait until it is ready. */
+static void start(const char *config) {
+    const char *python = python3();
     jbuf launcher = {0};
     jb_lit(&launcher, "import sys; sys.path.insert(0, ");
-    jb_str(&launcher, agent_dir, strlen(agent_dir)); /* a JSON string is a Python literal */
+    jb_str(&launcher, g.dir, strlen(g.dir)); /* a JSON string is a Python literal */
     jb_lit(&launcher, "); import gym_worker; sys.exit(gym_worker.main())");
     int sv[2];
     if (!python || launcher.failed || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
         stop(python ? "cannot make its channel" : "no python3 in the image");
         jb_free(&launcher);
-        free(config);
         return;
     }
     char fd[16];
     snprintf(fd, sizeof fd, "%d", sv[1]);
-    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, config, NULL};
+    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, (char *)config, NULL};
     pid_t pid = fork();
     if (pid == 0) {
         child_signals();
@@ -133,25 +137,45 @@ void gym_boot(const char *agent_dir, char *const envp[]) {
             dup2(null, 0);
         fcntl(sv[1], F_SETFD, 0); /* its end stays open across exec */
         if (chdir("/") == 0)
-            execve(python, argv, envp);
+            execve(python, argv, g.envp);
         _exit(127);
     }
     close(sv[1]);
     jb_free(&launcher);
-    free(config);
     if (pid < 0) {
         close(sv[0]);
         stop("cannot fork");
         return;
     }
-    g.pid = pid, g.sock = sv[0];
+    g.pid = pid, g.sock = sv[0], g.error[0] = 0;
     g.rd.read = sock_read;
     g.rd.ctx = NULL;
     g.rd.start = g.rd.end = 0;
     wait_ready();
 }
 
-int gym_ready(void) { return g.ready; }
+/* Start it with the baseline's config, or none (its envs are then made at GYM_MAKE). */
+static void start_configured(void) {
+    size_t n = 0;
+    char *config = read_config(&n);
+    start(config ? config : "{}");
+    free(config);
+}
+
+void gym_boot(const char *agent_dir, char *const envp[]) {
+    snprintf(g.dir, sizeof g.dir, "%s", agent_dir);
+    for (size_t i = 0; envp && envp[i] && i < MAX_ENV; i++)
+        g.envp[i] = strdup(envp[i]); /* NULL-terminated: the rest of the array stays NULL */
+    if (access(CONFIG, R_OK) == 0)
+        start_configured(); /* before HELLO: a snapshot template holds its envs made */
+}
+
+int gym_available(void) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/gym_worker.py", g.dir);
+    return g.ready || (python3() && access(path, R_OK) == 0);
+}
+
 
 int gym_request(int kind) { return kind >= K_GYM_MAKE && kind <= K_GYM_CLOSE; }
 
@@ -177,9 +201,11 @@ static int write_all(const unsigned char *p, size_t n) {
 }
 
 void gym_handle(send_fn send, const struct frame *f) {
+    if (!g.ready) /* none yet, or it died: a new one (as gym_worker.handle starts a Proxy) */
+        start_configured();
     if (!g.ready) {
         char why[600];
-        snprintf(why, sizeof why, "gym process: %s", g.error[0] ? g.error : "none (no gym.json)");
+        snprintf(why, sizeof why, "gym process: %s", g.error[0] ? g.error : "did not start");
         fatal(send, why);
         return;
     }
