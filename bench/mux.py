@@ -11,19 +11,16 @@ Every row also as a ratio to its reference (p50). Results: bench/results/mux.txt
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
 import shutil
-import statistics
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from start import ROOT, request
-from stats import Table, write
+from stats import Table, p50, parser, timed, write
 
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.qemu import QemuDriver
@@ -42,17 +39,8 @@ async def blocks() -> AsyncIterator[bytes]:
         yield BLOCK
 
 
-async def timed(step: Callable[[], Awaitable[object]]) -> float:
-    start = time.perf_counter()
-    await step()
-    return time.perf_counter() - start
-
-
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "mux.txt")
-    args = parser.parse_args()
+    args = parser(__doc__, "mux.txt", runs=10).parse_args()
     load_at_start = os.getloadavg()[0]
     baseline = resolve_or_build(str(ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"))
     driver = QemuDriver()
@@ -109,11 +97,9 @@ async def main() -> None:
     for key, name, ref in ROWS:
         lines += [table.row(name, times[key]), table.row(f"  ref: {ref}", times[key + "-ref"])]
     lines += ["", "row / reference, p50 of the same run:"]
-    for key, name, _ in ROWS:
-        ratio = statistics.median(times[key]) / statistics.median(times[key + "-ref"])
-        lines.append(f"  {name:<32} {ratio:.2f}")
+    lines += [table.ratio_row(name, times[key], times[key + "-ref"]) for key, name, _ in ROWS]
     for key in ("put", "get"):
-        lines.append(f"  64 MiB {key}: {64 / statistics.median(times[key]):.0f} MiB/s (p50)")
+        lines.append(f"  64 MiB {key}: {64 / p50(times[key]):.0f} MiB/s (p50)")
     write(args.out, lines)
 
 

@@ -16,16 +16,14 @@ Results: bench/results/native.txt.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
-import statistics
 import tempfile
 from pathlib import Path
 
 from start import ROOT, request, timed_env, timed_episode
-from stats import Table, write
+from stats import Table, parser, write
 
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers.qemu import QemuDriver
@@ -43,10 +41,7 @@ ROWS = (
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "native.txt")
-    args = parser.parse_args()
+    args = parser(__doc__, "native.txt", runs=15).parse_args()
     load_at_start = os.getloadavg()[0]
     baselines = {
         kind: resolve_or_build(str(spec), progress=lambda s, d: print(f"build {s}: {d}"))
@@ -85,9 +80,9 @@ async def main() -> None:
         lines += [table.row(name, times[kind][key]) for key, name in ROWS]
         lines.append("")
     lines.append("native / python, p50 of the same run:")
-    for key, name in ROWS:
-        ratio = statistics.median(times["native"][key]) / statistics.median(times["python"][key])
-        lines.append(f"  {name:<38} {ratio:.2f}")
+    lines += [
+        table.ratio_row(name, times["native"][key], times["python"][key]) for key, name in ROWS
+    ]
     write(args.out, lines)
 
 

@@ -41,7 +41,7 @@ from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +219,9 @@ async def main() -> None:
     parser.add_argument("--big", type=int, default=5, help="sessions that also move 64 MiB")
     parser.add_argument("--forks", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)")
+    parser.add_argument(
+        "--baseline", type=Path, default=TINY, help="the spec (tiny-native: the native agent)"
+    )
     args = parser.parse_args()
     baseline = resolve_or_build(str(args.baseline), progress=lambda s, d: print(f"build {s}: {d}"))
     load_at_start = os.getloadavg()[0]
@@ -268,10 +270,11 @@ def report(bench: Bench, args: argparse.Namespace, load_at_start: float) -> list
         )
 
     fork_facts = bench.fork_facts[-1] if bench.fork_facts else {}
+    agent = "native" if bench.baseline.agent_sha256 else "python"
     lines = [
         f"# bench/session.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
         f"{os.cpu_count()} cores, qemu {facts.get('accelerator_version')}, accelerator "
-        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({'native' if bench.baseline.agent_sha256 else 'python'} "
+        f"{facts.get('accelerator')}, baseline {args.baseline.parent.name} ({agent} "
         f"agent); load average (1 min) at the "
         f"start {load_at_start:.1f}, at the end {os.getloadavg()[0]:.1f}",
         f"# {args.sessions} sessions from a spare ({args.cmds} repeated commands each, "

@@ -6,11 +6,15 @@ it as ``from stats import ...``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import argparse
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleanroom.report import percentile
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 _STATS: dict[str, Callable[[list[float]], float]] = {
     "p50": lambda ms: percentile(ms, 50),
@@ -29,6 +33,32 @@ def p50_p95(seconds: Sequence[float]) -> tuple[float, float]:
     """p50 and p95 of timings in seconds, in ms."""
     ms = _ms(seconds)
     return percentile(ms, 50), percentile(ms, 95)
+
+
+def parser(doc: str, result: str, runs: int) -> argparse.ArgumentParser:
+    """A script's arguments: described by its docstring's first line, ``--runs`` (``runs``
+    by default) and ``--out`` (``bench/results/<result>`` by default); add more to it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--out", type=Path, default=RESULTS / result)
+    return parser
+
+
+def p50(seconds: Sequence[float]) -> float:
+    """The median of timings, in their own unit."""
+    return percentile(seconds, 50)
+
+
+def ratio(seconds: Sequence[float], reference: Sequence[float]) -> float:
+    """p50 of ``seconds`` over p50 of ``reference`` (a same-run reference's timings)."""
+    return p50(seconds) / p50(reference)
+
+
+async def timed(step: Callable[[], Awaitable[object]]) -> float:
+    """Seconds one awaited ``step()`` took."""
+    start = time.perf_counter()
+    await step()
+    return time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -58,6 +88,10 @@ class Table:
         if self.unit:
             cells.append(self.unit)
         return " ".join(cells)
+
+    def ratio_row(self, name: str, seconds: Sequence[float], reference: Sequence[float]) -> str:
+        """``name`` indented, then ``ratio(seconds, reference)``, aligned under the rows."""
+        return f"  {name:<{self.name_width - 2}} {ratio(seconds, reference):.2f}"
 
 
 def write(out: Path, lines: list[str]) -> None:

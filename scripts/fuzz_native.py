@@ -1,6 +1,7 @@
-"""Fuzz the native agent's frame reader and JSON walker (``agent/native/fuzz_frame.c``) with
-libFuzzer under ASan and UBSan: ``make fuzz-native`` (1,000,000 inputs), and a short run in the
-test suite. The corpus starts from real frames the host sends (``protocol.encode``).
+"""Fuzz the native agent's frame reader and JSON walker (``agent/native/fuzz_frame.c``) and its
+tar reader (``fuzz_tar.c``) with libFuzzer under ASan and UBSan: ``make fuzz-native``
+(1,000,000 inputs each), and a short run in the test suite. The corpora start from real frames
+the host sends (``protocol.encode``) and from archives Python's ``tarfile`` writes.
 
 Exit status: libFuzzer's (0: no crash, no leak, no undefined behaviour); 77 if clang or its
 libFuzzer runtime is missing (Debian: clang, libclang-rt-14-dev; scripts/setup.sh installs them).
@@ -9,9 +10,11 @@ libFuzzer runtime is missing (Debian: clang, libclang-rt-14-dev; scripts/setup.s
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -49,6 +52,62 @@ def seeds() -> list[bytes]:
     return [*frames, frames[0] + frames[3]]
 
 
+def tar_seeds() -> list[bytes]:
+    """Archives in each format tarfile writes: files, a folder, links, long and hostile names."""
+    out = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+            for name, kind, link in (
+                ("d", tarfile.DIRTYPE, ""),
+                ("d/f", tarfile.REGTYPE, ""),
+                ("d/" + "n" * 99, tarfile.REGTYPE, ""),
+                ("d/l", tarfile.SYMTYPE, "f"),
+                ("h", tarfile.LNKTYPE, "d/f"),
+                ("../up", tarfile.SYMTYPE, "../../x"),
+                ("d/" + "\u00e9" * 60, tarfile.REGTYPE, ""),
+            ):
+                if fmt == tarfile.USTAR_FORMAT and len(name.encode()) > 100:
+                    continue
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = kind, link
+                data = b"data" if kind == tarfile.REGTYPE else b""
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        out.append(buffer.getvalue())
+    return out
+
+
+TARGETS = {  # name: (sources, seeds, max_len)
+    "fuzz_frame": (native.FUZZ_SOURCES, seeds, 8192),
+    "fuzz_tar": (native.FUZZ_TAR_SOURCES, tar_seeds, 65536),
+}
+
+
+def fuzz(name: str, tmp: Path, runs: int, max_time: int) -> int:
+    """Build one target and run it; libFuzzer's status (SKIP: no clang runtime)."""
+    sources, make_seeds, max_len = TARGETS[name]
+    binary, corpus = tmp / name, tmp / f"corpus-{name}"
+    built = subprocess.run(
+        ["clang", *FLAGS, "-o", str(binary), *sources],
+        cwd=native.NATIVE_DIR,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        print(f"fuzz-native: cannot build {name}:\n{built.stderr}", file=sys.stderr)
+        return SKIP if "libclang_rt" in built.stderr else built.returncode
+    corpus.mkdir()
+    for index, seed in enumerate(make_seeds()):
+        (corpus / f"seed-{index}").write_bytes(seed)
+    argv = [str(binary), f"-runs={runs}", f"-max_len={max_len}", "-print_final_stats=1"]
+    if max_time:
+        argv.append(f"-max_total_time={max_time}")
+    print(f"fuzz-native: {name} ({runs} inputs)", file=sys.stderr, flush=True)
+    return subprocess.run([*argv, str(corpus)], check=False).returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1_000_000)
@@ -58,24 +117,11 @@ def main() -> int:
         print("fuzz-native: clang not installed", file=sys.stderr)
         return SKIP
     with tempfile.TemporaryDirectory(prefix="cleanroom-fuzz-native-") as tmp:
-        binary, corpus = Path(tmp) / "fuzz_frame", Path(tmp) / "corpus"
-        built = subprocess.run(
-            ["clang", *FLAGS, "-o", str(binary), *native.FUZZ_SOURCES],
-            cwd=native.NATIVE_DIR,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if built.returncode != 0:
-            print(f"fuzz-native: cannot build the target:\n{built.stderr}", file=sys.stderr)
-            return SKIP if "libclang_rt" in built.stderr else built.returncode
-        corpus.mkdir()
-        for index, seed in enumerate(seeds()):
-            (corpus / f"seed-{index}").write_bytes(seed)
-        argv = [str(binary), f"-runs={args.runs}", "-max_len=8192", "-print_final_stats=1"]
-        if args.max_time:
-            argv.append(f"-max_total_time={args.max_time}")
-        return subprocess.run([*argv, str(corpus)], check=False).returncode
+        for name in TARGETS:
+            status = fuzz(name, Path(tmp), args.runs, args.max_time)
+            if status != 0:
+                return status
+    return 0
 
 
 if __name__ == "__main__":

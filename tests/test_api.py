@@ -7,6 +7,7 @@ back in input order (not completion order), and the helpers a loop wants exist.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,14 @@ def test_a_resumed_run_still_finds_the_records_it_skipped(baseline: Baseline) ->
     )
     assert again.skipped == ["a"] and [e.episode_id for e in again.episodes] == ["b"]
     assert again.record("a")["reward"] == 1.0 and again.rewards() == {"b": 2.0}
+
+
+def test_the_blocking_run_takes_exactly_what_arun_takes() -> None:
+    """Protects: ``run`` is made from ``arun`` (``api.blocking``), not a hand-kept copy of its
+    keywords: the same parameters and defaults (``help`` shows them), under its own name."""
+    assert inspect.signature(cleanroom.run) == inspect.signature(cleanroom.arun)
+    assert cleanroom.run.__name__ == "run" and "arun" in (cleanroom.run.__doc__ or "")
+    assert not inspect.iscoroutinefunction(cleanroom.run)
 
 
 def test_bad_dicts_are_refused_by_index_and_field(baseline: Baseline) -> None:

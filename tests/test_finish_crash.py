@@ -8,6 +8,7 @@ is still destroyed and confirmed absent. Fake driver, real store and ledger.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,32 @@ async def test_a_crash_whose_evidence_cannot_be_kept_still_destroys(h: Harness) 
     assert got["y"].outcome is Outcome.COMPLETED, got["y"].error
     assert h.store.get_bytes("rd", "x", "attempts/1/attempt.json") is None
     h.assert_all_destroyed("rd")
+
+
+async def test_a_full_disk_under_the_destroy_proof_loses_nothing_durable(h: Harness) -> None:
+    """Protects: a store that raises ``OSError`` (ENOSPC) for ``destroy.json`` alone, after
+    the record is durable: before, the OSError escaped the lease and the episode was reported
+    ``infra_error`` although its durable record said ``completed``. Now it stays
+    ``completed``, record and ledger agree, the env's absence is confirmed, and the failure
+    is a ``destroy_proof_failed`` event naming the proof; the next episode runs as usual."""
+    real_bytes = h.store.put_bytes
+
+    def put_bytes(run_id: str, episode_id: str, rel: str, data: bytes) -> Any:
+        if episode_id == "x" and rel.endswith("destroy.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_bytes(run_id, episode_id, rel, data)
+
+    h.store.put_bytes = put_bytes  # type: ignore[method-assign]
+    both = [_manifest("x"), _manifest("y")]
+    result = await h.ctl.run(both, h.baseline, run_id="rp")
+    assert [e.outcome for e in result.episodes] == [Outcome.COMPLETED] * 2
+    record = h.store.get_record("rp", "x")
+    assert record is not None and record["outcome"] == "completed"
+    assert [r.outcome for r in h.ledger.episodes("rp")] == ["completed"] * 2
+    h.assert_all_destroyed("rp")
+    assert h.store.get_bytes("rp", "x", "attempts/1/destroy.json") is None
+    assert h.store.get_bytes("rp", "y", "attempts/1/destroy.json") is not None
+    [event] = h.ledger.events("rp", kind="destroy_proof_failed")
+    assert event.episode_id == "x" and event.data["error"].startswith(
+        "ENOSPC: cannot write the destroy proof attempts/1/destroy.json of episode x (run rp)"
+    )

@@ -3,12 +3,14 @@
 A scripted driver (each destroy attempt answers as told) and a real ledger and store: the
 ledger row and ``destroy.json`` must say how many attempts it took and whether the env is
 confirmed gone; an env still there after the window is ``env_leaked`` and an alert; nothing
-(a failing ledger, a failing proof write, a cancellation, a second close) stops or repeats it.
+(a failing ledger, a failing proof write, a cancellation, a second close) stops or repeats it;
+a proof the store cannot take is a typed error, recorded and alerted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import time
@@ -176,6 +178,42 @@ async def test_neither_ledger_nor_store_failure_stops_the_destroy(
     report = await rig.lease(ScriptedDriver(gone())).close()
     assert report.confirmed_absent
     assert rig.ledger.get_env(ENV).live is False  # type: ignore[union-attr]
+
+
+PLACE = f"the destroy proof {PROOF} of episode {EP} (run {RUN})"
+
+
+@pytest.mark.parametrize(
+    ("failure", "error"),
+    [
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            f"ENOSPC: cannot write {PLACE}: No space left on device",
+        ),
+        (StoreError("bucket gone"), f"cannot write {PLACE}: bucket gone"),
+    ],
+    ids=["disk-full", "store-error"],
+)
+async def test_a_proof_the_store_cannot_take_is_a_typed_error_recorded_not_a_lost_close(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, failure: Exception, error: str
+) -> None:
+    """Protects: an ``OSError`` while writing destroy.json (a full disk; before, it escaped
+    ``close`` as a foreign exception: no report, and the episode's end never recorded)
+    becomes an ``ExportError`` naming the proof, episode and run, recorded as
+    ``destroy_proof_failed`` and alerted; the close returns its report and the ledger row
+    keeps the confirmation. A ``StoreError`` (silently dropped before) is named the same way."""
+
+    def store_fails(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(rig.store, "put_bytes", store_fails)
+    lease = rig.lease(ScriptedDriver(gone()))
+    report = await lease.close()
+    assert report.confirmed_absent and lease.report is report
+    assert rig.ledger.get_env(ENV).live is False  # type: ignore[union-attr]
+    [event] = rig.ledger.events(RUN, kind="destroy_proof_failed")
+    assert (event.env_id, event.episode_id, event.data) == (ENV, EP, {"error": error})
+    assert rig.alerts == [{"message": error, "env_id": ENV, "episode_id": EP}]
 
 
 async def test_no_store_means_the_ledger_row_only(rig: Rig) -> None:

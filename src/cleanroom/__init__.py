@@ -37,10 +37,10 @@ _LAZY = {
     "Manifest": "cleanroom.manifest",
     "RunOptions": "cleanroom.lifecycle.context",
     "RunResult": "cleanroom.batch.result",
-    "session": "cleanroom.session",
-    "Session": "cleanroom.session",
-    "AsyncSession": "cleanroom.session",
-    "CommandResult": "cleanroom.session",
+    "session": "cleanroom.sessions",
+    "Session": "cleanroom.sessions",
+    "AsyncSession": "cleanroom.sessions",
+    "CommandResult": "cleanroom.sessions",
     "RayCluster": "cleanroom.integrations.ray.config",
 }
 

@@ -15,10 +15,11 @@ one onto manifests; the setup then runs once in a warm env that every episode is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
@@ -45,6 +46,8 @@ from cleanroom.store import open_store
 
 Manifests = Iterable[Manifest | dict[str, Any]] | str | Path
 """A JSON Lines file, or manifests as ``Manifest`` objects and/or plain dicts."""
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def resolve_baseline(baseline: Baseline | str | Path) -> Baseline:
@@ -136,34 +139,20 @@ class _RunEvents:
             self.on_event(kind, data)
 
 
-def run(
-    manifests: Manifests,
-    *,
-    baseline: Baseline | str | Path,
-    parallel: int = 2,
-    store: str | Path | None = None,
-    run_id: str | None = None,
-    driver: str = "qemu",
-    options: RunOptions | None = None,
-    on_event: EventHook | None = None,
-    secrets_from: str | None = None,
-    cluster: RayCluster | None = None,
-) -> RunResult:
-    """Blocking ``arun`` (the same arguments)."""
-    return asyncio.run(
-        arun(
-            manifests,
-            baseline=baseline,
-            parallel=parallel,
-            store=store,
-            run_id=run_id,
-            driver=driver,
-            options=options,
-            on_event=on_event,
-            secrets_from=secrets_from,
-            cluster=cluster,
-        )
-    )
+def blocking(fn: Callable[_P, Coroutine[Any, Any, _T]], name: str) -> Callable[_P, _T]:
+    """``fn``'s blocking twin, called ``name``: the same arguments (``inspect.signature`` and
+    ``help`` show ``fn``'s), run to the end in an event loop of its own."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return asyncio.run(fn(*args, **kwargs))
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"Blocking ``{fn.__name__}`` (the same arguments)."
+    return call
+
+
+run = blocking(arun, "run")
 
 
 @asynccontextmanager

@@ -463,7 +463,7 @@ def shell(
     as a session; on exit the env is destroyed and confirmed absent."""
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import get_driver
-    from cleanroom.session.shell import shell as run_shell
+    from cleanroom.sessions.shell import shell as run_shell
 
     def note(line: str) -> None:
         err.print(line, highlight=False, markup=False)

@@ -1,6 +1,7 @@
-"""A short libFuzzer run over the native agent's frame reader (``make fuzz-native`` runs
-1,000,000 inputs). Protects: no input a host or anything on the port can send makes the C
-reader crash, leak or hit undefined behaviour (ASan, UBSan). Skips without clang/libFuzzer."""
+"""A short libFuzzer run over the native agent's frame reader and its tar reader (``make
+fuzz-native`` runs 1,000,000 inputs each). Protects: no input a host or anything on the port
+can send makes the C readers crash, leak, hang or hit undefined behaviour (ASan, UBSan), and
+the tar name checks accept no name or link that leaves the folder. Skips without clang."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_native.py"
 
 
-def test_the_frame_reader_survives_a_short_fuzzing_run() -> None:
+def test_the_frame_and_tar_readers_survive_a_short_fuzzing_run() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--runs", "200000", "--max-time", "45"],
+        [sys.executable, str(SCRIPT), "--runs", "200000", "--max-time", "30"],
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=150,
     )
     if proc.returncode == 77:
         pytest.skip(proc.stderr.strip().splitlines()[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Done" in proc.stderr
+    assert proc.stderr.count("Done") == 2 and "fuzz-native: fuzz_tar" in proc.stderr

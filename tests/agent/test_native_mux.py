@@ -5,8 +5,8 @@ Each test protects what the host relies on once the HELLO lists "mux": two comma
 (on the old agent the second waited for the first: "busy"), output streamed in order, stdin of
 more than the window, a spawned process killed with its group, a timeout that kills
 grandchildren, a user from /etc/passwd and a typed error for an unknown one, streams of more
-than the window both ways, a missing file as ``GuestFileNotFound``, and what is not served yet
-(PTY, tar) refused as ``Unsupported`` by the host. Skips without gcc (the builder needs it too).
+than the window both ways, a missing file as ``GuestFileNotFound``, and a PTY (tar:
+``test_native_tar``). Skips without gcc (the builder needs it too).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import hashlib
 import os
 import pwd
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native
 from cleanroom.agent.session import AgentSession
-from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser, Unsupported
+from cleanroom.errors import CommandTimeout, GuestFileNotFound, UnknownUser
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+async def shown(marker: bytes, out: bytearray) -> None:
+    """Wait (10 s at most) until a command's output shows ``marker``."""
+    for _ in range(1000):
+        if marker in out:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def gone(pid: int) -> bool:
     for _ in range(200):
         if not alive(pid):
@@ -56,13 +65,13 @@ async def gone(pid: int) -> bool:
 
 
 def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
-    """The host multiplexes only for an agent that says so; tar is not claimed."""
+    """The host multiplexes only for an agent that says so; tar (tar.c) is claimed, gym not."""
 
     async def body(session: AgentSession) -> frozenset[str]:
         return session.features
 
     features = drive(agent_binary, root, body)
-    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream"}
+    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream", "tar"}
 
 
 def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Path) -> None:
@@ -138,7 +147,7 @@ def test_user_comes_from_etc_passwd_and_an_unknown_one_is_typed(
 
 def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path) -> None:
     """8 MiB up and back (twice the window each way), a missing file typed, and a tar stream
-    refused by type before anything reaches the guest."""
+    of a folder that is not there typed too (tar itself: ``test_native_tar``)."""
     block = os.urandom(1 << 20)
     path = root / "big.bin"
 
@@ -156,8 +165,8 @@ def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path
         assert await session.get(str(root / "a" / "small")) == b"hello"
         with pytest.raises(GuestFileNotFound):
             await session.get(str(root / "no-such-file"))
-        with pytest.raises(Unsupported):
-            async for _ in session.get_tar(str(root)):
+        with pytest.raises(GuestFileNotFound):
+            async for _ in session.get_tar(str(root / "no-such-folder")):
                 pass
         assert (await session.exec(["true"])).ok
 
@@ -178,10 +187,7 @@ def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
             'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
         )
         process = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
-        for _ in range(1000):
-            if b"24 80" in out:
-                break
-            await asyncio.sleep(0.01)
+        await shown(b"24 80", out)
         await process.resize(30, 100)
         await process.write_stdin(b"\x03")
         result = await asyncio.wait_for(process.wait(), 20)
@@ -191,5 +197,43 @@ def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
         await cat.write_stdin(b"typed\n")
         await cat.close_stdin()  # ^D on a terminal: cat ends
         assert (await asyncio.wait_for(cat.wait(), 20)).exit_code == 0
+
+    drive(agent_binary, root, body)
+
+
+DETACHED = """
+import fcntl, signal, sys, termios, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+fcntl.ioctl(0, termios.TIOCNOTTY)  # the terminal is nobody's controlling terminal now
+signal.signal(signal.SIGINT, lambda *_: (print("GOT-INT", flush=True), sys.exit(3)))
+print("detached", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_reaches_a_command_whose_terminal_signals_nobody(
+    agent_binary: Path, root: Path
+) -> None:
+    """gVisor's case, made on this kernel: the PTY is no session's controlling terminal (the
+    command gave it up; under gVisor its line discipline never signals), so a ^C written to
+    it reaches nobody unless the agent sends SIGINT to the command's group itself
+    (``pty.c``). On the old agent the command never saw the ^C and the wait timed out."""
+
+    async def body(session: AgentSession) -> None:
+        out = bytearray()
+        argv = [sys.executable, "-c", DETACHED]
+        process = await session.spawn(argv, pty=(24, 80), on_stdout=out.extend)
+        await shown(b"detached", out)
+        await process.write_stdin(b"\x03")
+        result = await asyncio.wait_for(process.wait(), 20)
+        assert b"GOT-INT" in out and result.exit_code == 3, bytes(out)
+
+        script = "stty raw -echo; echo ready; head -c 1 | od -An -tx1"
+        raw = await session.spawn(["sh", "-c", script], pty=(24, 80), on_stdout=out.extend)
+        await shown(b"ready", out)
+        await raw.write_stdin(b"\x03")
+        assert (await asyncio.wait_for(raw.wait(), 20)).exit_code == 0  # a key, not a signal
+        assert b" 03" in out, bytes(out)
 
     drive(agent_binary, root, body)

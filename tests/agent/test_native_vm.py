@@ -11,12 +11,15 @@ driver, and a clone restored from a snapshot template (RESEED) answers as its ow
 from __future__ import annotations
 
 import asyncio
+import io
 import subprocess
+import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from tests import vmkit
+from tests.agent.test_mux import make_tar
 from tests.baseline.conftest import needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder
 from tests.conftest import with_network
@@ -31,7 +34,7 @@ from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.errors import BuildError, Unsupported
+from cleanroom.errors import BuildError, GuestUnsafePath
 from cleanroom.ledger import Ledger
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
@@ -285,17 +288,17 @@ async def test_an_egress_allowlist_is_enforced_on_the_native_agents_nic(
     assert b"options use-vc" in artifact("resolv.conf")
 
 
-async def test_a_native_env_multiplexes_and_refuses_the_rest_by_type(
+async def test_a_native_env_multiplexes_and_moves_folders_as_tar(
     busybox_baseline: Baseline,
 ) -> None:
     """On a real VM with nothing but busybox: HELLO lists what mux.c serves; a spawned
-    ``cat`` echoes its stdin while another command runs; a stream goes up and back; tar (not
-    served yet) is a typed ``Unsupported`` both ways and the env stays usable. On the old
-    agent (no features) the spawn itself was ``Unsupported``."""
+    ``cat`` echoes its stdin while another command runs; a stream goes up and back; a folder
+    goes up as tar and comes back (tar.c: before it, ``Unsupported`` both ways); a member
+    out of the folder is ``GuestUnsafePath``; the env stays usable."""
     driver = QemuDriver(start="cold")
     env = await driver.create(vmkit.request(busybox_baseline))
     try:
-        assert env.hello["features"] == ["mux", "stdin", "spawn", "pty", "user", "stream"]
+        assert env.hello["features"] == ["mux", "stdin", "spawn", "pty", "user", "stream", "tar"]
 
         async def chunks() -> AsyncIterator[bytes]:
             yield b"x" * 300_000
@@ -309,11 +312,31 @@ async def test_a_native_env_multiplexes_and_refuses_the_rest_by_type(
         assert await env.put_stream("/tmp/f", chunks()) == 300_000
         assert await env.get("/tmp/f") == b"x" * 300_000
 
-        with pytest.raises(Unsupported):
-            await env.put_tar("/tmp", chunks())
-        with pytest.raises(Unsupported):
-            async for _ in env.get_tar("/tmp"):
-                pass
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in (("d/a", b"alpha"), ("d/" + "n" * 120, b"x" * 300_000)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o750
+                tar.addfile(info, io.BytesIO(data))
+
+        async def archive(data: bytes) -> AsyncIterator[bytes]:
+            yield data
+
+        assert await env.put_tar("/tmp/up", archive(buffer.getvalue())) == len(buffer.getvalue())
+        ls = await env.exec(["sh", "-c", "cat /tmp/up/d/a; stat -c %a /tmp/up/d/a"], timeout_s=30)
+        assert ls.check().stdout == b"alpha750\n"
+        back = bytearray()
+        async for piece in env.get_tar("/tmp/up"):
+            back.extend(piece)
+        with tarfile.open(fileobj=io.BytesIO(bytes(back))) as tar:
+            got = {m.name: tar.extractfile(m).read() for m in tar if m.isreg()}  # type: ignore[union-attr]
+        assert got == {"d/a": b"alpha", "d/" + "n" * 120: b"x" * 300_000}
+        evil = make_tar([(tarfile.TarInfo("../escaped"), b"x")])
+        with pytest.raises(GuestUnsafePath):
+            await env.put_tar("/tmp/box/dest", archive(evil))
+        assert (
+            await env.exec(["sh", "-c", "test -e /tmp/box/escaped"], timeout_s=30)
+        ).exit_code == 1
         assert (await env.exec(["echo", "still here"], timeout_s=30)).check().stdout == (
             b"still here\n"
         )

@@ -12,7 +12,14 @@ import pytest
 from cleanroom.agent import protocol
 from cleanroom.agent.protocol import Kind, encode
 from cleanroom.agent.session import AgentSession, safe_relpath
-from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, QuotaExceeded, UnsafePath
+from cleanroom.errors import (
+    EnvCrashed,
+    FrameTooLarge,
+    ProtocolError,
+    QuotaExceeded,
+    UnsafePath,
+    Unsupported,
+)
 
 
 class Guest:
@@ -52,6 +59,35 @@ async def test_hello_then_exec(pair: tuple[AgentSession, Guest]) -> None:
     guest.frame(Kind.DONE)
     result = await session.exec(["true"])
     assert result.ok and result.stdout == b"out" and result.duration_s == 0.5
+
+
+async def test_first_protocol_exec_sends_its_options_and_keeps_its_limit(
+    pair: tuple[AgentSession, Guest],
+) -> None:
+    """Protects the first protocol's exec as the options pass through ``CommandOptions``: the
+    EXEC header carries exactly argv, timeout_s, env and cwd as given (None when not), the
+    callbacks see the output, ``max_output`` is the limit, and stdin or a user (features
+    this agent lacks) are refused before anything is sent."""
+    session, guest = pair
+    guest.frame(Kind.HELLO, {"agent_version": "x"})
+    await session.wait_hello()
+    seen: list[bytes] = []
+    guest.frame(Kind.STDOUT, {}, b"out")
+    guest.frame(Kind.EXIT, {"code": 3})
+    guest.frame(Kind.DONE)
+    result = await session.exec(["ls"], cwd="/tmp", env={"A": "1"}, on_stdout=seen.append)
+    assert result.exit_code == 3 and seen == [b"out"]
+    with guest.sock.makefile("rb") as stream:
+        sent = protocol.read_frame(stream)
+    assert sent.kind == Kind.EXEC
+    assert sent.header == {"argv": ["ls"], "timeout_s": None, "env": {"A": "1"}, "cwd": "/tmp"}
+    guest.frame(Kind.STDOUT, {}, b"12345")
+    with pytest.raises(QuotaExceeded):
+        await session.exec(["cat"], timeout_s=2.0, max_output=4)
+    with pytest.raises(Unsupported, match="stdin"):
+        await session.exec(["cat"], stdin=b"x")
+    with pytest.raises(Unsupported, match="user"):
+        await session.exec(["id"], user="agent")
 
 
 async def test_garbage_is_a_protocol_error(pair: tuple[AgentSession, Guest]) -> None:

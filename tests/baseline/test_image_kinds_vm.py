@@ -13,7 +13,8 @@ agent and the helpers cleanroom adds need nothing from the image's libc or shell
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from cleanroom.baseline.builder import build
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.record import Outcome
-from cleanroom.session import session
+from cleanroom.sessions import AsyncSession, session
 from tests import vmkit
 from tests.baseline import testimages
 from tests.baseline.conftest import needs_root_tools
@@ -53,46 +54,101 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     yield from vmkit.harness(tmp_path, QemuDriver(start="cold"))
 
 
-async def test_a_busybox_image_runs_as_its_user(tmp_path: Path, harness: Harness) -> None:
+async def _busybox_session(sb: AsyncSession) -> None:
+    assert (await sb.exec(["id", "-u"])).check().stdout == b"1000\n"
+    where = (await sb.exec(["sh", "-c", 'echo "$HOME $(pwd) $PATH"'])).check().stdout
+    assert where == b"/home/app /opt/img /bin\n"  # docker exec: the image's Env, WorkingDir
+    assert (await sb.exec(["id", "-u"], user="root")).check().stdout == b"0\n"
+    touched = await sb.exec(["touch", "/etc/by-app"])
+    assert touched.exit_code != 0  # the user really is not root
+
+
+async def _distroless_session(sb: AsyncSession) -> None:
+    # no shell in the image: the program itself, as nonroot, in its WorkingDir
+    assert (await sb.exec(["/app/entry"])).check().stdout == b"hello from musl\n"
+    raw = await sb.get("/run/cleanroom/result.json")
+    assert b'"uid": 65532' in raw and b'"cwd": "/home/nonroot"' in raw
+
+
+@dataclass(frozen=True)
+class UserImage:
+    """An image whose config names a ``User``: how it is made, what its command episode
+    records (``info``, the artifact ``who.txt``) and what a session on it sees."""
+
+    name: str
+    config: dict[str, Any]
+    layer: Callable[[Path], bytes]
+    kind: str  # how ``testimages.save`` stores it
+    info: dict[str, Any]
+    who: bytes
+    session: Callable[[AsyncSession], Awaitable[None]]
+
+
+BUSYBOX = UserImage(
+    "busybox-user",
+    {
+        "Env": ["PATH=/bin"],
+        "User": "app",
+        "WorkingDir": "/opt/img",
+        "Cmd": ["/bin/sh", "/opt/img/entry.sh"],
+    },
+    lambda tmp: testimages.busybox_layer(ENTRY_SH, with_user=True),
+    "oci-archive",
+    {"uid": 1000, "gid": 1000, "groups": "1000 50", "home": "/home/app", "cwd": "/opt/img"},
+    b"as 1000\n",
+    _busybox_session,
+)
+DISTROLESS = UserImage(
+    "distroless",
+    {"Entrypoint": ["/app/entry"], "User": "nonroot", "WorkingDir": "/home/nonroot"},
+    testimages.distroless_layer,
+    "docker-archive",
+    {
+        "uid": 65532,
+        "gid": 65532,
+        "groups": "65532",
+        "home": "/home/nonroot",
+        "cwd": "/home/nonroot",
+        "libc": "musl",
+    },
+    b"uid 65532\n",
+    _distroless_session,
+)
+
+
+@pytest.mark.parametrize("image", [BUSYBOX, DISTROLESS], ids=lambda image: image.name)
+async def test_an_image_runs_as_its_user(
+    tmp_path: Path, harness: Harness, image: UserImage
+) -> None:
+    """The baseline resolves the config's ``User`` (``run_as``: what the episode's ``id``
+    then reports); the command episode and a session's commands run as that user."""
     needs_root_tools()
-    config = {"Env": ["PATH=/bin"], "User": "app", "WorkingDir": "/opt/img"}
-    config["Cmd"] = ["/bin/sh", "/opt/img/entry.sh"]
-    layer = testimages.busybox_layer(ENTRY_SH, with_user=True)
-    ref = testimages.save([layer], config, tmp_path, "oci-archive")
-    baseline = build(testimages.spec(tmp_path, "busybox-user", ref))
+    ref = testimages.save([image.layer(tmp_path)], image.config, tmp_path, image.kind)
+    baseline = build(testimages.spec(tmp_path, image.name, ref))
     assert baseline.image is not None
-    assert baseline.image["user"] == "app"
+    assert baseline.image["user"] == image.config["User"]
+    info = image.info
     assert baseline.image["run_as"] == {
-        "user": "app",
-        "uid": 1000,
-        "gid": 1000,
-        "groups": [1000, 50],
-        "home": "/home/app",
+        "user": image.config["User"],
+        "uid": info["uid"],
+        "gid": info["gid"],
+        "groups": [int(g) for g in info["groups"].split()],
+        "home": info["home"],
     }
 
-    record = await _completed(harness, baseline, "vm-user")
+    run_id = f"vm-{image.name}"
+    record = await _completed(harness, baseline, run_id)
     _, ledger, store, driver = harness
-    assert record["info"] == {
-        "uid": 1000,
-        "gid": 1000,
-        "groups": "1000 50",
-        "home": "/home/app",
-        "cwd": "/opt/img",
-    }
-    assert store.get_bytes("vm-user", "ep", "artifacts/who.txt") == b"as 1000\n"
-    assert_nothing_left(driver, ledger, "vm-user")
+    assert record["info"] == info
+    assert store.get_bytes(run_id, "ep", "artifacts/who.txt") == image.who
+    assert_nothing_left(driver, ledger, run_id)
 
     async with session(
-        baseline, driver=driver, ledger=ledger, store=store, run_id="vm-user-session"
+        baseline, driver=driver, ledger=ledger, store=store, run_id=f"{run_id}-session"
     ) as sb:
-        assert (await sb.exec(["id", "-u"])).check().stdout == b"1000\n"
-        where = (await sb.exec(["sh", "-c", 'echo "$HOME $(pwd) $PATH"'])).check().stdout
-        assert where == b"/home/app /opt/img /bin\n"  # docker exec: the image's Env, WorkingDir
-        assert (await sb.exec(["id", "-u"], user="root")).check().stdout == b"0\n"
-        touched = await sb.exec(["touch", "/etc/by-app"])
-        assert touched.exit_code != 0  # the user really is not root
+        await image.session(sb)
         sb.finish(reward=1.0)
-    assert_nothing_left(driver, ledger, "vm-user-session")
+    assert_nothing_left(driver, ledger, f"{run_id}-session")
 
 
 async def test_a_musl_only_image_from_a_registry(
@@ -110,35 +166,3 @@ async def test_a_musl_only_image_from_a_registry(
     assert store.get_bytes("vm-musl", "ep", "logs/stdout.log") == b"hello from musl\n"
     assert record["provenance"]["image"]["layers"] == baseline.image["layers"]  # type: ignore[index]
     assert_nothing_left(driver, ledger, "vm-musl")
-
-
-async def test_a_distroless_image_runs_its_program_as_nonroot(
-    tmp_path: Path, harness: Harness
-) -> None:
-    needs_root_tools()
-    config = {"Entrypoint": ["/app/entry"], "User": "nonroot", "WorkingDir": "/home/nonroot"}
-    ref = testimages.save(
-        [testimages.distroless_layer(tmp_path)], config, tmp_path, "docker-archive"
-    )
-    baseline = build(testimages.spec(tmp_path, "distroless", ref))
-    record = await _completed(harness, baseline, "vm-distroless")
-    _, ledger, store, driver = harness
-    assert record["info"] == {
-        "uid": 65532,
-        "gid": 65532,
-        "groups": "65532",
-        "home": "/home/nonroot",
-        "cwd": "/home/nonroot",
-        "libc": "musl",
-    }
-    assert store.get_bytes("vm-distroless", "ep", "artifacts/who.txt") == b"uid 65532\n"
-    assert_nothing_left(driver, ledger, "vm-distroless")
-
-    async with session(
-        baseline, driver=driver, ledger=ledger, store=store, run_id="vm-distroless-session"
-    ) as sb:  # no shell in the image: the program itself, as nonroot, in its WorkingDir
-        assert (await sb.exec(["/app/entry"])).check().stdout == b"hello from musl\n"
-        raw = await sb.get("/run/cleanroom/result.json")
-        assert b'"uid": 65532' in raw and b'"cwd": "/home/nonroot"' in raw
-        sb.finish(reward=1.0)
-    assert_nothing_left(driver, ledger, "vm-distroless-session")

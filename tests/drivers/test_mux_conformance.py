@@ -5,8 +5,9 @@ kills grandchildren, ``user`` (``agent`` is uid 1000 in a baseline), PTY, a 64 M
 ways, a tar round trip, refused tar members, a missing file as ``GuestFileNotFound``, and a
 hostile guest breaking the protocol ends that env only. On the old code the second command of
 a pair waited for the first (the test timed out), and stdin, spawn, user, PTY, streams and tar
-did not exist. The native agent (agent/native/mux.c) runs it too, but for what it does not
-serve yet (tar): there the host must refuse it by type (``Unsupported``)."""
+did not exist. The native agent (agent/native/mux.c, tar.c, pty.c) runs all of it too; before
+tar.c it refused tar (``Unsupported``) and the tar round trip here failed for it, and before
+pty.c it did not offer a PTY under gVisor (a ^C there reached nobody: the wait hung)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,12 @@ from cleanroom.errors import (
     GuestUnsafePath,
     ProtocolError,
     UnknownUser,
-    Unsupported,
 )
 
 from .conftest import Kit
 
 pytestmark = pytest.mark.timeout(400)
 AGENTS = ("python", "native")
-NOT_NATIVE = frozenset({"tar"})  # what the native agent's HELLO does not list (yet)
 
 STATE = (
     's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ] && echo gone'
@@ -111,13 +110,9 @@ async def test_commands(kit: Kit) -> None:
     with pytest.raises(UnknownUser):
         await env.exec(["true"], user="nobody-of-that-name")
 
-    # a PTY: its size, a resize, ^C to the foreground
-    if kit.name == "gvisor" and kit.agent == "native":  # not offered there (README): typed
-        assert "pty" not in env.features
-        with pytest.raises(Unsupported):
-            await env.spawn(["sh"], pty=(24, 80))
-        assert (await env.exec(["true"])).ok
-        return
+    # a PTY: its size, a resize, ^C to the foreground (under gVisor the agents send the
+    # SIGINT themselves: its line discipline signals nobody)
+    assert "pty" in env.features
     out = bytearray()
     # the trap before the size: under TCG a ^C sent once the size shows must find it set
     script = 'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
@@ -156,14 +151,7 @@ async def test_files(kit: Kit) -> None:
     with pytest.raises(GuestFileNotFound):
         await env.get(f"{kit.scratch}/no-such-file")
     assert (await env.exec(["true"])).ok
-    if kit.agent == "native":  # no tar there yet: refused by type, both ways
-        assert not NOT_NATIVE & env.features
-        with pytest.raises(Unsupported):
-            async for _ in env.get_tar(kit.scratch):
-                pass
-        with pytest.raises(Unsupported):
-            await env.put_tar(f"{kit.scratch}/dest", _blocks(b"x", 1))
-        return
+    assert "tar" in env.features
 
     # a folder as tar, and back into another
     src = f"{kit.scratch}/src"

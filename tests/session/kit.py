@@ -8,7 +8,7 @@ from typing import Any
 
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.ledger import Ledger
-from cleanroom.session import AsyncSession
+from cleanroom.sessions import AsyncSession
 from cleanroom.store import LocalStore
 
 from ..vmkit import assert_nothing_left

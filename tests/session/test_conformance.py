@@ -25,7 +25,7 @@ from cleanroom.errors import CleanroomError, ProtocolError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.reaper import reap
-from cleanroom.session import session
+from cleanroom.sessions import session
 from cleanroom.store import LocalStore
 
 from ..conftest import TINY_SPEC, make_fake_baseline

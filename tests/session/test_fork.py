@@ -1,4 +1,4 @@
-"""Fork of a live session (``session.fork``): branches that share the parent's state as it was
+"""Fork of a live session (``sessions.fork``): branches that share the parent's state as it was
 at the fork and nothing else, each an episode with its own record, the snapshot gone after.
 
 The real proof is on QEMU microVMs (TCG here): a file written and a shell variable saved to a
@@ -25,8 +25,8 @@ from cleanroom.errors import ConfigError, LaunchError, Unsupported
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.provenance import missing
-from cleanroom.session import AsyncSession, session
-from cleanroom.session.fork import Branch, fork_session
+from cleanroom.sessions import AsyncSession, session
+from cleanroom.sessions.fork import Branch, fork_session
 from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline

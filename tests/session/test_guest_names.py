@@ -1,5 +1,5 @@
 """Property test of the one new parser of guest input in sessions: the names ``find`` prints in
-the guest for ``files.list`` / ``download_dir`` (``session.files._name``), and where
+the guest for ``files.list`` / ``download_dir`` (``sessions.files._name``), and where
 ``_create`` puts a file named by one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanroom.errors import SessionPathError, UnsafePath
-from cleanroom.session.files import _create, _name
+from cleanroom.sessions.files import _create, _name
 
 PARTS = st.sampled_from(["a", "..", ".", "", "b c", "\x00", "\\", "é", "x" * 300, "/", "\udcff"])
 NAMES = st.one_of(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import inspect
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import SessionClosed, SessionTimeout
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, Session, session
+from cleanroom.sessions import AsyncSession, Session, session
 from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline
@@ -176,11 +177,14 @@ async def test_secrets_reach_commands_and_never_the_transcript(
 async def test_the_session_api_from_the_top_level_module(
     tmp_path: Path, parts: tuple[FakeDriver, Ledger, LocalStore]
 ) -> None:
-    """Protects: ``cr.session(...)`` still works once ``cleanroom.session`` is imported (the
-    package used to replace the function on the ``cleanroom`` module), and ``cr.Session``
-    is the blocking twin."""
-    import cleanroom.session  # noqa: F401 - the import that used to shadow the function
+    """Protects: ``cr.session`` is a plain function, still after the package
+    ``cleanroom.sessions`` is imported (a package named like the function replaced it on the
+    ``cleanroom`` module: a module-class hack made that module callable), and ``cr.Session`` is
+    the blocking twin."""
+    import cleanroom.sessions
 
+    assert inspect.isfunction(cr.session)
+    assert cr.session is cleanroom.sessions.session
     driver, ledger, store = parts
     async with cr.session(
         make_fake_baseline(tmp_path), driver=driver, ledger=ledger, store=store, run_id="m1"

@@ -16,7 +16,7 @@ from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import ManifestError, NetworkPolicyError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import session
+from cleanroom.sessions import session
 from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline, with_network

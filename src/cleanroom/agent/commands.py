@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from cleanroom.agent import protocol
 from cleanroom.agent.channel import Channel, Inbox
@@ -19,6 +19,28 @@ from cleanroom.agent.protocol import Kind
 from cleanroom.agent.results import ExecResult, Output, OutputCallback
 from cleanroom.agent.transfers import failure, send_window
 from cleanroom.errors import CleanroomError, ProtocolError
+
+MAX_OUTPUT = 16 * 1024 * 1024  # a command's stdout + stderr kept, unless it says otherwise
+
+
+class CommandOptions(TypedDict, total=False):
+    """What a command takes besides its argv, for every layer that passes them on (``Env``,
+    ``AgentSession``); ``spawn`` holds the defaults: no limit, the agent's env and cwd, root,
+    no callbacks, ``MAX_OUTPUT``."""
+
+    timeout_s: float | None
+    env: dict[str, str] | None
+    cwd: str | None
+    user: str | None
+    on_stdout: OutputCallback | None
+    on_stderr: OutputCallback | None
+    max_output: int
+
+
+class SpawnOptions(CommandOptions, total=False):
+    """A background process's options: a command's, and ``pty=(rows, cols)``."""
+
+    pty: tuple[int, int] | None
 
 
 class GuestProcess:
@@ -151,7 +173,7 @@ async def spawn(
     pty: tuple[int, int] | None = None,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
-    max_output: int = 16 * 1024 * 1024,
+    max_output: int = MAX_OUTPUT,
 ) -> GuestProcess:
     """Start ``argv`` in the guest and return once it runs (see the module docstring)."""
     channel.require("spawn", "spawn")
@@ -179,10 +201,10 @@ async def run(
     argv: list[str],
     *,
     stdin: bytes | None = None,
-    **kwargs: Any,
+    **options: Unpack[CommandOptions],
 ) -> ExecResult:
     """``spawn``, feed ``stdin`` (if any) and close it, and wait; cancelled, the process dies."""
-    process = await spawn(channel, argv, stdin=stdin is not None, **kwargs)
+    process = await spawn(channel, argv, stdin=stdin is not None, **options)
     try:
         if stdin is not None:
             await process.write_stdin(stdin)

@@ -20,11 +20,11 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Unpack
 
 from cleanroom.agent import commands, protocol, transfers, wire
 from cleanroom.agent.channel import Channel, Inbox
-from cleanroom.agent.commands import GuestProcess
+from cleanroom.agent.commands import MAX_OUTPUT, CommandOptions, GuestProcess, SpawnOptions
 from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
 from cleanroom.agent.results import ExecResult, Output, OutputCallback, Quota, exit_result
 from cleanroom.errors import (
@@ -206,33 +206,24 @@ class AgentSession:
             return frame.header
 
     async def exec(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        max_output: int = 16 * 1024 * 1024,
+        self, argv: list[str], *, stdin: bytes | None = None, **options: Unpack[CommandOptions]
     ) -> ExecResult:
         """Run ``argv`` to its end; output reaches the callbacks as it comes (``commands``)."""
         if self.mux:
-            return await commands.run(
-                self.channel, argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, stdin=stdin,
-                on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output,
-            )  # fmt: skip
+            return await commands.run(self.channel, argv, stdin=stdin, **options)
         if stdin is not None:
             self.require("stdin", "exec with stdin")
+        user = options.get("user")
         if user is not None:
             self.require("user", f"exec as user {user!r}")
+        header = {k: options.get(k) for k in ("timeout_s", "env", "cwd")}
+        output = Output(
+            options.get("max_output", MAX_OUTPUT),
+            options.get("on_stdout"),
+            options.get("on_stderr"),
+        )
         async with self._one_at_a_time():
-            await self._send(
-                Kind.EXEC, {"argv": argv, "timeout_s": timeout_s, "env": env, "cwd": cwd}
-            )
-            output = Output(max_output, on_stdout, on_stderr)
+            await self._send(Kind.EXEC, {"argv": argv, **header})
             result: ExecResult | None = None
             while True:
                 frame = await self._read()
@@ -289,10 +280,10 @@ class AgentSession:
                 else:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during get")
 
-    async def spawn(self, argv: list[str], **kwargs: Any) -> GuestProcess:
+    async def spawn(self, argv: list[str], **options: Unpack[SpawnOptions]) -> GuestProcess:
         """Start ``argv`` and return once it runs (``commands.spawn``: stdin, kill, resize,
         wait); ``Unsupported`` on an agent that does not multiplex."""
-        return await commands.spawn(self.channel, argv, **kwargs)
+        return await commands.spawn(self.channel, argv, **options)
 
     async def put_stream(self, path: str, chunks: AsyncIterable[bytes], mode: int = 0o644) -> int:
         """Write a stream of any size to ``path``; returns its size."""

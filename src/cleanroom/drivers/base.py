@@ -6,7 +6,7 @@ leaves nothing behind), ``destroy`` is idempotent and ends with a confirm-absent
 A driver with the capability ``fork`` can also save a running env (``fork_parent``,
 ``fork_save``) and restore new envs from that snapshot (``fork_clone``); see ``groups.py``.
 With ``fork-live`` too, ``fork_live`` saves a parent that lives on (a session's branches,
-``session/fork.py``).
+``sessions/fork.py``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,10 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Unpack
 
-from cleanroom.agent.session import (
-    AgentSession,
-    EpisodeOutput,
-    ExecResult,
-    GuestProcess,
-    OutputCallback,
-)
+from cleanroom.agent.commands import CommandOptions, SpawnOptions
+from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult, GuestProcess
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import hostproc
 from cleanroom.errors import DriverError, Unsupported
@@ -96,7 +91,7 @@ class EnvInfo:
     template: str | None = None  # the template's digest when start_kind == "snapshot"
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
-    branch: dict[str, Any] | None = None  # the live session it forked from (session/fork.py)
+    branch: dict[str, Any] | None = None  # the live session it forked from (sessions/fork.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
     jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
     console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
@@ -178,44 +173,16 @@ class Env:
         return self.session.features
 
     async def exec(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        max_output: int = 16 * 1024 * 1024,
+        self, argv: list[str], *, stdin: bytes | None = None, **options: Unpack[CommandOptions]
     ) -> ExecResult:
         """Run ``argv`` to its end (``user`` None: root); output reaches the callbacks as it
         comes. Several run at once on one env. The exit code is data (``check()`` raises)."""
-        return await self.session.exec(
-            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, stdin=stdin,
-            on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output,
-        )  # fmt: skip
+        return await self.session.exec(argv, stdin=stdin, **options)
 
-    async def spawn(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        pty: tuple[int, int] | None = None,
-        max_output: int = 16 * 1024 * 1024,
-    ) -> GuestProcess:
+    async def spawn(self, argv: list[str], **options: Unpack[SpawnOptions]) -> GuestProcess:
         """Start ``argv`` in the background: ``write_stdin``, ``close_stdin``, ``kill`` (its
         process group), ``resize`` (with ``pty=(rows, cols)``), ``wait``."""
-        return await self.session.spawn(
-            argv, timeout_s=timeout_s, env=env, cwd=cwd, user=user, on_stdout=on_stdout,
-            on_stderr=on_stderr, pty=pty, max_output=max_output,
-        )  # fmt: skip
+        return await self.session.spawn(argv, **options)
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await self.session.put(path, data, mode)

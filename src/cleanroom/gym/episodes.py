@@ -1,7 +1,7 @@
 """The async half of ``CleanroomEnv``: one run, an episode (a session on a fresh VM) per reset.
 
 Runs on the env's loop thread (``loop.LoopThread``). ``GymRun`` holds the driver, the ledger and
-the store; each ``GymEpisode`` is ``cleanroom.session.session`` held open by a task until
+the store; each ``GymEpisode`` is ``cleanroom.sessions.session`` held open by a task until
 ``end``: on the way out the transcript (with one ``gym_step`` entry per step: the trajectory) is
 exported, then the record (``completed`` with the return as its reward once ended normally),
 then the VM is destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or
@@ -39,8 +39,8 @@ from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import release_spares
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
-from cleanroom.session import AsyncSession, session
-from cleanroom.session.run_hold import RunHold
+from cleanroom.sessions import AsyncSession, session
+from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store
 
 GUEST_FAULTS = (GymEnvError, ProtocolError)  # the guest's: the episode ends episode_error

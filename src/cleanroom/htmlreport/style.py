@@ -33,7 +33,13 @@ PHASE_NAMES = {
 }
 POLICY_COLOURS = ("#4c6ef5", "#2f9e5b", "#e8590c", "#862e9c", "#1098ad", "#c2255c", "#5c940d")
 LEAKED = "#c92a2a"
-NOTABLE_EVENTS = ("env_leaked", "env_unknown", "export_failed", "run_resumed")
+NOTABLE_EVENTS = (
+    "env_leaked",
+    "env_unknown",
+    "export_failed",
+    "destroy_proof_failed",
+    "run_resumed",
+)
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#222;margin:0;

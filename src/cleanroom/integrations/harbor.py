@@ -53,7 +53,7 @@ from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.session import AsyncSession, session
+from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import open_store
 
 __all__ = ["CleanroomEnvironment", "baseline_spec_for", "egress_allowlist"]

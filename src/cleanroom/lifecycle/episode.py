@@ -71,7 +71,7 @@ class EpisodeResult:
 
 class Episode:
     """One env, from ledger intent to confirmed absence: a batch episode, a group clone, or an
-    interactive session (``cleanroom.session``: it ``conclude``s instead of ``run``).
+    interactive session (``cleanroom.sessions``: it ``conclude``s instead of ``run``).
 
     ``start`` makes its env (default ``driver.create``; a group's clones pass the warm parent's
     ``clone``); ``absorb``: an exception in the block becomes the outcome and is not raised."""

@@ -2,7 +2,8 @@
 
 intent (before the env exists) -> created and ready -> destroy, retried with backoff inside the
 cleanup window, shielded from cancellation -> absence confirmed (or ``env_leaked`` and an
-alert) -> the proof, ``destroy.json``, in the episode's store folder when it has one. Batch
+alert) -> the proof, ``destroy.json``, in the episode's store folder when it has one (one the
+store cannot take is ``destroy_proof_failed`` and an alert, never a lost close). Batch
 episodes, group clones and warm parents, verifiers and the isolation check all hold their envs
 this way. Also the end of a run's spares (envs started ahead that no episode took).
 """
@@ -17,9 +18,10 @@ import time
 from types import TracebackType
 
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest
-from cleanroom.errors import CleanroomError, LedgerError, StoreError
+from cleanroom.errors import CleanroomError, ExportError, LedgerError, StoreError
 from cleanroom.lifecycle.context import CreateEnv, RunContext
 from cleanroom.lifecycle.shield import until_done
+from cleanroom.store.base import export_error
 
 
 class EnvLease:
@@ -133,13 +135,33 @@ class EnvLease:
         return report
 
     async def _write_proof(self, report: DestroyReport) -> None:
+        """``destroy.json`` in the episode's store folder. A store that cannot take it (its
+        ``StoreError``; an ``OSError``, a full disk, becomes an ``ExportError`` naming the
+        proof) does not stop the close: the ledger row holds the confirmation already, and
+        the failure is recorded (``destroy_proof_failed``) and alerted."""
         store, eid = self.ctx.store, self.episode_id
         if store is None or eid is None or self.proof is None:
             return
-        with contextlib.suppress(StoreError):
+        where = f"the destroy proof {self.proof} of episode {eid} (run {self.run_id})"
+        try:
             await asyncio.to_thread(
                 store.put_bytes, self.run_id, eid, self.proof, _destroy_json(report)
             )
+        except StoreError as exc:
+            self._proof_failed(ExportError(f"cannot write {where}: {exc}"))
+        except OSError as exc:
+            self._proof_failed(export_error(exc, where))
+
+    def _proof_failed(self, error: ExportError) -> None:
+        with contextlib.suppress(LedgerError):  # the report stands without this event too
+            self.ctx.ledger.event(
+                "destroy_proof_failed",
+                run_id=self.run_id,
+                episode_id=self.episode_id,
+                env_id=self.env_id,
+                error=str(error),
+            )
+        self.ctx.emit("alert", message=str(error), env_id=self.env_id, episode_id=self.episode_id)
 
 
 async def release_spares(ctx: RunContext, run_id: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A fork snapshot's end: its files deleted with retries, the absence written to the ledger.
 
-Groups (``batch/warm_parent.py``) and a session's branches (``session/fork.py``) delete their
+Groups (``batch/warm_parent.py``) and a session's branches (``sessions/fork.py``) delete their
 snapshots through ``delete_snapshot``: a delete that cannot be confirmed leaves a ``leaked``
 row, a ``snapshot_leaked`` event and an alert, and ``cleanroom reap`` tries again.
 """

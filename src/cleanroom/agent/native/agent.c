@@ -162,13 +162,9 @@ static void hello_fields(jbuf *h) {
     jb_str(h, u.release, strlen(u.release));
     jb_key(h, "pid");
     jb_int(h, getpid());
-    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (tar) by type. Under
-     * gVisor (PID 1 on the socket) a PTY's command ends the agent's channel (not understood
-     * yet): there it is not offered either */
-    int sandboxed = sandbox_pid1 && getenv("CLEANROOM_AGENT_SOCKET");
-    jb_lit(h, sandboxed ? ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"user\",\"stream\""
-                        : ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\"");
-    jb_lit(h, gym_available() ? ",\"gym\"]" : "]"); /* gym.c: a gym process runs or can */
+    /* of protocol.FEATURES what mux.c serves, and gym where gym.c can run a gym process */
+    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"");
+    jb_lit(h, gym_available() ? ",\"gym\"]" : "]");
     warm_hello(h);
     net_hello(h);
 }

@@ -1,6 +1,8 @@
 /* Multiplexed requests: see mux.h. */
 #define _GNU_SOURCE
 #include "mux.h"
+#include "pty.h"
+#include "tar.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -75,12 +77,17 @@ static void failed(const char *code, const char *message) {
     jb_free(&h);
 }
 
+/* muxed.ERRNO_CODES: FAILED's code for an errno */
+static const char *errno_code(int err) {
+    return err == ENOENT || err == ENOTDIR ? "not_found"
+           : err == EACCES                 ? "permission"
+           : err == EISDIR                 ? "is_a_directory"
+                                           : "os_error";
+}
+
 /* FAILED for an errno, with muxed.ERRNO_CODES' codes */
 static void failed_errno(const char *what, const char *path, int err) {
-    const char *code = err == ENOENT || err == ENOTDIR ? "not_found"
-                       : err == EACCES                 ? "permission"
-                       : err == EISDIR                 ? "is_a_directory"
-                                                       : "os_error";
+    const char *code = errno_code(err);
     char msg[4400];
     snprintf(msg, sizeof msg, "%s: [Errno %d] %s: '%.4096s'", what, err, strerror(err), path);
     failed(code, msg);
@@ -294,6 +301,12 @@ static void *feed_stdin(void *arg) {
                 break; /* a process that closed its stdin: the rest is dropped */
             }
         }
+        if (fe->terminal && memchr(c->data, 0x03, c->n)) { /* ^C */
+            pthread_mutex_lock(&lock);
+            int pgid = fe->r->pid;
+            pthread_mutex_unlock(&lock);
+            pty_interrupt_unattached(fe->fd, pgid);
+        }
         written += (int64_t)c->n;
         free(c);
         send_size(K_ACK, written, NULL);
@@ -453,6 +466,87 @@ static void exec_request(struct request *r) {
     env_free(&env);
 }
 
+/* -- tar (tar.c): the request's DATA as its input, DATA within the window as its output -- */
+
+struct tar_in {
+    struct request *r;
+    struct chunk *c;
+    size_t off;
+    int64_t size; /* consumed and ACKed */
+};
+
+static size_t tar_read(void *ctx, unsigned char *buf, size_t cap) {
+    struct tar_in *in = ctx;
+    if (!in->c || in->off == in->c->n) {
+        free(in->c);
+        in->off = 0;
+        if (!(in->c = next_input(in->r)))
+            return 0;
+        in->size += (int64_t)in->c->n;
+        send_size(K_ACK, in->size, NULL);
+    }
+    size_t n = in->c->n - in->off < cap ? in->c->n - in->off : cap;
+    memcpy(buf, in->c->data + in->off, n);
+    in->off += n;
+    return n;
+}
+
+struct tar_out {
+    struct request *r;
+    int64_t sent;
+};
+
+static int tar_write(void *ctx, const unsigned char *p, size_t n) {
+    struct tar_out *out = ctx;
+    if (!wait_window(out->r, out->sent, n))
+        return 0;
+    jbuf h = {0};
+    jb_lit(&h, "{\"offset\":");
+    jb_int(&h, out->sent);
+    jb_lit(&h, ",\"eof\":false}");
+    host.send(K_DATA, h.failed ? NULL : h.p, p, n);
+    jb_free(&h);
+    out->sent += (int64_t)n;
+    return 1;
+}
+
+static void tar_failed(const struct tar_error *e) {
+    if (e->code == TAR_OS && e->err)
+        failed_errno("OSError", e->message, e->err);
+    else
+        failed(tar_code(e->code), e->message);
+}
+
+/* UPLOAD with "tar": unpacked into the folder `path`; DONE {size} of all the input */
+static void upload_tar(struct request *r, const char *path) {
+    struct tar_in in = {.r = r};
+    struct tar_io io = {.ctx = &in, .read = tar_read};
+    struct tar_error e;
+    if (!path || !*path)
+        failed("error", "ValueError: UPLOAD needs a path");
+    else if (tar_extract(&io, path, &e))
+        tar_failed(&e);
+    else
+        send_size(K_DONE, in.size, NULL);
+    free(in.c);
+}
+
+/* DOWNLOAD with "tar": the folder `path` packed; DONE {size} (stopped: the host left) */
+static void download_tar(struct request *r, const char *path) {
+    struct tar_out out = {.r = r};
+    struct tar_io io = {.ctx = &out, .write = tar_write};
+    struct tar_error e;
+    int rc = path ? tar_pack(&io, path, &e) : TAR_BAD;
+    if (!path)
+        failed("error", "ValueError: DOWNLOAD needs a path");
+    else if (rc == TAR_STOPPED)
+        send_size(K_DONE, out.sent, ",\"stopped\":true");
+    else if (rc)
+        tar_failed(&e);
+    else
+        send_size(K_DONE, out.sent, NULL);
+}
+
 /* -- UPLOAD / DOWNLOAD --------------------------------------------------------------------- */
 
 static void upload(struct request *r) {
@@ -461,7 +555,7 @@ static void upload(struct request *r) {
     int64_t mode = 0644;
     jspan m = field(f, "mode");
     if (json_true(field(f, "tar"))) {
-        failed("unsupported", "a tar upload: the native agent does not serve it");
+        upload_tar(r, path);
     } else if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777) {
         failed("error", "ValueError: UPLOAD needs a path and an integer mode");
     } else {
@@ -505,7 +599,7 @@ static void download(struct request *r) {
     const struct frame *f = &r->f;
     char *path = json_strdup(field(f, "path"));
     if (json_true(field(f, "tar"))) {
-        failed("unsupported", "a tar download: the native agent does not serve it");
+        download_tar(r, path);
         free(path);
         return;
     }

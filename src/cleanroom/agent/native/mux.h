@@ -2,9 +2,11 @@
  * Multiplexed requests (protocol.py, "mux"): every frame whose header has an "id" is routed
  * here by the reading thread, which never blocks on one. EXEC (a process: STARTED, its
  * STDOUT/STDERR in bounded chunks, EXIT, DONE; stdin fed through a pipe and ACKed; a user;
- * KILL = SIGKILL to its process group), UPLOAD and DOWNLOAD (a file in DATA chunks within
- * protocol.WINDOW of the receiver's ACK) each run in a thread of their own, so several run at
- * once; their frames go out whole through the agent's one sender, each tagged with its id.
+ * KILL = SIGKILL to its process group; a PTY's ^C sent as SIGINT where the terminal signals
+ * nobody: pty.c), UPLOAD and DOWNLOAD (a file in DATA chunks within protocol.WINDOW of the
+ * receiver's ACK; with "tar", a folder unpacked or packed: tar.c) each run in a thread of
+ * their own, so several run at once; their frames go out whole through the agent's one
+ * sender, each tagged with its id.
  * Anything else with an id is FAILED {code: "unsupported"}; the agent itself goes on.
  */
 #ifndef CLEANROOM_MUX_H

@@ -26,9 +26,9 @@ from typing import Any
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.errors import SessionClosed
-from cleanroom.session.commands import CommandHandle
-from cleanroom.session.core import AsyncSession
-from cleanroom.session.opening import ABANDONED, session
+from cleanroom.sessions.commands import CommandHandle
+from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.opening import ABANDONED, session
 
 
 class _Holder:

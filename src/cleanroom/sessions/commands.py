@@ -19,7 +19,7 @@ from typing import Any
 from cleanroom.agent.commands import GuestProcess
 from cleanroom.agent.session import ExecResult
 from cleanroom.errors import ManifestError
-from cleanroom.session.guard import Guard
+from cleanroom.sessions.guard import Guard
 
 OutputCallback = Callable[[bytes], Any]
 

@@ -42,8 +42,8 @@ from cleanroom.manifest import Manifest, describe
 from cleanroom.network.egress import episode_policy
 from cleanroom.record import Outcome
 from cleanroom.secrets import provider_from
-from cleanroom.session.core import AsyncSession
-from cleanroom.session.run_hold import RunHold
+from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store
 
 ABANDONED = "the session was garbage-collected or left open at exit; destroyed"
@@ -104,7 +104,7 @@ async def session(
     by the provider (``secrets_from``, as ``cleanroom run``), given to every command as
     environment variables and redacted everywhere. ``network``: the egress allowlist (within
     the baseline's; ``[]``: none); None: the baseline's. ``forkable``: its guest RAM in a file
-    of its own, so ``fork`` (``session.fork``) can branch it (costs: no spare, a copy of the
+    of its own, so ``fork`` (``sessions.fork``) can branch it (costs: no spare, a copy of the
     template's RAM at the start, that file on disk; ``Unsupported`` on a driver without
     ``fork-live`` or with egress, before anything is made). ``owner``/``hold``: a caller with
     several sessions of one run open at once (``cleanroom.gym``) gives them one owner (the run

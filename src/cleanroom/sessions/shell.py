@@ -23,7 +23,7 @@ from cleanroom.agent.session import ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.ledger import Ledger
-from cleanroom.session import session
+from cleanroom.sessions import session
 from cleanroom.store import Store
 
 SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -i; fi; exec sh -i"]

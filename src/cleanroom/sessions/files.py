@@ -17,8 +17,8 @@ from pathlib import Path
 
 from cleanroom.agent import wire
 from cleanroom.errors import QuotaExceeded, SessionPathError
-from cleanroom.session.guard import Guard
-from cleanroom.session.transcript import digest
+from cleanroom.sessions.guard import Guard
+from cleanroom.sessions.transcript import digest
 
 LIST_MAX = 64 * 1024  # names one ``list``/``download_dir`` takes from the guest
 

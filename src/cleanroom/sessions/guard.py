@@ -19,8 +19,8 @@ from cleanroom.core.states import EpisodeState, Failure, classify
 from cleanroom.drivers.base import Env
 from cleanroom.errors import EnvCrashed, ProtocolError, SessionClosed
 from cleanroom.lifecycle.episode import Episode
-from cleanroom.session.lifetime import Lifetime
-from cleanroom.session.transcript import Transcript
+from cleanroom.sessions.lifetime import Lifetime
+from cleanroom.sessions.transcript import Transcript
 
 
 class Guard:

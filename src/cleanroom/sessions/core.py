@@ -30,12 +30,12 @@ from cleanroom.errors import (
 from cleanroom.lifecycle.episode import Episode
 from cleanroom.lifecycle.run import result_problem
 from cleanroom.record import Outcome
-from cleanroom.session.commands import Commands
-from cleanroom.session.files import Files
-from cleanroom.session.guard import Guard
-from cleanroom.session.lifetime import Lifetime
-from cleanroom.session.run_hold import RunHold
-from cleanroom.session.transcript import Transcript, digest
+from cleanroom.sessions.commands import Commands
+from cleanroom.sessions.files import Files
+from cleanroom.sessions.guard import Guard
+from cleanroom.sessions.lifetime import Lifetime
+from cleanroom.sessions.run_hold import RunHold
+from cleanroom.sessions.transcript import Transcript, digest
 
 
 class AsyncSession:
@@ -124,8 +124,8 @@ class AsyncSession:
         return await self.files.read(path)
 
     async def fork(self, n: int) -> list[Any]:
-        """``n`` new sessions from this one's state now (``session.fork``)."""
-        fork = importlib.import_module("cleanroom.session.fork")
+        """``n`` new sessions from this one's state now (``sessions.fork``)."""
+        fork = importlib.import_module("cleanroom.sessions.fork")
         return await fork.fork_session(self, n)  # type: ignore[no-any-return]
 
     # -- the end ----------------------------------------------------------------------------

@@ -20,24 +20,9 @@ dropped or left open at exit is destroyed, with a ``ResourceWarning``).
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from cleanroom.session.commands import CommandHandle, CommandResult
-from cleanroom.session.core import AsyncSession
-from cleanroom.session.opening import session
-from cleanroom.session.sync import Session
+from cleanroom.sessions.commands import CommandHandle, CommandResult
+from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.opening import session
+from cleanroom.sessions.sync import Session
 
 __all__ = ["AsyncSession", "CommandHandle", "CommandResult", "Session", "session"]
-
-
-class _CallableModule(types.ModuleType):
-    """``cleanroom.session`` is both this package and the function: importing the package sets
-    the attribute ``cleanroom.session`` to the module, so ``cr.session(...)`` must still work."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return session(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -37,8 +37,8 @@ from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Manifest
-from cleanroom.session.core import AsyncSession
-from cleanroom.session.opening import interact
+from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.opening import interact
 
 __all__ = ["MAX_BRANCHES", "Branch", "fork_session"]
 
