@@ -34,7 +34,9 @@ def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @asynccontextmanager
-async def connected(binary: Path, root: Path) -> AsyncIterator[AgentSession]:
+async def connected(
+    binary: Path, root: Path, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[AgentSession]:
     sock = root / "agent.sock"
     done: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
         asyncio.get_running_loop().create_future()
@@ -46,6 +48,7 @@ async def connected(binary: Path, root: Path) -> AsyncIterator[AgentSession]:
         "PATH": os.environ["PATH"],
         "CLEANROOM_AGENT_SOCKET": str(sock),
         "CLEANROOM_GUEST_ROOT": str(root / "guest"),
+        **(extra_env or {}),
     }
     proc = await asyncio.create_subprocess_exec(str(binary), env=env, start_new_session=True)
     try:
@@ -62,9 +65,9 @@ async def connected(binary: Path, root: Path) -> AsyncIterator[AgentSession]:
         server.close()
 
 
-def drive(binary: Path, root: Path, body: Any) -> Any:
+def drive(binary: Path, root: Path, body: Any, extra_env: dict[str, str] | None = None) -> Any:
     async def main() -> Any:
-        async with connected(binary, root) as session:
+        async with connected(binary, root, extra_env) as session:
             return await body(session)
 
     return asyncio.run(main())

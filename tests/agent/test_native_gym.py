@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from cleanroom.agent import gym_codec, native
 from cleanroom.agent.protocol import Kind
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.spec import AGENT_DIR, NATIVE_GYM_FILES
+from cleanroom.gym import wire
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -63,3 +65,26 @@ def test_a_gym_request_is_answered_and_the_agent_goes_on(gym_agent: Path, tmp_pa
     assert made.kind == step.kind == Kind.GYM_ERROR
     assert made.header["message"] and step.header["message"]
     assert ping >= 0
+
+
+def test_an_env_steps_through_the_relay(gym_agent: Path, tmp_path: Path) -> None:
+    """With this interpreter as the gym process's Python (``CLEANROOM_PYTHON``, the fake
+    driver's way), CartPole is made, reset and stepped through the C relay; every answer
+    crosses the host's boundary (``cleanroom.gym.wire``) as it came from the gym process."""
+    pytest.importorskip("gymnasium", reason="gymnasium not installed (cleanroom[gym])")
+    cartpole = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    node, action = gym_codec.encode(1)
+
+    async def body(session: AgentSession) -> tuple[Any, ...]:
+        made = await session.request(Kind.GYM_MAKE, {"env": cartpole, "kwargs": {}})
+        reset = await session.request(Kind.GYM_RESET, {"seed": 3, "options": None})
+        step = await session.request(Kind.GYM_STEP, {"tree": node}, action)
+        return made, reset, step
+
+    made, reset, step = drive(gym_agent, tmp_path, body, {"CLEANROOM_PYTHON": sys.executable})
+    observation, act, _ = wire.spaces_of(wire.value(made, Kind.GYM_SPACES))
+    assert act.n == 2 and observation.shape == (4,)  # type: ignore[attr-defined]
+    obs, _ = wire.reset(wire.value(reset, Kind.GYM_OBS))
+    after, reward, terminated, truncated, _ = wire.step(step, wire.value(step, Kind.GYM_OBS))
+    assert obs.shape == after.shape == (4,) and not (obs == after).all()
+    assert (reward, terminated, truncated) == (1.0, False, False)

@@ -102,7 +102,12 @@ static void wait_ready(void) {
     frame_free(&f);
 }
 
+/* The image's python3; outside a VM (on a socket: the fake driver) CLEANROOM_PYTHON may name
+ * the host's, the one with gymnasium */
 static const char *python3(void) {
+    const char *own = getenv("CLEANROOM_AGENT_SOCKET") ? getenv("CLEANROOM_PYTHON") : NULL;
+    if (own && *own == '/' && access(own, X_OK) == 0)
+        return own;
     for (size_t i = 0; i < sizeof PYTHONS / sizeof *PYTHONS; i++)
         if (access(PYTHONS[i], X_OK) == 0)
             return PYTHONS[i];
