@@ -5,21 +5,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "json.h"
+#include "warm.h"
 
 enum { MAX_CONFIG = 256 * 1024 };      /* gym.json */
 static const double READY_S = 60.0;    /* gym_worker.READY_S */
 static const char CONFIG[] = "/etc/cleanroom/gym.json"; /* gym_worker.CONFIG_FILE */
-static const char *const PYTHONS[] = {"/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"};
 
 enum { MAX_ENV = 64 };
 
@@ -43,14 +39,7 @@ static ssize_t sock_read(void *ctx, void *buf, size_t n) {
 }
 
 static void stop(const char *why) {
-    if (g.pid > 0) {
-        kill(g.pid, SIGKILL);
-        waitpid(g.pid, NULL, 0);
-        g.pid = 0;
-    }
-    if (g.sock >= 0)
-        close(g.sock);
-    g.sock = -1;
+    python_stop(&g.pid, &g.sock);
     g.ready = 0;
     snprintf(g.error, sizeof g.error, "%s", why);
 }
@@ -106,53 +95,19 @@ static void wait_ready(void) {
  * the host's, the one with gymnasium */
 static const char *python3(void) {
     const char *own = getenv("CLEANROOM_AGENT_SOCKET") ? getenv("CLEANROOM_PYTHON") : NULL;
-    if (own && *own == '/' && access(own, X_OK) == 0)
-        return own;
-    for (size_t i = 0; i < sizeof PYTHONS / sizeof *PYTHONS; i++)
-        if (access(PYTHONS[i], X_OK) == 0)
-            return PYTHONS[i];
-    return NULL;
+    return own && *own == '/' && access(own, X_OK) == 0 ? own : python_path();
 }
 
 /* Start the gym process with `config` (a JSON object) and wait until it is ready. */
 static void start(const char *config) {
-    const char *python = python3();
-    jbuf launcher = {0};
-    jb_lit(&launcher, "import sys; sys.path.insert(0, ");
-    jb_str(&launcher, g.dir, strlen(g.dir)); /* a JSON string is a Python literal */
-    jb_lit(&launcher, "); import gym_worker; sys.exit(gym_worker.main())");
-    int sv[2];
-    if (!python || launcher.failed || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
-        stop(python ? "cannot make its channel" : "no python3 in the image");
-        jb_free(&launcher);
-        return;
-    }
-    char fd[16];
-    snprintf(fd, sizeof fd, "%d", sv[1]);
-    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, (char *)config, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        child_signals();
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setsid(); /* its own session and process group, as gym_worker.Proxy's */
-        int null = open("/dev/null", O_RDONLY);
-        if (null >= 0)
-            dup2(null, 0);
-        fcntl(sv[1], F_SETFD, 0); /* its end stays open across exec */
-        if (chdir("/") == 0)
-            execve(python, argv, g.envp);
-        _exit(127);
-    }
-    close(sv[1]);
-    jb_free(&launcher);
+    const char *python = python3(), *why = "no python3 in the image";
+    pid_t pid = python ? python_start(python, g.dir, "gym_worker", config, g.envp, &g.sock, &why)
+                       : -1;
     if (pid < 0) {
-        close(sv[0]);
-        stop("cannot fork");
+        stop(why);
         return;
     }
-    g.pid = pid, g.sock = sv[0], g.error[0] = 0;
+    g.pid = pid, g.error[0] = 0;
     g.rd.read = sock_read;
     g.rd.ctx = NULL;
     g.rd.start = g.rd.end = 0;
