@@ -44,14 +44,19 @@ def forget_spaces() -> None:
 
 
 def assert_run_is_evidence(
-    env: CleanroomEnv, driver: RunFolderDriver, store: LocalStore, expected: int
+    env: CleanroomEnv, driver: RunFolderDriver, store: LocalStore, expected: int, ahead: int = 1
 ) -> list[dict[str, Any]]:
-    """After ``close``: ``expected`` episodes (a probe included), each with its record, every
-    env confirmed absent in the ledger and gone from the host; the records in order."""
+    """After ``close``: ``expected`` episodes (a probe included), each with its record, and
+    ``ahead`` episodes opened ahead for a reset that never came (the last ones: ``cancelled``,
+    no final record); every env confirmed absent in the ledger and gone from the host; the
+    records in order."""
     with Ledger() as ledger:
-        rows = ledger.episodes(env.run_id)
-        assert len(rows) == expected, rows
+        rows = sorted(ledger.episodes(env.run_id), key=lambda row: row.episode_id)
+        assert len(rows) == expected + ahead, rows
         assert_nothing_left(driver, ledger, env.run_id, store)
-    records = [store.get_record(env.run_id, row.episode_id) for row in rows]
+    unused = rows[len(rows) - ahead :]
+    assert all(row.outcome == "cancelled" and "never came" in (row.error or "") for row in unused)
+    assert all(store.get_record(env.run_id, row.episode_id) is None for row in unused)
+    records = [store.get_record(env.run_id, row.episode_id) for row in rows[: len(rows) - ahead]]
     assert all(r is not None for r in records)
-    return sorted(records, key=lambda r: r["episode_id"])  # type: ignore[index]
+    return records  # type: ignore[return-value]

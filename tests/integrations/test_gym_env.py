@@ -10,6 +10,7 @@ a failing in-VM env is a ``GymEnvError`` and an ``episode_error``, and the next 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
 
 
 def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
-    baseline = make_fake_baseline(tmp_path, agent="python")
+    baseline = make_fake_baseline(tmp_path)
     store = LocalStore(tmp_path / "store")
     forget_spaces()
     env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
@@ -58,8 +59,10 @@ def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
         second, _ = play(env, 7, [0, 1] * 300)  # same seed, same actions: same trajectory
         third, _ = play(env, 8, [0, 1] * 300)
         with Ledger() as ledger:
-            live = [e for e in ledger.envs(run_id=env.run_id) if e.confirmed_absent_at is None]
-        assert len(live) == 1  # the episodes before this one are destroyed and confirmed
+            envs = ledger.envs(run_id=env.run_id)
+        live = {e.episode_id for e in envs if e.confirmed_absent_at is None}
+        # the episodes before the one the last reset left are gone; that one may be ending
+        assert {"ep-000004"} <= live <= {"ep-000003", "ep-000004", "ep-000005"}
     finally:
         env.close()
     env.close()
@@ -79,7 +82,7 @@ def test_each_reset_is_an_episode_with_durable_evidence(tmp_path: Path) -> None:
 
 
 def test_a_failing_in_vm_env_ends_its_episode_and_the_next_reset_works(tmp_path: Path) -> None:
-    baseline = make_fake_baseline(tmp_path, agent="python")
+    baseline = make_fake_baseline(tmp_path)
     store = LocalStore(tmp_path / "store")
     env = cgym.CleanroomEnv(baseline, env=CARTPOLE, driver="fake", store=tmp_path / "store")
     try:
@@ -98,10 +101,49 @@ def test_a_failing_in_vm_env_ends_its_episode_and_the_next_reset_works(tmp_path:
     assert failed[-1]["op"] == "gym_error" and "AssertionError" in failed[-1]["error"]
 
 
-def test_an_unknown_env_is_a_gym_env_error(tmp_path: Path) -> None:
+def _wait_for_env_row(run_id: str, episode_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with Ledger() as ledger:
+            if any(e.episode_id == episode_id for e in ledger.envs(run_id=run_id)):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{episode_id} was never opened ahead")
+
+
+def test_a_reset_takes_an_episode_opened_ahead_and_the_next_one_settles_the_last(
+    tmp_path: Path,
+) -> None:
+    """A reset is one GYM_RESET: its episode's env was made (ledger intent) before the reset
+    was called. The episode it leaves ends in the background, and is durable with its env
+    confirmed absent once the next reset returns (the guarantee the docs state)."""
+    store = LocalStore(tmp_path / "store")
     env = cgym.CleanroomEnv(
-        make_fake_baseline(tmp_path, agent="python"), env="NoSuchEnv-v9", driver="fake"
+        make_fake_baseline(tmp_path), env=CARTPOLE, driver="fake", store=tmp_path / "store"
     )
+    try:
+        env.reset(seed=1)  # the first: opened now (nothing was ahead yet)
+        env.step(0)
+        _wait_for_env_row(env.run_id, "ep-000002")  # the next episode opens meanwhile
+        called = time.time()
+        _, info = env.reset(seed=2)
+        second = info["episode_id"]
+        env.step(1)
+        _, info = env.reset(seed=3)
+        with Ledger() as ledger:
+            rows = {e.episode_id: e for e in ledger.envs(run_id=env.run_id)}
+        assert rows[second].intent_at is not None and rows[second].intent_at < called
+        assert rows["ep-000001"].confirmed_absent_at is not None  # settled by this reset
+        assert store.get_record(env.run_id, "ep-000001") is not None
+    finally:
+        env.close()
+    records = assert_run_is_evidence(env, FakeDriver(), store, expected=3)
+    assert [r["info"]["reset_seed"] for r in records] == [1, 2, 3]  # each reset named its own
+    assert [r["policy"]["id"] for r in records] == ["gym"] * 3  # no longer "gym-ahead"
+
+
+def test_an_unknown_env_is_a_gym_env_error(tmp_path: Path) -> None:
+    env = cgym.CleanroomEnv(make_fake_baseline(tmp_path), env="NoSuchEnv-v9", driver="fake")
     try:
         with pytest.raises(GymEnvError, match="NoSuchEnv"):
             env.reset(seed=0)

@@ -3,7 +3,8 @@ guest): Gymnasium's ``check_env``, same seed → same trajectory, vector envs (s
 and spawn, NEXT_STEP autoreset), and a SIGKILLed worker leaving no VM for ``cleanroom reap``.
 
 Protects issue 19 with real parts: the gym process in the template, one GYM_STEP round trip per
-step, each reset a fresh spare clone whose predecessor is confirmed gone, every episode durable.
+step, each reset a fresh clone opened ahead (its predecessor's end settled by the next reset or
+close), every episode durable.
 About 30 clones in all (one template build on a fresh machine).
 """
 
@@ -64,17 +65,45 @@ def test_check_env_and_the_same_seed_on_real_vms(gym_baseline: Baseline, tmp_pat
         actions = [0, 1, 1, 0, 1, 0, 0, 1] * 4
         first, first_return = play(env, 11, actions)
         second, _ = play(env, 11, actions)
+        hello = env._episode._sb.episode.env.session.hello  # type: ignore[union-attr]
+        assert hello["agent"] == "native" and "gym" in hello["features"]  # the example's
     finally:
         env.close()
     assert len(first) == len(second) > 5 and all(map(np.array_equal, first, second))
     with Ledger() as ledger:
         count = len(ledger.episodes(env.run_id))
-    records = assert_run_is_evidence(env, QemuDriver(), store, expected=count)
+    records = assert_run_is_evidence(env, QemuDriver(), store, expected=count - 1)
     assert records[0]["policy"]["id"] == "gym-probe"  # the spaces, learned before check_env
     assert all(r["outcome"] == "completed" for r in records)
     assert records[-2]["reward"] == first_return and records[-2]["seed"] == records[-1]["seed"]
     assert records[-1]["info"]["versions"]["gymnasium"] == gymnasium.__version__
     assert records[-1]["info"]["premade"] is True  # the template's env, not one made per reset
+
+
+def test_the_python_agent_relays_the_same_frames(gym_baseline: Baseline, tmp_path: Path) -> None:
+    """The example without its ``[agent]`` section (the Python agent, ``gym_worker.Proxy``):
+    one seed, one trajectory, the same as the native agent's; every episode durable."""
+    from cleanroom.baseline.resolve import resolve_or_build
+
+    folder = tmp_path / "gym-python"
+    folder.mkdir()
+    (folder / "gym.json").write_bytes((SPEC.parent / "gym.json").read_bytes())
+    spec = SPEC.read_text().split("[agent]")[0].replace('name = "gym"', 'name = "gym-python"')
+    (folder / "baseline.toml").write_text(spec)
+    python = resolve_or_build(str(folder / "baseline.toml"))
+    store = LocalStore(tmp_path / "store")
+    actions = [0, 1, 1, 0, 1, 0, 0, 1] * 4
+    seen = []
+    for baseline in (python, gym_baseline):
+        env = cgym.make("CartPole-v1", baseline=baseline, store=tmp_path / "store")
+        try:
+            seen.append(play(env, 11, actions)[0])
+            hello = env._episode._sb.episode.env.session.hello  # type: ignore[union-attr]
+            assert hello.get("agent", "python") == ("python" if baseline is python else "native")
+        finally:
+            env.close()
+        assert_run_is_evidence(env, QemuDriver(), store, expected=1)  # the spaces: from it
+    assert len(seen[0]) == len(seen[1]) and all(map(np.array_equal, *seen))
 
 
 def _run_to_an_autoreset(vec: gymnasium.vector.VectorEnv) -> None:
@@ -122,6 +151,21 @@ def test_vector_envs_sync_and_async_spawn(gym_baseline: Baseline, tmp_path: Path
     _assert_no_vm_left(since)
 
 
+def _wait_for_no_launch(run_id: str) -> None:
+    """Until the run's live envs are all up, the episode opened ahead's included: a worker
+    killed while it forks a launcher, before ``setpriv`` set the parent-death signal, leaves
+    that VM to its hard deadline and ``cleanroom reap`` (``hostproc.supervised``), not to the
+    deadman this test checks; each reset now starts such a launch (the episode opened ahead)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with Ledger() as ledger:
+            live = [e for e in ledger.envs(run_id=run_id) if e.confirmed_absent_at is None]
+        if len(live) >= 2 and all(e.state == "ready" for e in live):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the envs of {run_id} never settled: {live}")
+
+
 def test_a_sigkilled_fork_worker_leaves_no_vm_and_reap_records_it(
     gym_baseline: Baseline, tmp_path: Path
 ) -> None:
@@ -136,6 +180,7 @@ def test_a_sigkilled_fork_worker_leaves_no_vm_and_reap_records_it(
         _run_to_an_autoreset(vec)
         _, info = vec.reset(seed=9)
         victim_run = str(info["run_id"][0])
+        _wait_for_no_launch(victim_run)
         os.kill(vec.processes[0].pid, signal.SIGKILL)
         vec.processes[0].join(10)
     finally:

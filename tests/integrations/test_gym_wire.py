@@ -153,6 +153,27 @@ def test_deep_nesting_is_refused_not_a_recursion_error() -> None:
         gym_codec.decode(node, b"")
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(gym_codec.PY_DTYPES.items())), st.binary(max_size=10))
+def test_python_scalars_read_without_numpy_as_numpy_reads_them(
+    pair: tuple[str, str], body: bytes
+) -> None:
+    """The numpy-free path for a Python int/float/bool (``_Reader.py_scalar``, a step's action)
+    gives what the array path gives for any bytes the guest sends, or the same refusal."""
+    kind, dtype = pair
+    node = {"t": dtype, "s": [], "k": kind}
+    size = np.dtype(dtype).itemsize
+    if len(body) != size:
+        with pytest.raises(gym_codec.BadTree):
+            gym_codec.decode(node, body)
+        return
+    raw = np.frombuffer(body, np.dtype(dtype).newbyteorder("<"))
+    want = gym_codec.PY_SCALARS[kind]((raw.view(np.uint8) != 0)[0] if kind == "b" else raw[0])
+    got = gym_codec.decode(node, body)
+    assert type(got) is type(want) and _same(got, want)
+    assert gym_codec.encode(got) == (node, body) or kind != "i"  # ints: canonical bytes
+
+
 def test_bools_are_canonical() -> None:
     """A bool array made of byte 2 is True, not a bool numpy would misbehave on."""
     assert gym_codec.decode({"t": "bool", "s": [2]}, b"\x02\x00").tolist() == [True, False]

@@ -22,6 +22,8 @@ a body whose length is not exactly what the node describes.
 
 from __future__ import annotations
 
+import struct
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -48,6 +50,8 @@ MAX_NODES = 4096
 MAX_DEPTH = 16
 MAX_TEXT = 4096
 PY_SCALARS = {"i": int, "f": float, "b": bool}
+PY_DTYPES = {"i": "int64", "f": "float64", "b": "bool"}  # how encode sends a Python scalar
+INT64 = range(-(1 << 63), 1 << 63)
 
 
 class BadTree(ValueError):
@@ -81,14 +85,17 @@ def _encode(value: Any, parts: list[bytes], depth: int) -> dict[str, Any]:
         return {"z": 0}
     if isinstance(value, str):
         return {"x": value[:MAX_TEXT]}
-    if isinstance(value, bool | int | float):
-        kind = "b" if isinstance(value, bool) else "i" if isinstance(value, int) else "f"
-        dtype = {"b": np.bool_, "i": np.int64, "f": np.float64}[kind]
-        try:
-            parts.append(np.asarray(value, dtype=dtype).tobytes())
-        except OverflowError:
-            return {"x": repr(value)[:MAX_TEXT]}
-        return {"t": np.dtype(dtype).name, "s": [], "k": kind}
+    if isinstance(value, bool | int | float):  # without numpy: a step's action, most often
+        if isinstance(value, bool):
+            parts.append(b"\x01" if value else b"\x00")
+            return {"t": "bool", "s": [], "k": "b"}
+        if isinstance(value, int):
+            if value not in INT64:
+                return {"x": repr(value)[:MAX_TEXT]}
+            parts.append(int(value).to_bytes(8, "little", signed=True))
+            return {"t": "int64", "s": [], "k": "i"}
+        parts.append(struct.pack("<d", value))
+        return {"t": "float64", "s": [], "k": "f"}
     if isinstance(value, dict):
         return {"d": [[str(k), _encode(v, parts, depth + 1)] for k, v in value.items()]}
     if isinstance(value, tuple | list):
@@ -163,6 +170,20 @@ class _Reader:
             return out
         raise BadTree(f"unknown node tag {tag[:20]!r}")
 
+    def py_scalar(self, kind: str) -> Any:
+        """A Python int/float/bool as ``encode`` sends it, read without numpy (the same value
+        the array path gives: int64 and float64 little-endian, a bool any non-zero byte)."""
+        size = 1 if kind == "b" else 8
+        if size > len(self.body) - self.offset:
+            raise BadTree(f"an array of {size} bytes past the body's end")
+        raw = bytes(self.body[self.offset : self.offset + size])
+        self.offset += size
+        if kind == "b":
+            return raw != b"\x00"
+        if kind == "i":
+            return int.from_bytes(raw, "little", signed=True)
+        return struct.unpack("<d", raw)[0]
+
     def array(self, node: dict[str, Any]) -> Any:
         np = _numpy()
 
@@ -173,6 +194,8 @@ class _Reader:
             raise BadTree(f"dtype {str(dtype)[:20]!r} is not allowed")
         if not isinstance(shape, list) or len(shape) > MAX_NDIM:
             raise BadTree(f"a shape that is not a list of at most {MAX_NDIM} dimensions")
+        if shape == [] and isinstance(kind, str) and PY_DTYPES.get(kind) == dtype:
+            return self.py_scalar(kind)
         count = 1
         for dim in shape:
             if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim <= MAX_DIM:

@@ -2,9 +2,11 @@
 
 A baseline that lists its envs in ``/etc/cleanroom/gym.json`` (``{"make": [{"env": id,
 "kwargs": {}}], "preimport": [...], "path": [...]}``) gets its gym process at boot: it imports
-numpy, gymnasium and ``preimport``, constructs every env of ``make``, rehearses one
-``reset``/``step`` of each (lazy imports and first-call caches), and the agent says HELLO only
-once it is ready, so a snapshot template holds the constructed env and every clone restores it.
+numpy, gymnasium and ``preimport``, constructs every env of ``make`` and a twin of it (unless
+the item says ``"twin": false``), rehearses a reset and a few steps of each (``rehearse``), and
+the agent says HELLO only once it is ready, so a snapshot template holds the constructed env
+and every clone restores it. GYM_MAKE in a clone rehearses the twin again, so the clone's first
+reset and steps of its own env find their code translated (TCG).
 Without that file the process starts at the first GYM_MAKE (seconds under TCG).
 
 The agent hands each GYM_* frame (protocol kinds 40-46) to ``handle``: the frame goes to the
@@ -77,7 +79,8 @@ class Proxy:
         self.ready = False
         self.error = ""
         self.sock, self.proc = warm_module().spawn(LAUNCHER.format(here=HERE), dumps(config), env)
-        self.stream = self.sock.makefile("rwb", buffering=0)
+        self.stream = self.sock.makefile("wb", buffering=0)  # a frame is one write
+        self.reader = self.sock.makefile("rb")  # an answer is one read, mostly
 
     def wait_ready(self, timeout_s: float = READY_S) -> bool:
         """Wait for the process's imports and premade envs; False (``error`` set) if it failed."""
@@ -85,7 +88,7 @@ class Proxy:
             return self.ready
         self.sock.settimeout(timeout_s)
         try:
-            frame = read_frame(self.stream)
+            frame = read_frame(self.reader)
             self.ready = frame.kind == Kind.OK and frame.header.get("ready") is True
             self.error = "" if self.ready else str(frame.header.get("message") or "not ready")
         except (OSError, ValueError, EOFError) as exc:
@@ -119,7 +122,7 @@ class Proxy:
     def _read(self, size: int) -> bytes:
         data = bytearray()
         while len(data) < size:
-            chunk = self.stream.read(size - len(data))
+            chunk = self.reader.read(size - len(data))
             if not chunk:
                 raise EOFError("the gym process closed its channel")
             data += chunk
@@ -129,7 +132,8 @@ class Proxy:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.sock.close()
+        for end in (self.reader, self.stream, self.sock):  # the fd closes with the last
+            end.close()
 
 
 def warm_module() -> Any:
@@ -210,16 +214,18 @@ def construct(env_id: str, kwargs: dict[str, Any]) -> Any:
 
 
 class Server:
-    """The gym process's state: the premade envs and the one this episode made."""
+    """The gym process's state: the premade envs (each with a twin), and this episode's env."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.premade: dict[str, Any] = {}
+        self.twins: dict[str, Any] = {}
         self.env: Any = None
         for item in config.get("make") or []:
-            env = construct(item["env"], item.get("kwargs") or {})
-            env.reset(seed=0)  # a rehearsal: every reset of an episode names its seed
-            env.step(env.action_space.sample())
-            self.premade[dumps([item["env"], item.get("kwargs") or {}])] = env
+            env_id, kwargs = item["env"], item.get("kwargs") or {}
+            key = dumps([env_id, kwargs])
+            self.premade[key] = rehearse(construct(env_id, kwargs))
+            if item.get("twin", True):
+                self.twins[key] = rehearse(construct(env_id, kwargs))
 
     def make(self, header: dict[str, Any]) -> Any:
         import gymnasium
@@ -231,6 +237,9 @@ class Server:
         if self.env is not None:
             self.env.close()
         self.env = self.premade.pop(key) if premade else construct(env_id, kwargs)
+        twin = self.twins.pop(key, None)
+        if twin is not None:  # this VM's first reset and steps, on another instance
+            rehearse(twin).close()
         spec = getattr(self.env, "spec", None)
         metadata = getattr(self.env, "metadata", {}) or {}
         return {
@@ -273,13 +282,30 @@ class Server:
         raise RuntimeError(f"unexpected frame {kind}")
 
 
-def serve(stream: Any, server: Server) -> None:
+def rehearse(env: Any) -> Any:
+    """One reset and a few steps of ``env`` and their answers' encoding, discarded (returns
+    ``env``). In the template, for every premade env: lazy imports, first-call caches, pages.
+    In a clone, on the premade env's *twin* at GYM_MAKE: under TCG a clone translates each code
+    path the first time it runs it, so its reset and first steps would pay for that; the twin
+    pays instead, and the episode's own env is untouched until its reset."""
+    obs, info = env.reset(seed=0)
+    gym_codec.encode((obs, info))
+    for _ in range(3):
+        node, body = gym_codec.encode(env.action_space.sample())
+        obs, _, terminated, truncated, info = env.step(gym_codec.decode(node, body))
+        gym_codec.encode((obs, info))
+        if terminated or truncated:
+            break
+    return env
+
+
+def serve(reader: Any, stream: Any, server: Server) -> None:
     """Answer requests until the agent closes the channel."""
     import traceback
 
     while True:
         try:
-            frame = read_frame(stream, max_body=DEFAULT_MAX_BODY)
+            frame = read_frame(reader, max_body=DEFAULT_MAX_BODY)
         except EOFError:
             return
         try:
@@ -299,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv if argv is None else argv
     sys.path[:] = [p for p in sys.path if p != HERE]  # protocol, gym_codec: imported already
-    stream = socket.socket(fileno=int(argv[1])).makefile("rwb", buffering=0)
+    sock = socket.socket(fileno=int(argv[1]))
+    stream, reader = sock.makefile("wb", buffering=0), sock.makefile("rb")  # as ``Proxy``
     started = time.monotonic()
     try:
         config = json.loads(argv[2])
@@ -322,5 +349,5 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
-    serve(stream, server)
+    serve(reader, stream, server)
     return 0

@@ -54,6 +54,7 @@ from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
 from cleanroom.baseline.spec import (
     AGENT_DIR,
     AGENT_FILES,
+    NATIVE_GYM_FILES,
     SKIP_NAMES,
     SOURCE_DATE_EPOCH,
     BaselineSpec,
@@ -282,13 +283,19 @@ NATIVE_WORKER = "worker.py"
 """The one Python file of a native baseline with a function entrypoint (stdlib only)."""
 
 
-def install_native_agent(rootfs: Path, warm_config: dict[str, Any] | None = None) -> None:
+def install_native_agent(
+    rootfs: Path, warm_config: dict[str, Any] | None = None, gym: bool = False
+) -> None:
     """Compile the native agent (``agent/native``, ``native.CFLAGS``: static, hardened,
     reproducible) to ``/opt/cleanroom/agent/agent``, the only agent file of a command baseline.
     A function entrypoint adds the warm worker (``worker.py``, which the agent starts at boot)
-    and its ``entry.json``; that needs the image's Python, so without one it is a BuildError."""
+    and its ``entry.json``; that needs the image's Python, so without one it is a BuildError.
+    ``gym`` (a gym config in the baseline) adds the gym process's files (``NATIVE_GYM_FILES``;
+    it runs in the image's Python, with gymnasium and numpy from the image)."""
     dest = rootfs / AGENT_DEST
     dest.mkdir(parents=True, exist_ok=True)
+    for name in NATIVE_GYM_FILES if gym else ():
+        _copy_file(str(AGENT_DIR / name), str(dest / name))
     if warm_config is not None:
         python = resolve_in_root(rootfs, GUEST_PYTHON, "the image", follow_last=True)
         if not python.is_file():
@@ -450,8 +457,8 @@ def build_rootfs(
         copy_files(spec, tree, progress)
         users.add_agent_user(tree)
         if spec.native:
-            install_native_agent(tree, spec.warm_config())
-            if spec.warm_config() is not None:
+            install_native_agent(tree, spec.warm_config(), spec.has_gym())
+            if spec.warm_config() is not None or spec.has_gym():
                 byte_compile(tree, spec, progress)
         else:
             install_agent(tree, spec.warm_config())

@@ -80,6 +80,9 @@ AGENT_FILES = (
     "warm.py",
     "worker.py",
 )
+NATIVE_GYM_FILES = native.GYM_FILES
+"""The gym process's files in a native baseline with a gym config (the agent starts it)."""
+GYM_CONFIG = "/etc/cleanroom/gym.json"  # gym_worker.CONFIG_FILE
 INIT_SCRIPT = Path(__file__).resolve().parent / "init.sh"
 SKIP_NAMES = frozenset(
     {"baseline.lock", "__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -334,6 +337,10 @@ class BaselineSpec(_Section):
         context = self.base.context
         return dockerfile, (self.folder / context).resolve() if context else dockerfile.parent
 
+    def has_gym(self) -> bool:
+        """Whether the baseline lists Gymnasium envs (a ``[[files]]`` entry at ``GYM_CONFIG``)."""
+        return any(entry.dest == GYM_CONFIG for entry in self.files)
+
     def sources(self) -> Iterator[tuple[Path, FileEntry]]:
         """Each files entry with its source resolved against the spec's folder."""
         for entry in self.files:
@@ -428,6 +435,9 @@ def spec_digest(spec: BaselineSpec) -> str:
             _hash_file_into(h, f"agent-native:{name}", native.NATIVE_DIR / name)
         if spec.warm_config() is not None:  # the warm worker travels with it
             _hash_file_into(h, "agent:worker.py", AGENT_DIR / "worker.py")
+        if spec.has_gym():  # and the gym process
+            for name in NATIVE_GYM_FILES:
+                _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
     else:
         for name in AGENT_FILES:
             _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)

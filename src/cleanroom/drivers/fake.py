@@ -35,9 +35,8 @@ from cleanroom.errors import LaunchError
 
 
 def agent_argv(baseline: Baseline, marker: str) -> list[str]:
-    """The agent of an env: the native one, or the Python agent for a baseline whose spec asks
-    for it (``[agent] kind = "python"``: only Gymnasium envs need it, until the native agent
-    serves them)."""
+    """The agent of an env: the native one, or the Python agent for a baseline whose spec still
+    asks for it (``[agent] kind = "python"``, deprecated)."""
     if (baseline.spec.get("agent") or {}).get("kind") == "python":
         return [sys.executable, guest.__file__, marker]
     return [str(native.host_binary()), marker]
@@ -98,6 +97,7 @@ class FakeDriver(RunFolderDriver):
             **os.environ,
             "CLEANROOM_AGENT_SOCKET": str(sock_path),
             "CLEANROOM_GUEST_ROOT": str(run_dir / "root"),
+            "CLEANROOM_PYTHON": sys.executable,  # the gym process's (has the host's gymnasium)
         }
         self.groups.create(request.env_id)
         proc = await asyncio.create_subprocess_exec(

@@ -5,9 +5,14 @@
     obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
     env.close()                            # the last episode exported, every VM confirmed gone
 
-Nothing boots in ``__init__``. Each ``reset`` ends the previous episode (its evidence exported,
-its VM destroyed and confirmed absent) and starts the next on a fresh VM: one episode of the
-env's run (``run_id``; ``cleanroom status/report`` show it). Seeding follows Gymnasium:
+Nothing boots in ``__init__``. Each ``reset`` starts an episode on a fresh VM: one episode of the
+env's run (``run_id``; ``cleanroom status/report`` show it), opened ahead while the one before
+stepped (its VM up, the env made in it), so a reset is one GYM_RESET round trip. The episode a
+reset leaves behind ends in the background (evidence exported, then its VM destroyed and
+confirmed absent); what is guaranteed when: once ``reset`` returns, every episode before the one
+it left is durable and its VM confirmed absent; that one's end is complete before the next
+``reset`` or ``close`` returns (either raises its failure). ``close`` ends every episode,
+the one opened ahead included (``cancelled``: no reset took it). Seeding follows Gymnasium:
 ``super().reset(seed=seed)`` seeds ``np_random``, which draws the seed the in-VM env is reset
 with (the record's ``seed``), so the same seed gives the same trajectory. A ``step`` is one
 round trip (arrays as raw bytes, ``gym_codec``). The spaces come from the in-VM env: learned
@@ -114,7 +119,8 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         known = cache.load()
         if known is not None:
             return known
-        episode = await self._run.episode(0, None, "gym-probe")
+        episode = await self._run.open_episode("gym-probe")
+        episode.begin(0, None, "gym-probe")
         await episode.end()
         return cache.save(episode.made)
 
@@ -143,11 +149,12 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         self, inner_seed: int, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         started = time.perf_counter()
-        if self._episode is not None:
-            episode, self._episode = self._episode, None
-            await episode.end()
+        await self._run.settle()  # the episodes before the last: durable, their VMs gone
         ended = time.perf_counter()
-        episode = await self._run.episode(inner_seed, seed, "gym")
+        if self._episode is not None:
+            previous, self._episode = self._episode, None
+            self._run.end_later(previous)  # its export, destroy and confirm overlap this reset
+        episode = await self._run.take(inner_seed, seed)  # opened ahead: the env made already
         made = time.perf_counter()
         obs_space, act_space, facts = wire.spaces_of(episode.made)
         episode.facts = {**facts, "seed": inner_seed, "reset_seed": seed}
@@ -155,11 +162,12 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             self._spaces = (obs_space, act_space)
         _, answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
         self._episode = episode
+        self._run.prepare()  # the next reset's episode, opening while this one steps
         obs, info = wire.reset(answer)
-        timings = {  # seconds: the last episode's end (export, destroy, confirm); a fresh VM
-            "end_previous_s": round(ended - started, 6),  # with the env made in it; its reset
-            "start_s": round(made - ended, 6),
-            "reset_s": round(time.perf_counter() - made, 6),
+        timings = {  # seconds: waiting for the ends of the episodes before the last one (the
+            "end_previous_s": round(ended - started, 6),  # last one's ends in the background);
+            "start_s": round(made - ended, 6),  # for this episode's VM with the env made in it
+            "reset_s": round(time.perf_counter() - made, 6),  # (opened ahead); its reset
         }
         ids = {"episode_id": episode.episode_id, "run_id": self._run.run_id}
         return obs, {**info, **ids, "cleanroom_timings": timings}

@@ -1,18 +1,24 @@
 """The async half of ``CleanroomEnv``: one run, an episode (a session on a fresh VM) per reset.
 
-Runs on the env's loop thread (``loop.LoopThread``). ``GymRun`` holds the driver (one spare kept
-started ahead, so a reset takes a clone that is already up), the ledger and the store; each
-``GymEpisode`` is ``cleanroom.sessions.session`` held open by a task until ``end``: on the way
-out the transcript (with one ``gym_step`` entry per step: the trajectory) is exported, then the
-record (``completed`` with the return as its reward once ended normally), then the VM is
-destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or of its answers
-(``ProtocolError``) ends the episode ``episode_error`` (the guest's fault, said in the
-transcript); a crash, a timeout or a cancellation ends it the way any episode ends.
+Runs on the env's loop thread (``loop.LoopThread``). ``GymRun`` holds the driver, the ledger and
+the store; each ``GymEpisode`` is ``cleanroom.sessions.session`` held open by a task until
+``end``: on the way out the transcript (with one ``gym_step`` entry per step: the trajectory) is
+exported, then the record (``completed`` with the return as its reward once ended normally),
+then the VM is destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or
+of its answers (``ProtocolError``) ends the episode ``episode_error`` (the guest's fault, said in
+the transcript); a crash, a timeout or a cancellation ends it the way any episode ends.
+
+A reset should only reset: ``GymRun`` keeps the *next* episode opened ahead (``prepare``: its
+session open on a fresh VM, the env made in it, policy ``gym-ahead``), which ``take`` hands out
+and names (seed, policy ``gym``); the episode a reset leaves behind ends in the background
+(``end_later``) and ``settle`` waits for every such end, raising the first failure. An episode
+opened ahead that no reset took ends ``cancelled`` at ``aclose`` (its transcript says why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
@@ -23,17 +29,23 @@ from typing import Any
 from cleanroom.agent.protocol import Frame, Kind
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.states import Failure
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner
-from cleanroom.errors import GymEnvError, ProtocolError
+from cleanroom.errors import GymEnvError, LedgerError, ProtocolError
 from cleanroom.gym import wire
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import release_spares
+from cleanroom.manifest import Manifest
+from cleanroom.record import Outcome
 from cleanroom.sessions import AsyncSession, session
+from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store
 
 GUEST_FAULTS = (GymEnvError, ProtocolError)  # the guest's: the episode ends episode_error
+AHEAD = "gym-ahead"  # the policy of an episode opened ahead, until a reset takes it
+UNUSED = "opened ahead for a reset that never came (the env was closed)"
 
 
 @dataclass
@@ -53,6 +65,11 @@ class GymRun:
     ledger: Ledger | None = None
     store: Store | None = None
     count: int = 0
+    ahead: asyncio.Task[GymEpisode] | None = None  # the next episode, opening (``prepare``)
+    ending: list[asyncio.Task[float]] = field(default_factory=list)  # ``end_later``'s
+    end_s: list[float] = field(default_factory=list)  # how long each background end took
+    owner: Owner | None = None  # every episode's: the run lock is this env's
+    hold: RunHold | None = None  # the run is finished when the env closes
 
     async def start(self) -> None:
         """Resolve (or build) the baseline; open the driver, ledger and store."""
@@ -68,17 +85,56 @@ class GymRun:
         self.driver = get_driver(self.driver_name)
         self.ledger = Ledger()
         self.store = open_store(self.store_ref)
+        self.owner = Owner("gym-" + secrets.token_hex(6))
+        self.hold = RunHold(self.ledger, self.run_id)
+        self.hold.take()  # let go at ``aclose``: episodes overlap, the run stays held between
         spares = self.options.spares
         self.driver.keep_spares(1 if spares is None else spares)
 
-    async def episode(self, seed: int, reset_seed: int | None, policy: str) -> GymEpisode:
-        """A fresh VM with the env made in it (the GYM_SPACES answer is ``episode.made``)."""
+    async def open_episode(self, policy: str) -> GymEpisode:
+        """A fresh VM with the env made in it (the GYM_SPACES answer is ``episode.made``),
+        not yet named by a reset (``GymEpisode.begin``)."""
         await self.start()
         self.count += 1
-        episode = GymEpisode(self, f"ep-{self.count:06d}", seed)
-        task = {"gym": {"env": self.env, "kwargs": self.kwargs, "reset_seed": reset_seed}}
+        episode = GymEpisode(self, f"ep-{self.count:06d}")
+        task = {"gym": {"env": self.env, "kwargs": self.kwargs, "reset_seed": None}}
         await episode.open(task, policy)
         return episode
+
+    def prepare(self) -> None:
+        """Open the next episode in the background (unless one is opening or open)."""
+        if self.ahead is None:
+            self.ahead = asyncio.ensure_future(self.open_episode(AHEAD))
+
+    async def take(self, seed: int, reset_seed: int | None) -> GymEpisode:
+        """The episode opened ahead (or one opened now), begun with ``seed``."""
+        ahead, self.ahead = self.ahead, None
+        episode = await ahead if ahead is not None else await self.open_episode("gym")
+        episode.begin(seed, reset_seed, "gym")
+        return episode
+
+    def end_later(self, episode: GymEpisode) -> None:
+        """End ``episode`` in the background (``settle`` waits for it)."""
+        self.ending.append(asyncio.ensure_future(self._timed_end(episode)))
+
+    @staticmethod
+    async def _timed_end(episode: GymEpisode) -> float:
+        started = time.perf_counter()
+        await episode.end()
+        return time.perf_counter() - started
+
+    async def settle(self) -> None:
+        """Wait for every background end: each episode's evidence durable (or its failure
+        recorded) and its VM confirmed absent; then raise the first failure, if any."""
+        ending, self.ending = self.ending, []
+        failure: BaseException | None = None
+        for outcome in await asyncio.gather(*ending, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                failure = failure or outcome
+            else:
+                self.end_s.append(outcome)
+        if failure is not None:
+            raise failure
 
     def fresh_copy(self) -> GymRun:
         """This run's settings without its parts (a forked process's own: a run of its own)."""
@@ -95,21 +151,39 @@ class GymRun:
         )
 
     async def aclose(self) -> None:
-        """Destroy the spares (confirmed, in the ledger), then close the ledger."""
-        if self.driver is not None and self.ledger is not None:
-            ctx = RunContext(self.driver, self.ledger, self.store, Owner("gym-" + self.run_id))
-            await release_spares(ctx, self.run_id)
-        if self.ledger is not None:
-            self.ledger.close()
-        self.driver = self.ledger = self.store = None
-        self.baseline = None if not isinstance(self.baseline_ref, Baseline) else self.baseline
+        """Wait for the background ends, end the episode opened ahead (``cancelled``), destroy
+        the spares (confirmed, in the ledger), then close the ledger; raise the first failure
+        of those ends."""
+        try:
+            ahead, self.ahead = self.ahead, None
+            if ahead is not None:
+                with contextlib.suppress(Exception):  # its failure is in its record already
+                    self.end_later(await ahead)
+            await self.settle()
+        finally:
+            if self.driver is not None and self.ledger is not None:
+                ctx = RunContext(self.driver, self.ledger, self.store, Owner("gym-" + self.run_id))
+                await release_spares(ctx, self.run_id)
+            if self.hold is not None and self.count:  # a session started the run
+                with contextlib.suppress(LedgerError):  # none did after all (it failed first)
+                    self.hold.let_go(True)
+            if self.ledger is not None:
+                self.ledger.close()
+            self.driver = self.ledger = self.store = self.hold = None
+            if not isinstance(self.baseline_ref, Baseline):
+                self.baseline = None
+
+
+class _Unused(Exception):
+    """Ends an episode opened ahead that no reset took (raised and swallowed in ``_hold``)."""
 
 
 class GymEpisode:
     """One reset's episode: a session held open by a task until ``end``."""
 
-    def __init__(self, run: GymRun, episode_id: str, seed: int) -> None:
-        self.run, self.episode_id, self.seed = run, episode_id, seed
+    def __init__(self, run: GymRun, episode_id: str) -> None:
+        self.run, self.episode_id, self.seed = run, episode_id, 0
+        self.begun = False  # named by a reset (``begin``); else it ends ``cancelled``
         self.made: Any = None
         self.steps = 0
         self.total = 0.0
@@ -119,6 +193,16 @@ class GymEpisode:
         self._done = asyncio.Event()
         self._fault: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+
+    def begin(self, seed: int, reset_seed: int | None, policy: str) -> None:
+        """This episode is a reset's: its manifest (the record's) gets the seed and policy."""
+        assert self._sb is not None and not self.begun
+        self.seed, self.begun = seed, True
+        manifest = self._sb.episode.manifest
+        task = {"gym": {**manifest.task["gym"], "reset_seed": reset_seed}}
+        self._sb.episode.manifest = Manifest.model_validate(
+            {**manifest.model_dump(), "seed": seed, "policy": {"id": policy}, "task": task}
+        )
 
     async def open(self, task: dict[str, Any], policy: str) -> None:
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -145,12 +229,20 @@ class GymEpisode:
                 episode_id=self.episode_id,
                 run_id=run.run_id,
                 options=run.options,
+                owner=run.owner,
+                hold=run.hold,
             ) as sb:
                 self._sb = sb
                 made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
                 self.made = wire.value(made, Kind.GYM_SPACES)
                 opened.set_result(None)
                 await self._done.wait()
+                if not self.begun and self._fault is None:  # ends ``cancelled``, saying why
+                    sb.transcript.add("gym_unused", reason=UNUSED)
+                    unused = _Unused(UNUSED)
+                    sb.guard.failure = Failure(Outcome.CANCELLED, UNUSED)
+                    sb.guard.failed_by = unused
+                    raise unused
                 if isinstance(self._fault, GUEST_FAULTS):
                     error = f"{type(self._fault).__name__}: {self._fault}"[-2000:]
                     sb.transcript.add("gym_error", error=error)
@@ -161,7 +253,7 @@ class GymEpisode:
         except BaseException as exc:
             if not opened.done():
                 opened.set_exception(exc)
-            elif exc is not self._fault:
+            elif exc is not self._fault and self.begun:
                 raise
 
     async def _ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> Frame:
@@ -170,10 +262,8 @@ class GymEpisode:
         if env is None:
             raise GymEnvError(f"episode {self.episode_id}: its env is gone")
         env.session.require("gym", "cleanroom.gym")  # the native agent has no gym process
-        frame = await asyncio.wait_for(
-            env.session.request(kind, header, body), self.run.step_timeout_s
-        )
-        return frame
+        async with asyncio.timeout(self.run.step_timeout_s):  # no task of its own, as wait_for
+            return await env.session.request(kind, header, body)
 
     async def ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> tuple[Frame, Any]:
         """A GYM_RESET/STEP answer (the frame, its decoded tree); any failure ends the

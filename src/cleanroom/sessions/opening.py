@@ -90,6 +90,8 @@ async def session(
     secrets: list[str] | None = None,
     secrets_from: str | None = None,
     forkable: bool = False,
+    owner: Owner | None = None,
+    hold: RunHold | None = None,
 ) -> AsyncIterator[AsyncSession]:
     """One interactive episode (module docstring) on a fresh env of ``baseline`` (a
     ``Baseline``, or a baseline.toml / folder, built if needed, as ``cleanroom.run`` does).
@@ -104,7 +106,10 @@ async def session(
     the baseline's; ``[]``: none); None: the baseline's. ``forkable``: its guest RAM in a file
     of its own, so ``fork`` (``sessions.fork``) can branch it (costs: no spare, a copy of the
     template's RAM at the start, that file on disk; ``Unsupported`` on a driver without
-    ``fork-live`` or with egress, before anything is made)."""
+    ``fork-live`` or with egress, before anything is made). ``owner``/``hold``: a caller with
+    several sessions of one run open at once (``cleanroom.gym``) gives them one owner (the run
+    lock is its) and one ``RunHold`` of ``run_id`` it has taken (the run finishes when the last
+    holder lets go)."""
     async with AsyncExitStack() as stack:
         if ledger is None or isinstance(store, str | Path | None) or isinstance(driver, str):
             private.check_home()  # the home is private (0700, ours); else PrivacyError
@@ -116,7 +121,7 @@ async def session(
             get_driver(driver) if isinstance(driver, str) else driver,
             ledger,
             store if isinstance(store, Store) else open_store(store),
-            Owner("ses-" + token_hex(6)),
+            owner or Owner("ses-" + token_hex(6)),
             options or RunOptions(),
             secret_provider=provider_from(secrets_from),
         )
@@ -127,7 +132,7 @@ async def session(
         resolved = resolve_baseline(baseline)
         if forkable:
             refuse_fork(ctx.driver, resolved, manifest)
-        opened = _episode(ctx, resolved, manifest, run_id, forkable)
+        opened = _episode(ctx, resolved, manifest, run_id, forkable, hold)
         async with opened as (episode, hold, fork_ram), interact(episode, idle_timeout_s) as sb:
             sb.hold, sb.fork_ram = hold, fork_ram
             yield sb
@@ -135,7 +140,12 @@ async def session(
 
 @asynccontextmanager
 async def _episode(
-    ctx: RunContext, baseline: Baseline, manifest: Manifest, run_id: str | None, forkable: bool
+    ctx: RunContext,
+    baseline: Baseline,
+    manifest: Manifest,
+    run_id: str | None,
+    forkable: bool,
+    hold: RunHold | None = None,
 ) -> AsyncIterator[tuple[Episode, RunHold, str | None]]:
     """The session's run and its one episode attempt (not yet provisioned); the run's hold
     (it ends when the session and its branches have); a forkable one's RAM snapshot id."""
@@ -149,7 +159,7 @@ async def _episode(
         parallel=1,
         meta={"kind": "session"},
     )
-    hold, ok, fork_ram = RunHold(ledger, run_id), False, None
+    hold, ok, fork_ram = hold or RunHold(ledger, run_id), False, None
     hold.take()
     try:
         attempt = ledger.next_attempt(run_id, eid)

@@ -17,11 +17,12 @@ from cleanroom.errors import ConfigError
 
 NATIVE_DIR = Path(__file__).resolve().parent
 SOURCES = (
-    "agent.c", "fastseed.c", "frame.c", "json.c", "mux.c", "net.c", "proc.c", "pty.c",
-    "tar.c", "tarpack.c", "warm.c",
+    "agent.c", "fastseed.c", "frame.c", "gym.c", "json.c", "mux.c", "net.c", "proc.c",
+    "pty.c", "tar.c", "tarpack.c", "warm.c",
 )  # fmt: skip
 HEADERS = (
-    "fastseed.h", "frame.h", "json.h", "mux.h", "net.h", "proc.h", "pty.h", "tar.h", "warm.h",
+    "fastseed.h", "frame.h", "gym.h", "json.h", "mux.h", "net.h", "proc.h", "pty.h", "tar.h",
+    "warm.h",
 )  # fmt: skip
 FUZZ_SOURCES = (
     "fuzz_frame.c", "fastseed.c", "frame.c", "json.c", "mux.c", "proc.c", "pty.c", "tar.c",
@@ -43,6 +44,8 @@ CFLAGS = (
 )
 WORKER = NATIVE_DIR.parent / "worker.py"
 """The warm Python worker a function entrypoint runs in (the agent starts it from its folder)."""
+GYM_FILES = ("gym_codec.py", "gym_worker.py", "protocol.py")
+"""The gym process's files, beside the agent where a baseline has a gym config."""
 BINARY = "agent"
 """Its name in ``/opt/cleanroom/agent/`` of a native baseline (the initramfs starts it)."""
 _VERSION_RE = re.compile(r'^#define AGENT_VERSION "([0-9][0-9.]*)"$', re.MULTILINE)
@@ -66,10 +69,12 @@ def agent_version() -> str | None:
 
 def host_binary() -> Path:
     """The agent compiled by the host's gcc (the fake driver runs it as a host process), with
-    the warm worker beside it as in a baseline's ``/opt/cleanroom/agent/``; cached under
+    the warm worker and the gym process's files beside it as in a baseline's
+    ``/opt/cleanroom/agent/``; cached under
     ``cache_dir()/agent/`` by the digest of those sources and the flags. No gcc is a
     ``ConfigError`` that says so."""
-    sources = [NATIVE_DIR / name for name in files()] + [WORKER]
+    beside = [WORKER, *(NATIVE_DIR.parent / name for name in GYM_FILES)]
+    sources = [NATIVE_DIR / name for name in files()] + beside
     return hostbuild.cached_binary(
         "agent",
         BINARY,
@@ -78,5 +83,5 @@ def host_binary() -> Path:
         cwd=NATIVE_DIR,
         error=ConfigError,
         needed_by="the fake driver's guest agent (agent/native)",
-        extras=[WORKER],
+        extras=beside,
     )

@@ -43,6 +43,7 @@
 #include "mux.h"
 #include "net.h"
 #include "proc.h"
+#include "gym.h"
 #include "warm.h"
 
 #define AGENT_VERSION "0.6.0"
@@ -195,8 +196,9 @@ static void hello_fields(jbuf *h) {
     jb_str(h, u.release, strlen(u.release));
     jb_key(h, "pid");
     jb_int(h, getpid());
-    /* of protocol.FEATURES what mux.c serves: the host refuses the rest (gym) by type */
-    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"]");
+    /* of protocol.FEATURES what mux.c serves, and gym where gym.c can run a gym process */
+    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"");
+    jb_lit(h, gym_available() ? ",\"gym\"]" : "]");
     warm_hello(h);
     net_hello(h);
 }
@@ -813,11 +815,24 @@ static int open_port(void) {
     return -1;
 }
 
+/* A GYM_* request, answered by the gym process; making or closing an env may take seconds
+ * (a module imported, an env constructed): the heartbeat runs meanwhile. */
+static void gym_relay(const struct frame *f) {
+    int slow = f->kind == K_GYM_MAKE || f->kind == K_GYM_CLOSE;
+    if (slow)
+        mux_activity(1);
+    gym_handle(send_frame, f);
+    if (slow)
+        mux_activity(-1);
+}
+
 static void serve(void) {
     struct env base = {0};
     jspan none = {"", 0};
-    if (env_of(&base, none) == 0) /* a function baseline: its worker is ready before HELLO */
+    if (env_of(&base, none) == 0) { /* a function baseline: its worker is ready before HELLO */
         warm_boot(agent_dir, base.items);
+        gym_boot(agent_dir, base.items); /* a baseline with gym.json: its gym process too */
+    }
     env_free(&base);
     struct mux_host lent = {send_frame, env_of, mux_activity};
     mux_init(&lent);
@@ -889,6 +904,8 @@ static void serve(void) {
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
             reseed(&f, 0);
+        } else if (gym_request(f.kind) && json_get(frame_header(&f), "id", &(jspan){0}) != 0) {
+            gym_relay(&f); /* inline, as the Python agent's: a step hands off to no thread */
         } else if (mux_route(&f)) {
             continue; /* routed: mux.c freed it or keeps it */
         } else if (!wait_idle()) {

@@ -23,7 +23,7 @@ int frame_prefix(const unsigned char *p, size_t max_body, int *kind, size_t *hle
         *why = "bad magic";
         return -1;
     }
-    if (p[2] < 1 || p[2] > KIND_MAX) {
+    if ((p[2] < 1 || p[2] > KIND_MAX) && (p[2] < K_GYM_MAKE || p[2] > K_GYM_ERROR)) {
         *why = "unknown frame type";
         return -1;
     }

@@ -51,6 +51,13 @@ enum kind {
     K_DOWNLOAD = 26,
     K_DATA = 27,
     K_ACK = 28,
+    K_GYM_MAKE = 40, /* protocol.Kind.GYM_*: relayed to the gym process (gym.c) */
+    K_GYM_SPACES = 41,
+    K_GYM_RESET = 42,
+    K_GYM_STEP = 43,
+    K_GYM_OBS = 44,
+    K_GYM_CLOSE = 45,
+    K_GYM_ERROR = 46,
 };
 
 /* Where frame bytes come from: returns bytes read, 0 at end of stream, -1 on error. */

@@ -139,15 +139,71 @@ static char *recv_msg(double timeout_s, size_t *len, int *late) {
 
 /* -- the worker process ------------------------------------------------------------------- */
 
-static void stop(void) {
-    if (w.pid > 0) {
-        kill(w.pid, SIGKILL);
-        waitpid(w.pid, NULL, 0);
-        w.pid = 0;
+const char *python_path(void) {
+    for (size_t i = 0; i < sizeof PYTHONS / sizeof *PYTHONS; i++)
+        if (access(PYTHONS[i], X_OK) == 0)
+            return PYTHONS[i];
+    return NULL;
+}
+
+pid_t python_start(const char *python, const char *dir, const char *module, const char *config,
+                   char *const envp[], int *sock, const char **why) {
+    jbuf launcher = {0};
+    jb_lit(&launcher, "import sys; sys.path.insert(0, ");
+    jb_str(&launcher, dir, strlen(dir)); /* a JSON string is a Python literal too */
+    jb_lit(&launcher, "); import ");
+    jb_lit(&launcher, module);
+    jb_lit(&launcher, "; sys.exit(");
+    jb_lit(&launcher, module);
+    jb_lit(&launcher, ".main())");
+    int sv[2];
+    if (launcher.failed || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+        jb_free(&launcher);
+        *why = "cannot make its channel";
+        return -1;
     }
-    if (w.sock >= 0)
-        close(w.sock);
-    w.sock = -1;
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", sv[1]);
+    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, (char *)config, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        child_signals();
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        setsid();
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        fcntl(sv[1], F_SETFD, 0); /* its end stays open across exec */
+        if (chdir("/") == 0)
+            execve(python, argv, envp);
+        _exit(127);
+    }
+    close(sv[1]);
+    jb_free(&launcher);
+    if (pid < 0) {
+        close(sv[0]);
+        *why = "cannot fork";
+        return -1;
+    }
+    *sock = sv[0];
+    return pid;
+}
+
+void python_stop(pid_t *pid, int *sock) {
+    if (*pid > 0) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+        *pid = 0;
+    }
+    if (*sock >= 0)
+        close(*sock);
+    *sock = -1;
+}
+
+static void stop(void) {
+    python_stop(&w.pid, &w.sock);
     w.state = FAILED;
 }
 
@@ -158,10 +214,7 @@ static void fail(const char *why) {
 }
 
 static void start(const char *config, size_t n, char *const envp[]) {
-    const char *python = NULL;
-    for (size_t i = 0; !python && i < sizeof PYTHONS / sizeof *PYTHONS; i++)
-        if (access(PYTHONS[i], X_OK) == 0)
-            python = PYTHONS[i];
+    const char *python = python_path();
     stop();
     free(w.function);
     w.function = NULL;
@@ -173,47 +226,21 @@ static void start(const char *config, size_t n, char *const envp[]) {
         fail(python ? "its config names no function" : "no python3 in the image");
         return;
     }
-    jbuf launcher = {0};
-    jb_lit(&launcher, "import sys; sys.path.insert(0, ");
-    jb_str(&launcher, w.dir, strlen(w.dir)); /* a JSON string is a Python literal too */
-    jb_lit(&launcher, "); import worker; sys.exit(worker.main())");
     char *conf = malloc(n + 1);
-    int sv[2];
-    if (launcher.failed || !conf || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
-        jb_free(&launcher);
-        free(conf);
+    if (!conf) {
         fail("cannot make its channel");
         return;
     }
     memcpy(conf, config, n);
     conf[n] = 0;
-    char fd[16];
-    snprintf(fd, sizeof fd, "%d", sv[1]);
-    char *argv[] = {(char *)python, "-I", "-c", launcher.p, fd, conf, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        child_signals();
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        setsid();
-        int null = open("/dev/null", O_RDONLY);
-        if (null >= 0)
-            dup2(null, 0);
-        fcntl(sv[1], F_SETFD, 0); /* the worker's end stays open across exec */
-        if (chdir("/") == 0)
-            execve(python, argv, envp);
-        _exit(127);
-    }
-    close(sv[1]);
-    jb_free(&launcher);
+    const char *why = NULL;
+    pid_t pid = python_start(python, w.dir, "worker", conf, envp, &w.sock, &why);
     free(conf);
     if (pid < 0) {
-        close(sv[0]);
-        fail("cannot fork");
+        fail(why);
         return;
     }
-    w.pid = pid, w.sock = sv[0], w.state = STARTING;
+    w.pid = pid, w.state = STARTING;
 }
 
 /* Wait for the worker's imports; 0 once ready, -1 (worker stopped, w.error set) if not. */

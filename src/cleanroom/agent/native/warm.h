@@ -12,6 +12,7 @@
 #define CLEANROOM_WARM_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "json.h"
 #include "proc.h"
@@ -29,6 +30,19 @@ void warm_hello(jbuf *h);
 void warm_run(send_fn send, jspan config, const char *root, jspan cwd, char *const envp[],
               char *const base_envp[], const unsigned char *seed, size_t seedlen,
               double timeout_s, struct timed_file *timed, size_t ntimed);
+
+/* The image's python3 (NULL if none). */
+const char *python_path(void);
+
+/* A Python process of the agent's (the warm worker, gym.c's gym process): `python -I -c` a
+ * launcher that puts `dir` first on sys.path and runs `module`.main() with argv [fd, config],
+ * fd its end of a new socket pair; in its own session, stdin /dev/null, the base environment
+ * `envp`. Its pid (our end in *sock), or -1 with the reason in *why. */
+pid_t python_start(const char *python, const char *dir, const char *module, const char *config,
+                   char *const envp[], int *sock, const char **why);
+
+/* SIGKILL and reap *pid (when > 0), close *sock (when >= 0); both reset. */
+void python_stop(pid_t *pid, int *sock);
 
 /* 0 if [p, p+n) is one worker message body (a JSON object within the size limit). */
 int warm_message_ok(const char *p, size_t n);
