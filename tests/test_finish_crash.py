@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from cleanroom.drivers.base import Owner
 from cleanroom.errors import ExportError
+from cleanroom.lifecycle.context import RunContext, RunOptions
+from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
 
@@ -100,3 +103,26 @@ async def test_a_crash_whose_evidence_cannot_be_kept_still_destroys(h: Harness) 
     assert got["y"].outcome is Outcome.COMPLETED, got["y"].error
     assert h.store.get_bytes("rd", "x", "attempts/1/attempt.json") is None
     h.assert_all_destroyed("rd")
+
+
+async def test_an_attempt_ended_after_its_run_keeps_the_runs_logs(h: Harness) -> None:
+    """Protects: an attempt whose RUN finished but that ended non-final (here an exception in
+    the episode's block after it) keeps what the run printed under attempts/<n>/logs/, beside
+    attempt.json, not only the error; no durable record; the env is confirmed absent."""
+    h.ledger.start_run(
+        "ra", controller_id="c", baseline=h.baseline.digest, driver="fake", parallel=1, meta={}
+    )
+    h.ledger.episode_queued("ra", "x", 1)
+    options = RunOptions(cleanup_window_s=5, staging_dir=h.tmp / "staging")
+    ctx = RunContext(h.driver, h.ledger, h.store, Owner("c"), options=options)
+    async with Episode(ctx, EpisodeKey("ra", "x", 1), _manifest("x"), h.baseline) as episode:
+        await episode.provision()
+        await episode.run()
+        raise RuntimeError("after the run")
+    assert episode.result.outcome is Outcome.INFRA_ERROR
+    assert h.store.get_record("ra", "x") is None
+    stdout = h.store.get_bytes("ra", "x", "attempts/1/logs/stdout.log")
+    assert stdout is not None and b"stdout x seed=1" in stdout
+    assert h.store.get_bytes("ra", "x", "attempts/1/attempt.json") is not None
+    assert episode.result.destroy is not None and episode.result.destroy.confirmed_absent
+    assert h.driver.list_owned() == []
