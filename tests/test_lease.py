@@ -22,7 +22,7 @@ from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, Owne
 from cleanroom.errors import DriverError, LedgerError, StoreError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
-from cleanroom.lifecycle.lease import EnvLease
+from cleanroom.lifecycle.lease import EnvLease, release_spares
 from cleanroom.store import LocalStore
 
 RUN, EP, ENV = "run-l", "ep-l", "env-l"
@@ -252,3 +252,25 @@ async def test_the_env_closes_itself_first(rig: Rig, tmp_path: Path) -> None:
     report = await lease.close()
     assert report.confirmed_absent and report.detail == "closed by its env"
     assert closed == [ENV] and driver.calls == 0
+
+
+async def test_spares_no_episode_took_are_destroyed_and_each_is_recorded(rig: Rig) -> None:
+    """Protects: at a run's end every spare env is recorded by name in the run's events,
+    spare_destroyed (with its cleanup time) when confirmed absent, env_leaked and an alert
+    naming it when not; the ones still there are returned (the run reports them)."""
+
+    class Spares(ScriptedDriver):
+        async def release_spares(self) -> list[DestroyReport]:
+            return [
+                DestroyReport("spare-a", True, 1, 3.5, "gone"),
+                DestroyReport("spare-b", False, 4, 9.0, "still there"),
+            ]
+
+    lease = rig.lease(Spares())
+    assert await release_spares(lease.ctx, RUN) == ["spare-b"]
+    [done] = rig.ledger.events(RUN, kind="spare_destroyed")
+    assert (done.env_id, done.data) == ("spare-a", {"cleanup_ms": 3.5})
+    [leak] = rig.ledger.events(RUN, kind="env_leaked")
+    assert (leak.env_id, leak.data) == ("spare-b", {"cleanup_ms": 9.0})
+    [alert] = rig.alerts
+    assert alert["env_id"] == "spare-b" and "spare-b" in alert["message"]
