@@ -21,6 +21,7 @@ import pytest
 from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, Owner
 from cleanroom.errors import DriverError, LedgerError, StoreError
 from cleanroom.ledger import Ledger
+from cleanroom.lifecycle import lease as lease_module
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import EnvLease, release_spares
 from cleanroom.store import LocalStore
@@ -243,12 +244,17 @@ async def test_the_env_closes_itself_first(rig: Rig, tmp_path: Path) -> None:
             closed.append(ENV)
             return gone("closed by its env")
 
+    asked: list[EnvRequest] = []
+
     async def create(request: EnvRequest) -> Env:
+        asked.append(request)
         return SelfClosing()  # type: ignore[return-value]
 
     driver = ScriptedDriver()
     lease = rig.lease(driver)
-    await lease.start(None, create)  # type: ignore[arg-type]
+    request = object()  # what the episode asked for reaches the create as it is
+    await lease.start(request, create)  # type: ignore[arg-type]
+    assert asked == [request]
     report = await lease.close()
     assert report.confirmed_absent and report.detail == "closed by its env"
     assert closed == [ENV] and driver.calls == 0
@@ -274,3 +280,40 @@ async def test_spares_no_episode_took_are_destroyed_and_each_is_recorded(rig: Ri
     assert (leak.env_id, leak.data) == ("spare-b", {"cleanup_ms": 9.0})
     [alert] = rig.alerts
     assert alert["env_id"] == "spare-b" and "spare-b" in alert["message"]
+
+
+async def test_every_try_is_bounded_by_what_is_left_of_the_window(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: each destroy try may wait only for what is left of the cleanup window (never
+    more, never under the 0.1 s floor), so a destroy that hangs on a retry still ends the
+    close at the window, not a full window later."""
+    timeouts: list[float] = []
+    real_wait_for = asyncio.wait_for
+
+    async def spy(aw: Any, timeout: float) -> Any:
+        timeouts.append(timeout)
+        return await real_wait_for(aw, timeout)
+
+    monkeypatch.setattr(lease_module.asyncio, "wait_for", spy)
+    report = await rig.lease(ScriptedDriver(present(), "hang"), window_s=0.3).close()
+    assert not report.confirmed_absent and report.attempts == len(timeouts) >= 2
+    assert all(0.1 <= t <= 0.3 for t in timeouts), timeouts
+    assert timeouts == sorted(timeouts, reverse=True) and timeouts[0] > timeouts[1]
+
+
+async def test_the_retries_back_off_doubling_to_a_two_second_cap(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: the bounded backoff between destroy tries: 50 ms, doubling, never over 2 s
+    (a struggling host is not hammered, and a retry still comes every 2 s in a long window)."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def spy(delay: float) -> None:
+        waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(lease_module.asyncio, "sleep", spy)
+    await rig.lease(ScriptedDriver(), window_s=0.3).close()
+    assert waits[:9] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0])
