@@ -317,3 +317,14 @@ async def test_the_retries_back_off_doubling_to_a_two_second_cap(
     monkeypatch.setattr(lease_module.asyncio, "sleep", spy)
     await rig.lease(ScriptedDriver(), window_s=0.3).close()
     assert waits[:9] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0])
+
+
+async def test_the_intent_row_names_its_run_episode_attempt_driver_and_owner(rig: Rig) -> None:
+    """Protects: the ledger's intent (written before the env exists, what the reaper and a
+    restarted controller go by) says whose env it is: run, episode, attempt, driver, owner."""
+    lease = rig.lease(ScriptedDriver(gone()))
+    row = rig.ledger.get_env(ENV)
+    assert row is not None and row.state == "intent" and row.live
+    assert (row.run_id, row.episode_id, row.attempt, row.driver) == (RUN, EP, 1, "scripted")
+    assert (row.owner_controller, row.owner_pid) == ("c", os.getpid())
+    await lease.close()
