@@ -48,7 +48,13 @@ def _output(tmp: Path) -> EpisodeOutput:
     art.parent.mkdir()
     art.write_bytes(b"alpha")
     sha = hashlib.sha256(b"alpha").hexdigest()
-    result = {"reward": 0.5, "terminated": True, "truncated": False, "metrics": {"steps": 3}}
+    result = {
+        "reward": 0.5,
+        "terminated": True,
+        "truncated": False,
+        "metrics": {"steps": 3},
+        "info": {"level": "done"},
+    }
     return EpisodeOutput(
         exit=ExecResult(3, 9, b"", b"", 1.25, True),
         artifacts=[Artifact("a.txt", 5, sha, art)],
@@ -79,6 +85,7 @@ def _export(tmp: Path, store: LocalStore, output: EpisodeOutput, **kw: Any) -> d
         kw.pop("diagnostics", {}),
         EpisodeClock(0.0),
         kw.pop("redactor", None),
+        verdict=kw.pop("verdict", None),
     )
 
 
@@ -101,9 +108,14 @@ def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
         error=f"entrypoint failed near {SECRET}",
         diagnostics={"extra.txt": f"diag {SECRET}".encode()},
         redactor=Redactor({"TOK": SECRET}),
+        verdict={"passed": False, "score": 0.25},
     )
     assert store.get_record(RUN, "e") == record
     assert record["record_version"] == RECORD_VERSION
+    assert (record["episode_id"], record["run_id"], record["attempt"]) == ("e", RUN, 1)
+    assert record["verdict"] == {"passed": False, "score": 0.25}
+    assert record["info"] == {"level": "done"}
+    assert record["timings"]["export_s"] >= 0 and "export" in record["timings"]["phases"]
     assert (record["outcome"], record["reward"], record["seed"]) == ("episode_error", 0.5, 7)
     assert (record["terminated"], record["truncated"]) == (True, False)
     assert record["metrics"] == {"steps": 3} and record["task"] == {"level": 2}
@@ -162,6 +174,20 @@ def test_the_attempt_summary_names_its_env_and_redacts(tmp_path: Path) -> None:
     assert secrets["names"] == ["TOK"] and secrets["redactions"]["TOK"] >= 3
     stored = [p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert stored and not [b for b in stored if SECRET.encode() in b]
+
+
+def test_without_a_redactor_the_error_is_kept_as_it_is(tmp_path: Path) -> None:
+    """Protects: an episode that ended before its secrets were resolved has no redactor; its
+    record and its attempt summary still keep its error (or none), never crash on it."""
+    store = LocalStore(tmp_path / "store")
+    record = _export(tmp_path, store, _output(tmp_path), error="drift refused")
+    assert record["error"] == {"message": "drift refused"}
+    for attempt, error in ((1, "drift refused"), (2, None)):
+        export_attempt(
+            store, RUN, _manifest(), attempt, "env-1", Outcome.INFRA_ERROR, error, None, {}
+        )
+        summary = json.loads(_read(store, f"attempts/{attempt}/attempt.json"))
+        assert summary["error"] == error and summary["outcome"] == "infra_error"
 
 
 def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None:

@@ -254,3 +254,12 @@ def test_check_groups_names_episodes_without_lines() -> None:
         "episode 'z': group 'g': baseline differ(s) from episode 'a' (every episode of a group"
         " shares one setup and one machine)"
     ]
+
+
+def test_a_verifier_or_a_group_changes_the_digest() -> None:
+    """Protects: provenance tells a manifest with a verifier or a group from the same one
+    without (only an absent one is left out of the digest)."""
+    plain = Manifest.model_validate(GOOD).digest()
+    checked = {**GOOD, "verifier": {"command": ["check"]}}
+    assert Manifest.model_validate(checked).digest() != plain
+    assert Manifest.model_validate(_grouped("ep-1")).digest() != plain
