@@ -27,14 +27,14 @@ def test_laps_give_durations_and_contiguous_spans(monkeypatch: pytest.MonkeyPatc
     t = FakeTime()
     monkeypatch.setattr(clock_module.time, "monotonic", lambda: t.mono)
     monkeypatch.setattr(clock_module.time, "time", lambda: t.wall)
-    clock = EpisodeClock(0.5)
+    clock = EpisodeClock(0.1234567)
     assert clock.started_at == 1000.0
-    assert clock.spans == {"queue": {"start": 999.5, "end": 1000.0}}
+    assert clock.spans == {"queue": {"start": 999.876543, "end": 1000.0}}
     t.advance(0.1234567)
     clock.lap("provision_s")
     t.advance(2.0)
     clock.lap("run_s")
-    assert clock.phases == {"queue_s": 0.5, "provision_s": 0.123457, "run_s": 2.0}
+    assert clock.phases == {"queue_s": 0.123457, "provision_s": 0.123457, "run_s": 2.0}
     assert clock.spans["provision"] == {"start": 1000.0, "end": pytest.approx(1000.1234567)}
     assert clock.spans["run"] == {
         "start": clock.spans["provision"]["end"],

@@ -6,14 +6,18 @@ returned. Real ``LocalStore``; no VM.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cleanroom import __version__
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.digests import digest_of
 from cleanroom.errors import ExportError
 from cleanroom.export import RECORD_VERSION, export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
@@ -199,3 +203,34 @@ def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None
     with pytest.raises(ExportError, match=r"artifact a\.txt: stored bytes differ"):
         _export(tmp_path, store, output)
     assert store.get_record(RUN, "e") is None
+
+
+def test_the_record_names_its_baseline_build_and_run_in_provenance(tmp_path: Path) -> None:
+    """Protects: provenance (spec digest, agent, image, lock, manifest digest, fresh env,
+    cleanroom version, host), the run's timings and the group are in the record; an image,
+    a lock or a native agent's digest is named only when the baseline has one."""
+    store = LocalStore(tmp_path / "store")
+    baseline = make_fake_baseline(tmp_path)
+    plain = _export(tmp_path, store, _output(tmp_path), baseline=baseline)
+    prov = plain["provenance"]
+    assert prov["spec_digest"] == baseline.spec_digest
+    assert prov["agent_version"] == baseline.agent_version
+    assert prov["manifest_digest"] == _manifest().digest() and prov["fresh_env"] is True
+    assert prov["cleanroom_version"] == __version__ and prov["cleanroom_revision"]
+    assert prov["host"]["hostname"] == socket.gethostname()
+    assert not {"agent_sha256", "image", "lock"} & set(prov) and "group" not in plain
+    timings = plain["timings"]
+    assert timings["started_at"] <= timings["ended_at"]
+    assert set(timings["phases"]) == {"queue", "export"}
+    built = dataclasses.replace(baseline, image={"ref": "img:1"}, lock={"debs": ["x=1"]})
+    (tmp_path / "second").mkdir()
+    grouped = Manifest.model_validate(
+        {**_manifest().model_dump(), "group": {"id": "g1", "setup": {"command": ["prep"]}}}
+    )
+    record = export_episode(
+        LocalStore(tmp_path / "other"), RUN, grouped, 1, built, {}, "env-2",
+        Outcome.COMPLETED, None, _output(tmp_path / "second"), {}, EpisodeClock(0.0),
+    )  # fmt: skip
+    prov = record["provenance"]
+    assert prov["image"] == {"ref": "img:1"}
+    assert prov["lock"] == digest_of({"debs": ["x=1"]}) and record["group"] == "g1"
