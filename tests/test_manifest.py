@@ -263,3 +263,37 @@ def test_a_verifier_or_a_group_changes_the_digest() -> None:
     checked = {**GOOD, "verifier": {"command": ["check"]}}
     assert Manifest.model_validate(checked).digest() != plain
     assert Manifest.model_validate(_grouped("ep-1")).digest() != plain
+
+
+def test_the_guest_never_sees_the_verifier() -> None:
+    """Protects: the guest's manifest.json is the manifest as JSON without its verifier (the
+    episode has no business with its check)."""
+    m = Manifest.model_validate({**GOOD, "verifier": {"command": ["check", "--secret-rule"]}})
+    view = m.guest_view()
+    assert "verifier" not in view and view["episode_id"] == "ep-1"
+    assert json.loads(json.dumps(view)) == view
+
+
+def test_limits_fall_back_field_by_field() -> None:
+    """Protects: each limit the manifest leaves unset comes from the baseline's defaults, and
+    only then from the built-in ones; a set one always wins."""
+    own = Limits(timeout_s=5, memory_mib=256)
+    defaults = Limits(timeout_s=50, vcpus=2, output_quota_mib=7)
+    got = own.merged_over(defaults)
+    assert (got.timeout_s, got.vcpus, got.memory_mib, got.output_quota_mib) == (5, 2, 256, 7)
+    builtin = Limits().merged_over(Limits())
+    assert Limits(vcpus=3).merged_over(Limits()).vcpus == 3
+    assert Limits().merged_over(Limits(memory_mib=128)).timeout_s == builtin.timeout_s
+
+
+def test_problems_never_echo_the_value_given() -> None:
+    """Protects: a refused field's problem names the place and the rule, not the value (it
+    may be a secret pasted in the wrong place), and objects given to the API are named
+    "manifests: item N"."""
+    bad = {**GOOD, "seed": "tok_DoNotEchoMe"}
+    with pytest.raises(ManifestError) as err:
+        coerce_manifests([bad])
+    assert "tok_DoNotEchoMe" not in str(err.value)
+    assert str(err.value).startswith("manifests: ") and err.value.problems[0].startswith(
+        "item 0: seed"
+    )
