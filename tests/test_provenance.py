@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from cleanroom import provenance
+from cleanroom.agent.guest import AGENT_VERSION
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.manifest import Manifest
 
@@ -106,7 +108,8 @@ async def test_the_record_names_what_the_env_ran_on_not_the_drivers_default(
     tmp_path: Path,
 ) -> None:
     """Protects: provenance.accelerator and .isolation come from the env that ran (qemu may
-    fall back from KVM to TCG per env), not the driver's description of itself."""
+    fall back from KVM to TCG per env), not the driver's description of itself; the kernel,
+    agent version and boot time from the guest's HELLO, not the baseline's description."""
 
     class Claims(FakeDriver):
         def describe(self) -> dict[str, str]:
@@ -119,6 +122,9 @@ async def test_the_record_names_what_the_env_ran_on_not_the_drivers_default(
         [record] = h.store.list_records("rk")
         p = record["provenance"]
         assert (p["driver"], p["accelerator"], p["isolation"]) == ("fake", "none", "none")
-        assert p["kernel"] and p["agent_version"] and p["start"] == "cold"
+        assert p["start"] == "cold" and isinstance(p["guest_boot_s"], float)
+        # the guest's own kernel and agent (its HELLO), not the baseline's description
+        assert p["kernel"] == platform.release() != h.baseline.kernel_version
+        assert p["agent_version"] == AGENT_VERSION != h.baseline.agent_version
     finally:
         h.ledger.close()
