@@ -6,14 +6,18 @@ returned. Real ``LocalStore``; no VM.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cleanroom import __version__
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.digests import digest_of
 from cleanroom.errors import ExportError
 from cleanroom.export import RECORD_VERSION, export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
@@ -48,7 +52,13 @@ def _output(tmp: Path) -> EpisodeOutput:
     art.parent.mkdir()
     art.write_bytes(b"alpha")
     sha = hashlib.sha256(b"alpha").hexdigest()
-    result = {"reward": 0.5, "terminated": True, "truncated": False, "metrics": {"steps": 3}}
+    result = {
+        "reward": 0.5,
+        "terminated": True,
+        "truncated": False,
+        "metrics": {"steps": 3},
+        "info": {"level": "done"},
+    }
     return EpisodeOutput(
         exit=ExecResult(3, 9, b"", b"", 1.25, True),
         artifacts=[Artifact("a.txt", 5, sha, art)],
@@ -79,6 +89,7 @@ def _export(tmp: Path, store: LocalStore, output: EpisodeOutput, **kw: Any) -> d
         kw.pop("diagnostics", {}),
         EpisodeClock(0.0),
         kw.pop("redactor", None),
+        verdict=kw.pop("verdict", None),
     )
 
 
@@ -101,9 +112,14 @@ def test_the_record_holds_every_field_as_given(tmp_path: Path) -> None:
         error=f"entrypoint failed near {SECRET}",
         diagnostics={"extra.txt": f"diag {SECRET}".encode()},
         redactor=Redactor({"TOK": SECRET}),
+        verdict={"passed": False, "score": 0.25},
     )
     assert store.get_record(RUN, "e") == record
     assert record["record_version"] == RECORD_VERSION
+    assert (record["episode_id"], record["run_id"], record["attempt"]) == ("e", RUN, 1)
+    assert record["verdict"] == {"passed": False, "score": 0.25}
+    assert record["info"] == {"level": "done"}
+    assert record["timings"]["export_s"] >= 0 and "export" in record["timings"]["phases"]
     assert (record["outcome"], record["reward"], record["seed"]) == ("episode_error", 0.5, 7)
     assert (record["terminated"], record["truncated"]) == (True, False)
     assert record["metrics"] == {"steps": 3} and record["task"] == {"level": 2}
@@ -170,6 +186,20 @@ def test_the_attempt_summary_names_its_env_and_redacts(tmp_path: Path) -> None:
     assert stored and not [b for b in stored if SECRET.encode() in b]
 
 
+def test_without_a_redactor_the_error_is_kept_as_it_is(tmp_path: Path) -> None:
+    """Protects: an episode that ended before its secrets were resolved has no redactor; its
+    record and its attempt summary still keep its error (or none), never crash on it."""
+    store = LocalStore(tmp_path / "store")
+    record = _export(tmp_path, store, _output(tmp_path), error="drift refused")
+    assert record["error"] == {"message": "drift refused"}
+    for attempt, error in ((1, "drift refused"), (2, None)):
+        export_attempt(
+            store, RUN, _manifest(), attempt, "env-1", Outcome.INFRA_ERROR, error, None, {}
+        )
+        summary = json.loads(_read(store, f"attempts/{attempt}/attempt.json"))
+        assert summary["error"] == error and summary["outcome"] == "infra_error"
+
+
 def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None:
     """Protects: an artifact whose stored bytes are not the ones that arrived (its digest on
     arrival differs) is an ExportError naming it, and no record is written."""
@@ -179,3 +209,34 @@ def test_an_artifact_changed_since_it_arrived_is_refused(tmp_path: Path) -> None
     with pytest.raises(ExportError, match=r"artifact a\.txt: stored bytes differ"):
         _export(tmp_path, store, output)
     assert store.get_record(RUN, "e") is None
+
+
+def test_the_record_names_its_baseline_build_and_run_in_provenance(tmp_path: Path) -> None:
+    """Protects: provenance (spec digest, agent, image, lock, manifest digest, fresh env,
+    cleanroom version, host), the run's timings and the group are in the record; an image,
+    a lock or a native agent's digest is named only when the baseline has one."""
+    store = LocalStore(tmp_path / "store")
+    baseline = make_fake_baseline(tmp_path)
+    plain = _export(tmp_path, store, _output(tmp_path), baseline=baseline)
+    prov = plain["provenance"]
+    assert prov["spec_digest"] == baseline.spec_digest
+    assert prov["agent_version"] == baseline.agent_version
+    assert prov["manifest_digest"] == _manifest().digest() and prov["fresh_env"] is True
+    assert prov["cleanroom_version"] == __version__ and prov["cleanroom_revision"]
+    assert prov["host"]["hostname"] == socket.gethostname()
+    assert not {"agent_sha256", "image", "lock"} & set(prov) and "group" not in plain
+    timings = plain["timings"]
+    assert timings["started_at"] <= timings["ended_at"]
+    assert set(timings["phases"]) == {"queue", "export"}
+    built = dataclasses.replace(baseline, image={"ref": "img:1"}, lock={"debs": ["x=1"]})
+    (tmp_path / "second").mkdir()
+    grouped = Manifest.model_validate(
+        {**_manifest().model_dump(), "group": {"id": "g1", "setup": {"command": ["prep"]}}}
+    )
+    record = export_episode(
+        LocalStore(tmp_path / "other"), RUN, grouped, 1, built, {}, "env-2",
+        Outcome.COMPLETED, None, _output(tmp_path / "second"), {}, EpisodeClock(0.0),
+    )  # fmt: skip
+    prov = record["provenance"]
+    assert prov["image"] == {"ref": "img:1"}
+    assert prov["lock"] == digest_of({"debs": ["x=1"]}) and record["group"] == "g1"

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from cleanroom.drivers.base import Owner
 from cleanroom.errors import ExportError
+from cleanroom.lifecycle.context import RunContext, RunOptions
+from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
 
@@ -130,3 +133,26 @@ async def test_a_full_disk_under_the_destroy_proof_loses_nothing_durable(h: Harn
     assert event.episode_id == "x" and event.data["error"].startswith(
         "ENOSPC: cannot write the destroy proof attempts/1/destroy.json of episode x (run rp)"
     )
+
+
+async def test_an_attempt_ended_after_its_run_keeps_the_runs_logs(h: Harness) -> None:
+    """Protects: an attempt whose RUN finished but that ended non-final (here an exception in
+    the episode's block after it) keeps what the run printed under attempts/<n>/logs/, beside
+    attempt.json, not only the error; no durable record; the env is confirmed absent."""
+    h.ledger.start_run(
+        "ra", controller_id="c", baseline=h.baseline.digest, driver="fake", parallel=1, meta={}
+    )
+    h.ledger.episode_queued("ra", "x", 1)
+    options = RunOptions(cleanup_window_s=5, staging_dir=h.tmp / "staging")
+    ctx = RunContext(h.driver, h.ledger, h.store, Owner("c"), options=options)
+    async with Episode(ctx, EpisodeKey("ra", "x", 1), _manifest("x"), h.baseline) as episode:
+        await episode.provision()
+        await episode.run()
+        raise RuntimeError("after the run")
+    assert episode.result.outcome is Outcome.INFRA_ERROR
+    assert h.store.get_record("ra", "x") is None
+    stdout = h.store.get_bytes("ra", "x", "attempts/1/logs/stdout.log")
+    assert stdout is not None and b"stdout x seed=1" in stdout
+    assert h.store.get_bytes("ra", "x", "attempts/1/attempt.json") is not None
+    assert episode.result.destroy is not None and episode.result.destroy.confirmed_absent
+    assert h.driver.list_owned() == []

@@ -23,8 +23,9 @@ import pytest
 from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, Owner
 from cleanroom.errors import DriverError, LedgerError, StoreError
 from cleanroom.ledger import Ledger
+from cleanroom.lifecycle import lease as lease_module
 from cleanroom.lifecycle.context import RunContext, RunOptions
-from cleanroom.lifecycle.lease import EnvLease
+from cleanroom.lifecycle.lease import EnvLease, release_spares
 from cleanroom.store import LocalStore
 
 RUN, EP, ENV = "run-l", "ep-l", "env-l"
@@ -281,12 +282,87 @@ async def test_the_env_closes_itself_first(rig: Rig, tmp_path: Path) -> None:
             closed.append(ENV)
             return gone("closed by its env")
 
+    asked: list[EnvRequest] = []
+
     async def create(request: EnvRequest) -> Env:
+        asked.append(request)
         return SelfClosing()  # type: ignore[return-value]
 
     driver = ScriptedDriver()
     lease = rig.lease(driver)
-    await lease.start(None, create)  # type: ignore[arg-type]
+    request = object()  # what the episode asked for reaches the create as it is
+    await lease.start(request, create)  # type: ignore[arg-type]
+    assert asked == [request]
     report = await lease.close()
     assert report.confirmed_absent and report.detail == "closed by its env"
     assert closed == [ENV] and driver.calls == 0
+
+
+async def test_spares_no_episode_took_are_destroyed_and_each_is_recorded(rig: Rig) -> None:
+    """Protects: at a run's end every spare env is recorded by name in the run's events,
+    spare_destroyed (with its cleanup time) when confirmed absent, env_leaked and an alert
+    naming it when not; the ones still there are returned (the run reports them)."""
+
+    class Spares(ScriptedDriver):
+        async def release_spares(self) -> list[DestroyReport]:
+            return [
+                DestroyReport("spare-a", True, 1, 3.5, "gone"),
+                DestroyReport("spare-b", False, 4, 9.0, "still there"),
+            ]
+
+    lease = rig.lease(Spares())
+    assert await release_spares(lease.ctx, RUN) == ["spare-b"]
+    [done] = rig.ledger.events(RUN, kind="spare_destroyed")
+    assert (done.env_id, done.data) == ("spare-a", {"cleanup_ms": 3.5})
+    [leak] = rig.ledger.events(RUN, kind="env_leaked")
+    assert (leak.env_id, leak.data) == ("spare-b", {"cleanup_ms": 9.0})
+    [alert] = rig.alerts
+    assert alert["env_id"] == "spare-b" and "spare-b" in alert["message"]
+
+
+async def test_every_try_is_bounded_by_what_is_left_of_the_window(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: each destroy try may wait only for what is left of the cleanup window (never
+    more, never under the 0.1 s floor), so a destroy that hangs on a retry still ends the
+    close at the window, not a full window later."""
+    timeouts: list[float] = []
+    real_wait_for = asyncio.wait_for
+
+    async def spy(aw: Any, timeout: float) -> Any:
+        timeouts.append(timeout)
+        return await real_wait_for(aw, timeout)
+
+    monkeypatch.setattr(lease_module.asyncio, "wait_for", spy)
+    report = await rig.lease(ScriptedDriver(present(), "hang"), window_s=1.0).close()
+    assert not report.confirmed_absent and report.attempts == len(timeouts) >= 2
+    assert all(0.1 <= t <= 1.0 for t in timeouts), timeouts
+    assert timeouts == sorted(timeouts, reverse=True) and timeouts[0] > timeouts[1]
+
+
+async def test_the_retries_back_off_doubling_to_a_two_second_cap(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: the bounded backoff between destroy tries: 50 ms, doubling, never over 2 s
+    (a struggling host is not hammered, and a retry still comes every 2 s in a long window)."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def spy(delay: float) -> None:
+        waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(lease_module.asyncio, "sleep", spy)
+    await rig.lease(ScriptedDriver(), window_s=0.3).close()
+    assert waits[:9] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0])
+
+
+async def test_the_intent_row_names_its_run_episode_attempt_driver_and_owner(rig: Rig) -> None:
+    """Protects: the ledger's intent (written before the env exists, what the reaper and a
+    restarted controller go by) says whose env it is: run, episode, attempt, driver, owner."""
+    lease = rig.lease(ScriptedDriver(gone()))
+    row = rig.ledger.get_env(ENV)
+    assert row is not None and row.state == "intent" and row.live
+    assert (row.run_id, row.episode_id, row.attempt, row.driver) == (RUN, EP, 1, "scripted")
+    assert (row.owner_controller, row.owner_pid) == ("c", os.getpid())
+    await lease.close()

@@ -243,13 +243,18 @@ def test_a_live_holder_keeps_the_run_lock(ledger: Ledger) -> None:
 
 def test_a_dead_holders_run_is_taken_over(ledger: Ledger) -> None:
     """Protects: a run whose controller died while running can be resumed by another."""
+    gone = dead_pid()
     with ledger._op("test") as conn:  # the holder's process is gone
-        conn.execute("UPDATE runs SET pid = ? WHERE run_id = ?", (dead_pid(), RUN))
+        conn.execute("UPDATE runs SET pid = ? WHERE run_id = ?", (gone, RUN))
     ledger.start_run(RUN, controller_id="ctl-b", baseline=BASE, driver="fake", parallel=1, meta={})
     row = ledger.get_run(RUN)
     assert row is not None and row.controller_id == "ctl-b" and row.locked_at is not None
     (taken,) = ledger.events(RUN, kind="run_taken_over")
-    assert taken.data["previous_controller"] == "ctl-a"
+    assert taken.data == {
+        "previous_controller": "ctl-a",
+        "previous_pid": gone,
+        "controller_id": "ctl-b",
+    }
 
 
 def test_a_resume_with_another_baseline_is_refused_unless_asked(ledger: Ledger) -> None:
@@ -272,7 +277,8 @@ def test_a_resume_with_another_baseline_is_refused_unless_asked(ledger: Ledger) 
     )
     assert ledger.get_run(RUN).baseline == other  # type: ignore[union-attr]
     (changed,) = ledger.events(RUN, kind="run_baseline_changed")
-    assert changed.data["previous"] == BASE
+    assert changed.data == {"previous": BASE, "now": other, "controller_id": "c2"}
+    assert ledger.get_snapshot("never-made") is None
 
 
 def test_a_version_1_ledger_gains_the_lock_column(tmp_path: Path) -> None:

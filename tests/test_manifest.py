@@ -14,6 +14,7 @@ from cleanroom.manifest import (
     Limits,
     Manifest,
     NetworkRequest,
+    check_groups,
     coerce_manifests,
     describe,
     load_manifests,
@@ -212,3 +213,87 @@ def test_a_problem_of_the_whole_manifest_says_manifest() -> None:
     with pytest.raises(ValidationError) as info:
         Manifest.model_validate([1])
     assert describe(info.value)[0].startswith("(manifest): ")
+
+
+def _grouped(eid: str, group: str = "g", cmd: str = "prep", **limits: int) -> dict[str, Any]:
+    setup = {"command": [cmd]}
+    return {**GOOD, "episode_id": eid, "group": {"id": group, "setup": setup}, "limits": limits}
+
+
+def test_episodes_of_a_group_that_disagree_are_refused_naming_each_line() -> None:
+    """Protects: a group's clones restore one warm env, so every episode of a group must share
+    its setup, baseline, vcpus and memory; each one that differs from the group's first is
+    refused, naming its line, the group, what differs and the line it differs from. Episodes
+    of other groups, or of none, are not compared with it."""
+    text = _lines(
+        _grouped("a", vcpus=1),
+        _grouped("b", vcpus=2, memory_mib=512),
+        _grouped("c", vcpus=1),
+        {**GOOD, "episode_id": "d", "limits": {"vcpus": 4}},
+        _grouped("e", group="h", vcpus=4),
+        _grouped("f", cmd="other", vcpus=1),
+    )
+    with pytest.raises(ManifestError) as err:
+        parse_manifests(text, source="m.jsonl")
+    shared = " (every episode of a group shares one setup and one machine)"
+    assert err.value.problems == [
+        "line 2: group 'g': limits.vcpus, limits.memory_mib differ(s) from line 1" + shared,
+        "line 6: group 'g': group differ(s) from line 1" + shared,
+    ]
+
+
+def test_check_groups_names_episodes_without_lines() -> None:
+    """Protects: manifests given as objects (the API) are checked the same way; each problem
+    names the episodes, and nothing is refused when the group agrees."""
+    same = [Manifest.model_validate(_grouped(e, vcpus=1)) for e in ("a", "b")]
+    check_groups(same)  # agrees: no error
+    other = Manifest.model_validate({**_grouped("z", vcpus=1), "baseline": "sha256:" + "1" * 64})
+    with pytest.raises(ManifestError) as err:
+        check_groups([*same, other])
+    assert err.value.problems == [
+        "episode 'z': group 'g': baseline differ(s) from episode 'a' (every episode of a group"
+        " shares one setup and one machine)"
+    ]
+
+
+def test_a_verifier_or_a_group_changes_the_digest() -> None:
+    """Protects: provenance tells a manifest with a verifier or a group from the same one
+    without (only an absent one is left out of the digest)."""
+    plain = Manifest.model_validate(GOOD).digest()
+    checked = {**GOOD, "verifier": {"command": ["check"]}}
+    assert Manifest.model_validate(checked).digest() != plain
+    assert Manifest.model_validate(_grouped("ep-1")).digest() != plain
+
+
+def test_the_guest_never_sees_the_verifier() -> None:
+    """Protects: the guest's manifest.json is the manifest as JSON without its verifier (the
+    episode has no business with its check)."""
+    m = Manifest.model_validate({**GOOD, "verifier": {"command": ["check", "--secret-rule"]}})
+    view = m.guest_view()
+    assert "verifier" not in view and view["episode_id"] == "ep-1"
+    assert json.loads(json.dumps(view)) == view
+
+
+def test_limits_fall_back_field_by_field() -> None:
+    """Protects: each limit the manifest leaves unset comes from the baseline's defaults, and
+    only then from the built-in ones; a set one always wins."""
+    own = Limits(timeout_s=5, memory_mib=256)
+    defaults = Limits(timeout_s=50, vcpus=2, output_quota_mib=7)
+    got = own.merged_over(defaults)
+    assert (got.timeout_s, got.vcpus, got.memory_mib, got.output_quota_mib) == (5, 2, 256, 7)
+    builtin = Limits().merged_over(Limits())
+    assert Limits(vcpus=3).merged_over(Limits()).vcpus == 3
+    assert Limits().merged_over(Limits(memory_mib=128)).timeout_s == builtin.timeout_s
+
+
+def test_problems_never_echo_the_value_given() -> None:
+    """Protects: a refused field's problem names the place and the rule, not the value (it
+    may be a secret pasted in the wrong place), and objects given to the API are named
+    "manifests: item N"."""
+    bad = {**GOOD, "seed": "tok_DoNotEchoMe"}
+    with pytest.raises(ManifestError) as err:
+        coerce_manifests([bad])
+    assert "tok_DoNotEchoMe" not in str(err.value)
+    assert str(err.value).startswith("manifests: ") and err.value.problems[0].startswith(
+        "item 0: seed"
+    )

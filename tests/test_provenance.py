@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 
 from cleanroom import provenance
+from cleanroom.agent import native
+from cleanroom.drivers.fake import FakeDriver
 from cleanroom.manifest import Manifest
 
 from .test_controller import Harness
@@ -99,3 +102,29 @@ async def test_cli_checks_a_run(h: Harness) -> None:
     assert result.exit_code == 1 and "b: missing provenance.kernel" in result.output
     result = CliRunner().invoke(check_app, ["provenance", "nope", "--store", store])
     assert result.exit_code == 2
+
+
+async def test_the_record_names_what_the_env_ran_on_not_the_drivers_default(
+    tmp_path: Path,
+) -> None:
+    """Protects: provenance.accelerator and .isolation come from the env that ran (qemu may
+    fall back from KVM to TCG per env), not the driver's description of itself; the kernel,
+    agent version and boot time from the guest's HELLO, not the baseline's description."""
+
+    class Claims(FakeDriver):
+        def describe(self) -> dict[str, str]:
+            return {**super().describe(), "accelerator": "kvm", "isolation": "vm"}
+
+    h = Harness(tmp_path, Claims(run_root=tmp_path / "run"))
+    try:
+        one = Manifest.model_validate({"episode_id": "e", "seed": 1, "policy": {"id": "p"}})
+        await h.ctl.run([one], h.baseline, run_id="rk")
+        [record] = h.store.list_records("rk")
+        p = record["provenance"]
+        assert (p["driver"], p["accelerator"], p["isolation"]) == ("fake", "none", "none")
+        assert p["start"] == "cold" and isinstance(p["guest_boot_s"], float)
+        # the guest's own kernel and agent (its HELLO), not the baseline's description
+        assert p["kernel"] == platform.release() != h.baseline.kernel_version
+        assert p["agent_version"] == native.agent_version() != h.baseline.agent_version
+    finally:
+        h.ledger.close()

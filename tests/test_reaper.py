@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +175,66 @@ async def test_reap_marks_exactly_the_attempt_whose_controller_died(
     assert rows[("c-retried", 1)].outcome == "infra_error"
     assert rows[("c-retried", 2)].outcome is None
     assert rows[("a-done", 1)].outcome == "completed"
+
+
+class SnapshotsOnDisk(FakeDriver):
+    """A fake driver with snapshot files: ``files`` (id -> its owner record or None), and
+    the ids whose delete fails."""
+
+    def __init__(self, root: Path, files: dict[str, dict[str, object] | None], stuck: set[str]):
+        super().__init__(run_root=root)
+        self.files, self.stuck, self.deleted = files, stuck, []  # type: list[str]
+
+    def list_snapshots(self) -> list[str]:
+        return sorted(self.files)
+
+    def snapshot_owner(self, snapshot_id: str) -> dict[str, object] | None:
+        return self.files.get(snapshot_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        self.deleted.append(snapshot_id)
+        if snapshot_id in self.stuck:
+            return False
+        self.files.pop(snapshot_id, None)
+        return True
+
+
+async def test_orphaned_snapshots_are_deleted_and_recorded(tmp_path: Path, ledger: Ledger) -> None:
+    """Protects: ``reap`` deletes every snapshot whose owner is gone, by its ledger row or, with
+    no row, by the owner its files name (or none at all); a live owner's snapshot is kept;
+    each deletion is recorded (row absent, snapshot_reaped of its run) and one that cannot be
+    deleted stays live, snapshot_leaked, in the report's failures."""
+    me, gone = Owner("me"), Owner("gone", pid=dead_pid())
+    ledger.start_run("r", controller_id="me", baseline="b", driver="fake", parallel=1, meta={})
+    for sid, owner in (("s-dead", gone), ("s-mine", me), ("s-stuck", gone)):
+        ledger.snapshot_intent(
+            sid,
+            run_id="r",
+            group_id="g",
+            driver="fake",
+            setup_digest="d",
+            owner_controller=owner.controller_id,
+            owner_pid=owner.pid,
+            owner_host=owner.host,
+        )
+    mine = {"host": me.host, "pid": me.pid, "created_at": time.time()}
+    files = {"s-dead": None, "s-stuck": None, "f-nobody": None, "f-mine": mine, "s-mine": None}
+    driver = SnapshotsOnDisk(tmp_path / "run", files, {"s-stuck"})
+    report = await reap(driver, ledger, staging_root=tmp_path / "staging")
+    assert sorted(driver.deleted) == ["f-nobody", "s-dead", "s-stuck"]
+    assert sorted(report.snapshots) == ["f-nobody", "s-dead"] and report.failed == ["s-stuck"]
+    dead, stuck = ledger.get_snapshot("s-dead"), ledger.get_snapshot("s-stuck")
+    assert dead is not None and not dead.live and dead.state == "absent"
+    assert stuck is not None and stuck.live and stuck.state == "leaked"
+    assert ledger.get_snapshot("s-mine").live  # type: ignore[union-attr]
+    reaped = ledger.events("r", kind="snapshot_reaped")
+    assert [e.data["snapshot_id"] for e in reaped] == ["s-dead"]
+    assert [e.data["snapshot_id"] for e in ledger.events(None, kind="snapshot_reaped")] == [
+        "f-nobody"
+    ]
+    [leak] = ledger.events("r", kind="snapshot_leaked")
+    assert leak.data["snapshot_id"] == "s-stuck"
+    assert [r.snapshot_id for r in ledger.snapshots(run_id="r", live_only=True)] == [
+        "s-mine",
+        "s-stuck",
+    ]

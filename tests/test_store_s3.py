@@ -9,6 +9,7 @@ wins, the second is refused by the server itself, never overwrites, and sees ``R
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,17 +20,25 @@ from cleanroom.store import open_store
 from cleanroom.store.remote import FsspecStore
 from tests.test_export_attempts import race
 
-pytest.importorskip("s3fs")
+S3FileSystem = pytest.importorskip("s3fs").S3FileSystem
 moto_server = pytest.importorskip("moto.server")
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
+    """A fresh server: moto keeps its buckets in the process, not in the server, so a second
+    session in one process (``make mutation`` runs the tests several times in its own process)
+    would see the first one's buckets; reset them, and forget s3fs's cached clients of the
+    old port."""
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
     try:
-        yield f"http://{host}:{port}"
+        reset = urllib.request.Request(f"{url}/moto-api/reset", method="POST")
+        urllib.request.urlopen(reset, timeout=10).close()
+        S3FileSystem.clear_instance_cache()
+        yield url
     finally:
         server.stop()
 
