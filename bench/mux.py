@@ -1,6 +1,6 @@
 """The multiplexed agent protocol on a qemu env (issue 16), each row against a same-run reference.
 
-One env of the tiny baseline (Python agent); per run, interleaved:
+One env of the tiny baseline (native agent); per run, interleaved:
   exec `true`                  reference: `true` as a host subprocess
   4 x `sleep 0.5` at once      reference: the same 4 one after the other in the same env
   64 MiB put_stream, get_stream   reference: a host file copy of the same 64 MiB

@@ -10,7 +10,7 @@ restored, so their layout is fixed). Prints the places with the most blocks and 
 instructions translated.
 
     python bench/tb_profile.py [--top 40] [--baseline tests/baselines/warm/baseline.toml]
-    python bench/tb_profile.py --step ready --baseline tests/baselines/shell-native/baseline.toml \
+    python bench/tb_profile.py --step ready --baseline tests/baselines/shell/baseline.toml \
         --symbols agent=/tmp/agent-unstripped   # the native agent's blocks by function
 
 ``--symbols NAME=BINARY`` names the blocks of the guest mapping ``NAME`` (a static, non-PIE

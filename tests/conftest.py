@@ -74,13 +74,10 @@ def pytest_runtest_makereport(
     report.longrepr = f"skipped under CI=true, and not in tests/{SKIPS_ALLOWED.name}: {reason}"
 
 
-def make_fake_baseline(
-    tmp: Path, script: Path = TINY_ENTRY, *, agent: str = "native"
-) -> "Baseline":  # noqa: UP037
+def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # noqa: UP037
     """A baseline for the fake driver: the tiny entry script (or ``script``) run by the host's
     Python. The script is a component (hard-linked into the baseline folder), so drift tests
-    work. ``agent="python"`` asks for the Python agent (only Gymnasium envs need it, until the
-    native agent serves them): its spec says so and its digest differs."""
+    work."""
     from cleanroom.baseline.model import Baseline, Component, identity
     from cleanroom.digests import digest_of, sha256_file
     from cleanroom.manifest import Limits
@@ -95,7 +92,7 @@ def make_fake_baseline(
         Limits(timeout_s=30),
         "host",
         "0.1.0",
-        "sha256:" + ("0" if agent == "native" else "2") * 64,
+        "sha256:" + "0" * 64,
     )
     digest = digest_of(ident)
     folder = tmp / "baselines" / digest.removeprefix("sha256:")
@@ -111,7 +108,6 @@ def make_fake_baseline(
         Limits(timeout_s=30),
         "host",
         "0.1.0",
-        spec={} if agent == "native" else {"agent": {"kind": agent}},
     )
     (folder / "baseline.json").write_text(json.dumps(baseline.to_json()))
     return baseline

@@ -1,6 +1,6 @@
 """Secret files in the guest live no longer than they should (issue 21 §2).
 
-Protects ``agent/handlers.py``: a secret's file under ``/run/cleanroom/secrets/`` is removed when
+Protects the guest agent: a secret's file under ``/run/cleanroom/secrets/`` is removed when
 the entrypoint ends (checked in the env before it is destroyed: destroying it would hide a file
 never removed), and one with ``lifetime_s`` is removed while the entrypoint still runs. The fake
 driver: the real agent and RUN path, the guest root on the host where the test can look.

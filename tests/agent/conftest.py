@@ -1,37 +1,17 @@
-"""Fixtures of the agent tests: a real guest agent serving a host socket (its commands are host
+"""Fixtures of the agent tests: the real guest agent serving a host socket (its commands are host
 processes, its ``/run/cleanroom`` in ``tmp_path``) and the real host session of it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from cleanroom.agent import guest, native
+from cleanroom.agent import native
 from cleanroom.agent.session import AgentSession
-
-
-@pytest.fixture
-async def thread_agent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[AgentSession]:
-    """``guest.Agent`` serving a socket pair from a thread (its commands are host processes,
-    its ``/run/cleanroom`` in ``tmp_path``), and the host's session of it after HELLO."""
-    monkeypatch.setenv("CLEANROOM_GUEST_ROOT", str(tmp_path / "guest"))
-    host_sock, guest_sock = socket.socketpair()
-    agent = guest.Agent(guest_sock.makefile("rwb", buffering=0))
-    threading.Thread(target=agent.serve, daemon=True).start()
-    reader, writer = await asyncio.open_unix_connection(sock=host_sock, limit=1 << 22)
-    session = AgentSession(reader, writer)
-    await session.wait_hello()
-    yield session
-    await session.aclose()
-    guest_sock.close()
 
 
 @pytest.fixture
@@ -65,11 +45,7 @@ async def native_agent(tmp_path: Path) -> AsyncIterator[AgentSession]:
         server.close()
 
 
-@pytest.fixture(params=["python", "native"])
-def agent_session(request: pytest.FixtureRequest) -> AgentSession:
-    """The host session of each guest agent in turn (their behaviour must be the same; the
-    Python one goes once the native one serves everything)."""
-    session: AgentSession = request.getfixturevalue(
-        "thread_agent" if request.param == "python" else "native_agent"
-    )
-    return session
+@pytest.fixture
+def agent_session(native_agent: AgentSession) -> AgentSession:
+    """The host session of the guest agent (the native one, as the fake driver runs it)."""
+    return native_agent

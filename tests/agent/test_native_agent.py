@@ -1,5 +1,5 @@
 """The native guest agent (``agent/native``) as a host process, driven by the real host side
-(``AgentSession``) over a unix socket, as the fake driver drives the Python agent.
+(``AgentSession``) over a unix socket, as the fake driver drives it.
 
 Each test protects one thing the host relies on whichever agent runs: the HELLO fields, PING,
 EXEC's streams, exit codes and deadline, PUT in chunks, GET, and a command episode's

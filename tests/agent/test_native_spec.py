@@ -1,11 +1,11 @@
 """``[agent] kind`` in a baseline spec, and what it changes in the build's inputs.
 
 Protects: the default is the native agent, with no ``agent`` in the canonical spec (an explicit
-``kind = "native"`` is the same spec and digest); the Python agent, while it lasts, is another
-build (its digest covers the Python sources, its ``/init`` is ``init.sh``); the native digest
-covers the C sources, and with a function entrypoint the warm worker it starts; an unknown agent
-is refused at load time, and a function entrypoint in an image without Python at build time,
-naming the entrypoint; a [network] allowlist is accepted (the agent sets up the NIC).
+``kind = "native"`` is the same spec and digest); ``kind = "python"`` (the removed Python agent) and
+any other agent are refused at load time naming the spec file and ``agent.kind``; the digest covers
+the C sources, and with a function entrypoint the warm worker it starts; a function entrypoint
+in an image without Python is refused at build time, naming the entrypoint; a [network] allowlist
+is accepted (the agent sets up the NIC).
 """
 
 from __future__ import annotations
@@ -36,22 +36,27 @@ def test_the_default_agent_is_the_native_one_and_naming_it_changes_nothing(
     tmp_path: Path,
 ) -> None:
     spec = load_spec(write(tmp_path, COMMAND))
-    assert spec.agent.kind == "native" and spec.native
+    assert spec.agent.kind == "native"
     assert "agent" not in spec.canonical()
     explicit = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "native"\n'))
     assert spec_digest(explicit) == spec_digest(spec)
-    with pytest.warns(FutureWarning, match=r'agent.kind = "python" is deprecated'):
-        python = load_spec(write(tmp_path, COMMAND + '[agent]\nkind = "python"\n'))
-    assert not python.native and python.canonical()["agent"] == {"kind": "python"}
-    assert spec_digest(python) != spec_digest(spec)
-    assert init_script() == INIT_SCRIPT.read_bytes()
+
+
+def test_the_python_agent_is_refused_naming_the_spec_file_and_the_field(tmp_path: Path) -> None:
+    """``kind = "python"`` is a SpecError, not a FutureWarning and a Python-agent build (as it
+    was before the Python agent was removed)."""
+    path = write(tmp_path, COMMAND + '[agent]\nkind = "python"\n')
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    message = str(caught.value)
+    assert str(path) in message and "agent.kind" in message
+    assert "Python guest agent was removed" in message
 
 
 def test_a_native_spec_is_a_build_whose_digest_covers_the_c_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = load_spec(write(tmp_path, COMMAND))
-    assert spec.native
     copy = tmp_path / "native"
     copy.mkdir()
     for name in native.files():
@@ -62,11 +67,11 @@ def test_a_native_spec_is_a_build_whose_digest_covers_the_c_sources(
     assert spec_digest(spec) != before
 
 
-def test_the_native_init_hands_pid_1_to_the_agent_binary() -> None:
-    script = init_script("native")
+def test_the_init_hands_pid_1_to_the_agent_binary() -> None:
+    script = init_script()
+    assert script == INIT_SCRIPT.read_bytes()
     assert script.endswith(NATIVE_LAUNCH) and b"python3" not in script
     assert b"/opt/cleanroom/agent/agent" in NATIVE_LAUNCH
-    assert script.startswith(INIT_SCRIPT.read_bytes().split(b"# a -c launcher")[0])
 
 
 @pytest.mark.parametrize(
@@ -89,7 +94,7 @@ def test_a_native_function_spec_loads_and_its_digest_covers_the_warm_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = load_spec(write(tmp_path, FUNCTION))
-    assert spec.native and spec.warm_config() is not None
+    assert spec.warm_config() is not None
     before = spec_digest(spec)
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
@@ -127,20 +132,22 @@ def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent
 
 
 def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -> None:
-    """The sandbox's PID 1 follows the baseline's agent component (the spec's [agent] section
-    is absent for the default), python3 only for a baseline without one."""
+    """The sandbox's PID 1 is the baseline's agent component; a baseline without one (built for
+    the removed Python agent) is a LaunchError naming it, not python3 as PID 1."""
     import dataclasses
 
     from tests.conftest import make_fake_baseline
 
     from cleanroom.baseline.model import AGENT_FILE, Component
     from cleanroom.drivers import gvisor_bundle
+    from cleanroom.errors import LaunchError
 
     python = make_fake_baseline(tmp_path)
     agent = Component(AGENT_FILE, 3, "ab" * 32)
     native_one = dataclasses.replace(python, components=(*python.components, agent))
     assert gvisor_bundle.agent_args(native_one) == ["/opt/cleanroom/agent/agent"]
-    assert gvisor_bundle.agent_args(python)[0] == "/usr/bin/python3"  # no agent component
+    with pytest.raises(LaunchError, match=f"baseline {python.short}: built for the removed"):
+        gvisor_bundle.agent_args(python)  # no agent component
 
 
 def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) -> None:
@@ -164,4 +171,4 @@ def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) 
 def test_a_native_spec_may_have_an_egress_allowlist(tmp_path: Path) -> None:
     text = COMMAND + '[network]\nallow = ["example.com:443"]\n[agent]\nkind = "native"\n'
     spec = load_spec(write(tmp_path, text))
-    assert spec.native and spec.network is not None
+    assert spec.network is not None

@@ -1,13 +1,13 @@
-"""Tar uploads and downloads on the native agent (``agent/native/tar.c``, ``tarpack.c``) as a
-host process, driven by the real host side (``AgentSession``, ``transfers``) over a socket.
+"""Tar uploads and downloads on the native agent (``agent/native/tar.c``, ``tarpack.c``) as a host
+process, driven by the real host side (``AgentSession``, ``transfers``) over a socket.
 
-Each test protects what ``agent/tarsafe.py`` promises on the Python agent, now in C: a folder
-packed (files, folders, links, hard links, long and non-ASCII names in pax) reads back with
-Python's ``tarfile`` as the Python agent's pack does; an archive from ``tarfile`` (ustar, GNU,
-pax) unpacks with its modes' permission bits only; every member that would land outside the
-folder (``..``, absolute, through a link already there, a link pointing out, a device node) is
-``GuestUnsafePath`` and nothing lands outside; a corrupt archive is a typed error and the agent
-goes on. On the old native agent every one of these was ``Unsupported`` (tar not served)."""
+Each test protects what the removed Python agent's ``agent/tarsafe.py`` promised, now in C: a folder
+packed (files, folders, links, hard links, long and non-ASCII names in pax) reads back with Python's
+``tarfile`` as the removed Python agent's pack did; an archive from ``tarfile`` (ustar, GNU, pax)
+unpacks with its modes' permission bits only; every member that would land outside the folder
+(``..``, absolute, through a link already there, a link pointing out, a device node) is
+``GuestUnsafePath`` and nothing lands outside; a corrupt archive is a typed error and the agent goes
+on. On the old native agent every one of these was ``Unsupported`` (tar not served)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.agent.tarsafe_ref import pack
 from tests.agent.test_mux import hostile_member, make_tar, one
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
-from cleanroom.agent import native, protocol, tarsafe
+from cleanroom.agent import native, protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.errors import GuestFileNotFound, GuestOperationError, GuestUnsafePath
 
@@ -49,7 +50,7 @@ def members(archive: bytes) -> list[tuple[str, int, int, str, bytes]]:
 
 
 def python_pack(src: Path) -> bytes:
-    """The folder as the Python agent packs it (``tarsafe.pack``)."""
+    """The folder as the Python agent packs it (``tests/agent/tarsafe_ref.py``)."""
 
     class Sink:
         data = bytearray()
@@ -59,7 +60,7 @@ def python_pack(src: Path) -> bytes:
             return True
 
     sink = Sink()
-    tarsafe.pack(str(src), sink)
+    pack(str(src), sink)
     return bytes(sink.data)
 
 
@@ -80,7 +81,7 @@ def folder(src: Path) -> None:
 def test_a_folder_packs_as_the_python_agent_packs_it_and_unpacks_again(
     agent_binary: Path, tmp_path: Path
 ) -> None:
-    """Download: the same members, order, types, modes, links and bytes as ``tarsafe.pack``
+    """Download: the same members, order, types, modes, links and bytes as ``tarsafe_ref.pack``
     (a window's worth and more, so ACKs must flow); upload of that archive into another
     folder gives the same tree back."""
     src, dest = tmp_path / "src", tmp_path / "dest"
@@ -147,7 +148,7 @@ def test_an_archive_from_tarfile_unpacks_in_every_format(
 )  # fmt: skip
 def test_members_that_escape_are_refused(agent_binary: Path, tmp_path: Path, case: str) -> None:
     """Nothing lands outside the folder, not even through a link already inside it; no
-    device node, no link pointing out (the cases ``test_mux`` holds the Python agent to)."""
+    device node, no link pointing out (the cases ``test_mux`` holds the agent to)."""
     outside = tmp_path / "outside"
     outside.mkdir()
     dest = tmp_path / "box" / "dest"

@@ -1,5 +1,5 @@
 """Function entrypoints on the native agent: it starts the warm Python worker (``worker.py``)
-at boot and relays a function RUN to it, as the Python agent's ``warm.py`` does.
+at boot and relays a function RUN to it.
 
 The agent runs as a host process laid out as in a baseline (``<dir>/agent/agent``,
 ``<dir>/agent/worker.py``, ``<dir>/entry.json``), driven by the real host side over a unix

@@ -1,7 +1,7 @@
-"""Transfers of any documented size work end to end: each real guest agent (``guest.Agent`` as a
-host thread, the native one as a host process) talks to the real host session, both with the
-default frame limit (``DEFAULT_MAX_BODY``, 1 MiB). On the old code a 2 MiB result.json was one
-RESULT frame (``FrameTooLarge``) and a PUT over 1 MiB one frame the agent refused."""
+"""Transfers of any documented size work end to end: the real guest agent (the native one as a host
+process) talks to the real host session, both with the default frame limit (``DEFAULT_MAX_BODY``, 1
+MiB). On the old code a 2 MiB result.json was one RESULT frame (``FrameTooLarge``) and a PUT over 1
+MiB one frame the agent refused."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ async def test_image_baseline_runs_with_its_config_and_layers(
     tmp_path: Path, harness: Harness
 ) -> None:
     """Whiteouts and opaque dirs hold in the VM, the image's Env/WorkingDir/User/Cmd reach the
-    entrypoint (User through the Python agent), the image digests are in the baseline and the
+    entrypoint (User through the native agent), the image digests are in the baseline and the
     record, and a second build of the same archive gives the same digest."""
     needs_root_tools()
     spec = _image_spec(tmp_path)
@@ -91,7 +91,7 @@ async def test_image_baseline_runs_with_its_config_and_layers(
     assert info["cwd"] == "/opt/img"
     assert info["issue"] == "absent"
     assert info["docs"].split() == ["only-this"]
-    assert info["user"] == "nobody /nonexistent"  # the image's User, run by the Python agent
+    assert info["user"] == "nobody /nonexistent"  # the image's User, run by the native agent
     assert record["provenance"]["baseline"] == baseline.digest
     assert record["provenance"]["image"]["layers"] == baseline.image["layers"]
     assert_nothing_left(driver, ledger, "vm-image")

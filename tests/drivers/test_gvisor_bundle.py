@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import ROOTFS_FILE, Baseline
+from cleanroom.baseline.model import AGENT_FILE, ROOTFS_FILE, Baseline, Component
 from cleanroom.drivers import gvisor_bundle as gb
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
@@ -21,15 +22,16 @@ from ..conftest import make_fake_baseline
 
 
 def test_spec_runs_the_agent_without_network_under_limits(tmp_path: Path) -> None:
-    baseline = make_fake_baseline(tmp_path)
+    fake = make_fake_baseline(tmp_path)
+    agent = Component(AGENT_FILE, 3, "ab" * 32)  # every baseline built today has one
+    baseline = dataclasses.replace(fake, components=(*fake.components, agent))
     env_id = new_env_id()
     limits = ResolvedLimits(vcpus=2, memory_mib=512)
     request = EnvRequest(env_id, baseline, limits, Owner("t"), hard_deadline_s=60)
     cid = hostproc.marker(env_id)
     spec = gb.oci_spec(request, tmp_path / "tree", tmp_path / "ctl", cid)
     process = spec["process"]
-    assert process["args"][:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
-    assert "guest.main()" in process["args"][4]
+    assert process["args"] == ["/opt/cleanroom/agent/agent"]  # the native agent as PID 1
     assert f"CLEANROOM_AGENT_SOCKET={gb.GUEST_CTL_DIR}/{gb.SOCKET_NAME}" in process["env"]
     assert process["noNewPrivileges"] is True
     caps = set(process["capabilities"]["bounding"])

@@ -1,5 +1,5 @@
 """The shared host-side interface (issue 16) on every driver: ``fake``, ``gvisor`` and ``qemu``
-(real VMs, the tiny baseline with the Python agent). Concurrent commands on one env, output
+(real VMs, the tiny baseline, the native agent). Concurrent commands on one env, output
 streamed in order, stdin, a background process killed with its process group, a timeout that
 kills grandchildren, ``user`` (``agent`` is uid 1000 in a baseline), PTY, a 64 MiB stream both
 ways, a tar round trip, refused tar members, a missing file as ``GuestFileNotFound``, and a

@@ -80,32 +80,6 @@ def test_check_env_and_the_same_seed_on_real_vms(gym_baseline: Baseline, tmp_pat
     assert records[-1]["info"]["premade"] is True  # the template's env, not one made per reset
 
 
-def test_the_python_agent_relays_the_same_frames(gym_baseline: Baseline, tmp_path: Path) -> None:
-    """The example without its ``[agent]`` section (the Python agent, ``gym_worker.Proxy``):
-    one seed, one trajectory, the same as the native agent's; every episode durable."""
-    from cleanroom.baseline.resolve import resolve_or_build
-
-    folder = tmp_path / "gym-python"
-    folder.mkdir()
-    (folder / "gym.json").write_bytes((SPEC.parent / "gym.json").read_bytes())
-    spec = SPEC.read_text().split("[agent]")[0].replace('name = "gym"', 'name = "gym-python"')
-    (folder / "baseline.toml").write_text(spec)
-    python = resolve_or_build(str(folder / "baseline.toml"))
-    store = LocalStore(tmp_path / "store")
-    actions = [0, 1, 1, 0, 1, 0, 0, 1] * 4
-    seen = []
-    for baseline in (python, gym_baseline):
-        env = cgym.make("CartPole-v1", baseline=baseline, store=tmp_path / "store")
-        try:
-            seen.append(play(env, 11, actions)[0])
-            hello = env._episode._sb.episode.env.session.hello  # type: ignore[union-attr]
-            assert hello.get("agent", "python") == ("python" if baseline is python else "native")
-        finally:
-            env.close()
-        assert_run_is_evidence(env, QemuDriver(), store, expected=1)  # the spaces: from it
-    assert len(seen[0]) == len(seen[1]) and all(map(np.array_equal, *seen))
-
-
 def _run_to_an_autoreset(vec: gymnasium.vector.VectorEnv) -> None:
     """Step with action 0 (CartPole falls in ~10 steps) until every sub-env has started a new
     episode through NEXT_STEP autoreset (a fresh VM each)."""

@@ -1,4 +1,4 @@
-"""Gymnasium envs in the guest: the agent's proxy (stdlib only) and the gym process it runs.
+"""Gymnasium envs in the guest: the gym process the native agent runs (``native/gym.c``).
 
 A baseline that lists its envs in ``/etc/cleanroom/gym.json`` (``{"make": [{"env": id,
 "kwargs": {}}], "preimport": [...], "path": [...]}``) gets its gym process at boot: it imports
@@ -9,11 +9,11 @@ and every clone restores it. GYM_MAKE in a clone rehearses the twin again, so th
 reset and steps of its own env find their code translated (TCG).
 Without that file the process starts at the first GYM_MAKE (seconds under TCG).
 
-The agent hands each GYM_* frame (protocol kinds 40-46) to ``handle``: the frame goes to the
-gym process over a socket pair, in the control port's own format, and its one answer (GYM_SPACES,
-GYM_OBS or GYM_ERROR) goes back to the host. The env's code runs only in the gym process (its
-own session and process group): an exception there is a GYM_ERROR, a crash a GYM_ERROR with
-``fatal``; the agent lives on. Values travel as ``gym_codec`` trees (raw array bytes).
+The agent relays each GYM_* frame (protocol kinds 40-46) to the gym process over a socket pair,
+in the control port's own format, and its one answer (GYM_SPACES, GYM_OBS or GYM_ERROR) goes
+back to the host. The env's code runs only in the gym process (its own session and process
+group): an exception there is a GYM_ERROR, a crash a GYM_ERROR with ``fatal``; the agent lives
+on. Values travel as ``gym_codec`` trees (raw array bytes).
 
 GYM_MAKE ``{"env": "CartPole-v1" | "module:Class", "kwargs": {...}}``: the premade env of that
 id and kwargs if there is one (``premade`` in the answer), else ``module:Class(**kwargs)`` when
@@ -35,137 +35,19 @@ if __package__:  # on the host, as part of the package
     from cleanroom.agent import gym_codec
     from cleanroom.agent.protocol import (
         DEFAULT_MAX_BODY,
-        PREFIX,
         Kind,
         dumps,
         encode,
-        parse_prefix,
         read_frame,
     )
 else:  # in the guest (and in the gym process), next to protocol.py
     import gym_codec  # type: ignore[import-not-found,no-redef]
-    from protocol import DEFAULT_MAX_BODY, PREFIX, Kind, dumps, encode, parse_prefix, read_frame  # type: ignore[import-not-found,no-redef]
+    from protocol import DEFAULT_MAX_BODY, Kind, dumps, encode, read_frame  # type: ignore[import-not-found,no-redef]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_FILE = "/etc/cleanroom/gym.json"
 READY_S = 60.0
-LAUNCHER = (
-    "import sys; sys.path.insert(0, {here!r}); import gym_worker; sys.exit(gym_worker.main())"
-)
-REQUESTS = (Kind.GYM_MAKE, Kind.GYM_RESET, Kind.GYM_STEP, Kind.GYM_CLOSE)
-ANSWERS = (Kind.GYM_SPACES, Kind.GYM_OBS, Kind.GYM_ERROR)
 MAX_MESSAGE = 2000  # characters of a traceback sent to the host
-
-
-# -- the agent's side ----------------------------------------------------------------------------
-
-
-def load_config(path: str = CONFIG_FILE) -> dict[str, Any] | None:
-    """The baseline's gym config, if it has one."""
-    import json
-
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
-class Proxy:
-    """The gym process and the agent's end of its socket pair."""
-
-    def __init__(self, config: dict[str, Any], env: dict[str, str]) -> None:
-        self.ready = False
-        self.error = ""
-        self.sock, self.proc = warm_module().spawn(LAUNCHER.format(here=HERE), dumps(config), env)
-        self.stream = self.sock.makefile("wb", buffering=0)  # a frame is one write
-        self.reader = self.sock.makefile("rb")  # an answer is one read, mostly
-
-    def wait_ready(self, timeout_s: float = READY_S) -> bool:
-        """Wait for the process's imports and premade envs; False (``error`` set) if it failed."""
-        if self.ready or self.error:
-            return self.ready
-        self.sock.settimeout(timeout_s)
-        try:
-            frame = read_frame(self.reader)
-            self.ready = frame.kind == Kind.OK and frame.header.get("ready") is True
-            self.error = "" if self.ready else str(frame.header.get("message") or "not ready")
-        except (OSError, ValueError, EOFError) as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.sock.settimeout(None)
-        if not self.ready:
-            self.stop()
-        return self.ready
-
-    def ask(self, kind: int, header: dict[str, Any], body: bytes) -> bytes:
-        """One request to the gym process; its answer as the raw frame to pass on (checked
-        for kind and size, not decoded: the host decodes it). A dead process: a fatal
-        GYM_ERROR."""
-        if not self.wait_ready():
-            why = f"gym process: {self.error}"[:MAX_MESSAGE]
-            return encode(Kind.GYM_ERROR, {"message": why, "fatal": True})
-        try:
-            self.stream.write(encode(kind, header, body))
-            prefix = self._read(PREFIX.size)
-            answer, hlen, blen = parse_prefix(prefix, DEFAULT_MAX_BODY)
-            if answer not in ANSWERS:
-                raise ValueError(f"the gym process answered frame {answer}")
-            return prefix + self._read(hlen + blen)
-        except (OSError, ValueError, EOFError) as exc:
-            self.error = f"the gym process died ({type(exc).__name__}: {exc})"
-            self.ready = False
-            self.stop()
-            return encode(Kind.GYM_ERROR, {"message": self.error, "fatal": True})
-
-    def _read(self, size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self.reader.read(size - len(data))
-            if not chunk:
-                raise EOFError("the gym process closed its channel")
-            data += chunk
-        return bytes(data)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for end in (self.reader, self.stream, self.sock):  # the fd closes with the last
-            end.close()
-
-
-def warm_module() -> Any:
-    """``warm.py`` (its ``spawn``), imported when a gym process starts."""
-    if __package__:
-        from cleanroom.agent import warm
-    else:
-        import warm  # type: ignore[import-not-found,no-redef]
-    return warm
-
-
-def boot(env: dict[str, str]) -> Proxy | None:
-    """At agent start: the gym process, if the baseline has a gym config (not yet waited for)."""
-    config = load_config()
-    return Proxy(config, env) if config is not None else None
-
-
-def handle(agent: Any, frame: Any) -> None:
-    """Serve one GYM_* request of the host through ``agent.gym`` (started now if none): the
-    gym process's answer goes to the host as it came."""
-    proxy: Proxy | None = getattr(agent, "gym", None)
-    try:
-        if proxy is None or (proxy.error and not proxy.ready):
-            from_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-            proxy = agent.gym = Proxy(load_config() or {}, from_env)
-        answer = proxy.ask(frame.kind, frame.header, frame.body)
-    except Exception as exc:  # never the agent's end (the main loop may be the caller)
-        answer = encode(Kind.GYM_ERROR, {"message": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE]})
-    view = memoryview(answer)
-    with agent.lock:  # as Agent.send, without decoding and encoding the answer again
-        while view:
-            view = view[agent.stream.write(view) :]
 
 
 # -- the gym process -----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The one check of a relative path chosen by someone else (standard library only, no ``re``).
 
 The host checks the guest's artifact names with it (``wire.guest_name``), the guest checks the
-members of a tar archive it unpacks (``tarsafe``): valid text without control characters,
-backslashes or lone surrogates, at most ``MAX_NAME`` bytes in at most ``MAX_NAME_PARTS``
+members of a tar archive it unpacks (``native/tar.c`` restates it): valid text without control
+characters, backslashes or lone surrogates, at most ``MAX_NAME`` bytes in at most ``MAX_NAME_PARTS``
 components of at most ``MAX_NAME_PART`` bytes, relative, without empty, ``.`` or ``..`` parts.
 """
 

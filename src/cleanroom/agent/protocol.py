@@ -94,7 +94,7 @@ class Kind:
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}
-FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym")  # guest.py serves
+FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym")  # the agent serves
 WINDOW = 16 * CHUNK  # bytes of a stream sent and not yet acknowledged (ACK), either way
 EXTENSION_KINDS = range(20, 50)  # 20-39 this protocol, 40-49 other modules (``register_kind``)
 

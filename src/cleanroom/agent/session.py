@@ -294,7 +294,7 @@ class AgentSession:
         return transfers.get_stream(self.channel, path)
 
     async def put_tar(self, dest_dir: str, chunks: AsyncIterable[bytes]) -> int:
-        """Unpack a tar stream into ``dest_dir`` in the guest (safely: ``tarsafe``)."""
+        """Unpack a tar stream into ``dest_dir`` in the guest (safely: ``native/tar.c``)."""
         return await transfers.put_stream(self.channel, dest_dir, chunks, 0o755, tar=True)
 
     def get_tar(self, src_dir: str) -> AsyncIterator[bytes]:

@@ -4,7 +4,7 @@
 most ``WINDOW`` bytes beyond the guest's last ACK), the last with ``eof``; the guest answers
 DONE ``{id, size}`` (or FAILED). ``get_stream``: DOWNLOAD ``{id, path, tar}``; the guest sends
 DATA frames in order within the window the host's ACKs open, then DONE. With ``tar`` the guest
-packs or safely unpacks a folder (``tarsafe``: no member outside it, no device nodes, links
+packs or safely unpacks a folder (``native/tar.c``: no member outside it, no device nodes, links
 kept inside). The guest is held to the protocol: a chunk out of order, larger than ``CHUNK``
 or past the window is its ``ProtocolError`` (the channel breaks; the caller destroys the env);
 a missing file is ``GuestFileNotFound``, and the env stays usable.

@@ -21,7 +21,6 @@ failure is a ``CleanroomError`` (``BuildError`` with the failing command's stder
 
 from __future__ import annotations
 
-import ast
 import errno
 import json
 import os
@@ -54,7 +53,6 @@ from cleanroom.baseline.proc import Progress, quiet, run, tail
 from cleanroom.baseline.pyinstall import AGENT_DEST, CHROOT_ENV
 from cleanroom.baseline.rootfs import RootfsFacts, build_rootfs, scratch_parent
 from cleanroom.baseline.spec import (
-    AGENT_DIR,
     BUILDER_VERSION,
     BaselineSpec,
     builder_fingerprint,
@@ -64,23 +62,6 @@ from cleanroom.baseline.spec import (
 from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
 from cleanroom.paths import baselines_dir, cache_dir
-
-
-def agent_version(guest: Path = AGENT_DIR / "guest.py") -> str:
-    """``AGENT_VERSION`` of the guest agent, read from its source (not imported)."""
-    try:
-        tree = ast.parse(guest.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError) as exc:
-        raise BuildError(f"agent: cannot read {guest}: {exc}") from exc
-    for node in tree.body:
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "AGENT_VERSION" for t in node.targets)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            return node.value.value
-    raise BuildError(f"agent: {guest} defines no AGENT_VERSION string")
 
 
 def native_agent_version() -> str:
@@ -202,16 +183,16 @@ def _assemble(
     try:
         facts = build_rootfs(spec, tree, out / ROOTFS_FILE, progress, locked)
         check_function_entry(spec, tree, progress)
-        if spec.native:  # the same bytes as in the image, hashed as a component of its own
-            shutil.copyfile(tree / AGENT_DEST / native.BINARY, out / AGENT_FILE)
+        # the agent: the same bytes as in the image, hashed as a component of its own
+        shutil.copyfile(tree / AGENT_DEST / native.BINARY, out / AGENT_FILE)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     progress("initramfs", f"{len(kernel.order)} modules")
-    build_initramfs(kernel, out / INITRD_FILE, agent=spec.agent.kind)
+    build_initramfs(kernel, out / INITRD_FILE)
     shutil.copyfile(kernel.vmlinux, out / KERNEL_FILE)
 
     progress("digest", "hashing components")
-    names = (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE, *((AGENT_FILE,) if spec.native else ()))
+    names = (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE, AGENT_FILE)
     components = tuple(_component(out, n) for n in names)
     image = facts.image
     the_lock = _lock(facts, kernel, spec.kernel.package, image)
@@ -221,7 +202,7 @@ def _assemble(
     entrypoint = _entrypoint(spec, image)
     warm = spec.warm_config()
     function = FunctionEntry.from_json(warm) if warm is not None else None
-    version = native_agent_version() if spec.native else agent_version()
+    version = native_agent_version()
     network = tuple(spec.network.allow) if spec.network is not None else None
     ident = identity(
         components,

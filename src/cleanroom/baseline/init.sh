@@ -33,6 +33,5 @@ $B mount -t tmpfs -o mode=0755 tmpfs /newroot/run
 $B mkdir -p /newroot/dev/pts /newroot/dev/shm
 $B mount -t devpts -o gid=5,mode=620 devpts /newroot/dev/pts
 $B mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
-# a -c launcher, so that guest.py itself is loaded from its compiled .pyc
-exec $B switch_root /newroot /usr/bin/python3 -I -S -c \
-  "import sys; sys.path.insert(0, '/opt/cleanroom/agent'); import guest; guest.main()"
+# the native agent (static): nothing from the image
+exec $B switch_root /newroot /opt/cleanroom/agent/agent

@@ -20,12 +20,11 @@ from cleanroom.baseline.spec import INIT_SCRIPT
 from cleanroom.errors import BuildError
 
 BUSYBOX = Path("/bin/busybox")
-PYTHON_LAUNCHER = b"# a -c launcher, so that guest.py itself is loaded from its compiled .pyc\n"
-"""Where ``init.sh`` starts the Python agent: a native baseline's ``/init`` ends here instead."""
 NATIVE_LAUNCH = (
     b"# the native agent (static): nothing from the image\n"
     b"exec $B switch_root /newroot /" + f"{AGENT_DEST}/{native.BINARY}".encode() + b"\n"
 )
+"""How ``init.sh`` ends: PID 1 goes to the static agent where the builder installs it."""
 DIRS = ("bin", "dev", "lib", "lib/modules", "lower", "newroot", "proc", "sys", "upper")
 TRAILER = "TRAILER!!!"
 
@@ -82,27 +81,22 @@ def write_newc(entries: list[Entry], f: BinaryIO) -> None:
     _header(f, 0, Entry(TRAILER, 0), TRAILER.encode())
 
 
-def init_script(agent: str = "python") -> bytes:
-    """``/init``: ``init.sh`` as it is for the Python agent (so those baselines keep their
-    digests); for ``native`` the same mounts, then PID 1 goes to the static agent."""
+def init_script() -> bytes:
+    """``/init``: ``init.sh``, which must end by handing PID 1 to the native agent at the path
+    the builder installs it (``NATIVE_LAUNCH``)."""
     script = INIT_SCRIPT.read_bytes()
-    if agent == "python":
-        return script
-    head, found, _ = script.partition(PYTHON_LAUNCHER)
-    if not found:
-        raise BuildError(f"initramfs: {INIT_SCRIPT} has no agent launcher line to replace")
-    return head + NATIVE_LAUNCH
+    if not script.endswith(NATIVE_LAUNCH):
+        raise BuildError(f"initramfs: {INIT_SCRIPT} does not end by starting the native agent")
+    return script
 
 
-def initramfs_entries(
-    kernel: Kernel, busybox: Path = BUSYBOX, agent: str = "python"
-) -> list[Entry]:
+def initramfs_entries(kernel: Kernel, busybox: Path = BUSYBOX) -> list[Entry]:
     """What ``init.sh`` needs: busybox, the modules and their load order, and mount points."""
     if not busybox.is_file():
         raise BuildError(f"initramfs: {busybox} not found (install busybox-static)")
     entries = [Entry.dir(d) for d in DIRS]
     entries.append(Entry.chardev("dev/console", 5, 1))
-    entries.append(Entry.file("init", init_script(agent), 0o755))
+    entries.append(Entry.file("init", init_script(), 0o755))
     entries.append(Entry.file("bin/busybox", busybox.read_bytes(), 0o755))
     for name in kernel.order:
         entries.append(Entry.file(f"lib/modules/{name}.ko", kernel.module(name).read_bytes()))
@@ -112,10 +106,8 @@ def initramfs_entries(
     return entries
 
 
-def build_initramfs(
-    kernel: Kernel, out: Path, busybox: Path = BUSYBOX, agent: str = "python"
-) -> None:
-    """Write the baseline's ``initrd.cpio`` to ``out`` (``agent``: the spec's agent kind)."""
-    entries = initramfs_entries(kernel, busybox, agent)
+def build_initramfs(kernel: Kernel, out: Path, busybox: Path = BUSYBOX) -> None:
+    """Write the baseline's ``initrd.cpio`` to ``out``."""
+    entries = initramfs_entries(kernel, busybox)
     with out.open("wb") as f:
         write_newc(entries, f)

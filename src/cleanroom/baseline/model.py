@@ -113,7 +113,8 @@ class Baseline:
 
     @property
     def agent_sha256(self) -> str | None:
-        """The sha256 of the native agent binary it runs (None: the Python agent)."""
+        """The sha256 of the native agent binary it runs (None: a baseline built for the removed
+        Python agent)."""
         agent = self.components_by_name(AGENT_FILE)
         return agent.sha256 if agent is not None else None
 

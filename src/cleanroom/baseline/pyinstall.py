@@ -145,10 +145,8 @@ def byte_compile(rootfs: Path, spec: BaselineSpec, progress: Progress = quiet) -
     base: list[str | Path] = ["chroot", rootfs, "/usr/bin/python3", "-m", "compileall", "-q", "-f"]
     base += ["--invalidation-mode", "checked-hash"]
     run([*base, "/" + AGENT_DEST], "compile", env=CHROOT_ENV, inherit_env=False)
-    modules = "guest, protocol, warm, worker"
-    if spec.native:  # the Python it starts: the warm worker, the gym process
-        names = ["worker"] if spec.warm_config() is not None else []
-        modules = ", ".join(names + (["gym_worker"] if spec.has_gym() else []))
+    names = ["worker"] if spec.warm_config() is not None else []  # the Python the agent starts
+    modules = ", ".join(names + (["gym_worker"] if spec.has_gym() else []))
     agent = f"import sys; sys.path.insert(0, '/{AGENT_DEST}'); import {modules}"
     guest: list[str | Path] = ["chroot", rootfs, "/usr/bin/python3", "-I", "-S", "-B", "-c", agent]
     run(guest, "compile", env=CHROOT_ENV, inherit_env=False)  # the guest's Python can load it

@@ -14,9 +14,6 @@ Steps, each reported to the progress callback:
    reproducibly (``pyinstall.byte_compile``), the worker test-imported.
 5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
    machine-id, logs, apt lists and caches, ``*-old`` files).
-A spec that still asks for the Python agent (``[agent] kind = "python"``) gets ``guest.py`` and
-its helpers (with the reseed helper ``reseed.c``) in step 3 instead, always step 4, and the
-image's Python check.
 
 6. ``erofs``: ``mkfs.erofs`` with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a fixed UUID.
    Ownership is kept as Debian set it (``/etc/shadow`` stays group ``shadow``); the tree is
@@ -53,7 +50,6 @@ from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
 from cleanroom.baseline.spec import (
     AGENT_DIR,
-    AGENT_FILES,
     NATIVE_GYM_FILES,
     SKIP_NAMES,
     SOURCE_DATE_EPOCH,
@@ -239,43 +235,18 @@ def copy_files(spec: BaselineSpec, rootfs: Path, progress: Progress = quiet) -> 
             _copy_file(str(src), str(dest))
 
 
-def install_agent(rootfs: Path, warm_config: dict[str, Any] | None = None) -> None:
-    """Copy the guest agent (``AGENT_FILES``) to ``/opt/cleanroom/agent``; with a function
-    entrypoint, write the warm worker's config to ``/opt/cleanroom/entry.json``."""
-    dest = rootfs / AGENT_DEST
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in AGENT_FILES:
-        source = AGENT_DIR / name
-        if not source.is_file():
-            raise BuildError(f"files: the guest agent file {source} is missing")
-        _copy_file(str(source), str(dest / name))
-    if warm_config is not None:
-        entry = dest.parent / "entry.json"
-        entry.write_text(json.dumps(warm_config, sort_keys=True) + "\n")
-        entry.chmod(0o644)
-    build_reseed_helper(dest)
-    for folder in (dest, dest.parent):
-        folder.chmod(0o755)
-
-
-RESEED_CFLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
-
-
-def build_reseed_helper(dest: Path) -> None:
-    """Compile the agent's native reseed helper (``agent/reseed.c``) to ``dest/reseed``:
-    static, so it runs whatever the image's libc."""
-    _static_binary(AGENT_DIR / "reseed.c", dest / "reseed")
+RUNAS_CFLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
 
 
 def _static_binary(source: Path, binary: Path) -> None:
     binary.parent.mkdir(parents=True, exist_ok=True)
-    run(["gcc", *RESEED_CFLAGS, "-o", binary, source], "files")
+    run(["gcc", *RUNAS_CFLAGS, "-o", binary, source], "files")
     binary.chmod(0o755)
 
 
 def install_runas(rootfs: Path) -> None:
-    """Compile the image-``User`` helper (``runas.c``) to ``RUNAS_PATH``: static, like the
-    reseed helper, so it runs in an image with any libc or none."""
+    """Compile the image-``User`` helper (``runas.c``) to ``RUNAS_PATH``: static, so it runs in
+    an image with any libc or none."""
     _static_binary(RUNAS_SOURCE, rootfs / RUNAS_PATH.lstrip("/"))
 
 
@@ -408,14 +379,6 @@ def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> 
     for folder in BUILDER_WRITES:
         if (tree / folder).is_symlink():
             raise BuildError(f"image {source}: /{folder} is a symlink; the builder writes there")
-    if spec.native:
-        return image
-    python = resolve_in_root(tree, GUEST_PYTHON, str(source), follow_last=True)
-    if not python.is_file():
-        raise BuildError(
-            f"image {source}: no /usr/bin/python3 in the image; the guest agent needs Python 3 "
-            'there (the default native agent needs none: remove [agent] kind = "python")'
-        )
     return image
 
 
@@ -456,12 +419,8 @@ def build_rootfs(
         )
         copy_files(spec, tree, progress)
         users.add_agent_user(tree)
-        if spec.native:
-            install_native_agent(tree, spec.warm_config(), spec.has_gym())
-            if spec.warm_config() is not None or spec.has_gym():
-                byte_compile(tree, spec, progress)
-        else:
-            install_agent(tree, spec.warm_config())
+        install_native_agent(tree, spec.warm_config(), spec.has_gym())
+        if spec.warm_config() is not None or spec.has_gym():
             byte_compile(tree, spec, progress)
         if image is not None:
             source = str(spec.base.image or spec.base.dockerfile)

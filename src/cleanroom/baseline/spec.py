@@ -14,7 +14,6 @@ import json
 import re
 import stat
 import tomllib
-import warnings
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -61,25 +60,9 @@ with the download caches) instead of trusting a stale cache, yet a rebuild that 
 bytes keeps the same baseline digest."""
 
 ALWAYS_PACKAGES = ("libpython3-stdlib", "python3-minimal")
-"""Always installed: the guest agent needs Python and its standard library (json is not in
-python3-minimal)."""
+"""Always installed in a Debian baseline: a function entrypoint's warm worker and the gym process
+run in the image's Python with its standard library (json is not in python3-minimal)."""
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-AGENT_FILES = (
-    "guest.py",
-    "guestnet.py",
-    "gym_codec.py",
-    "gym_worker.py",
-    "handlers.py",
-    "muxed.py",
-    "names.py",
-    "protocol.py",
-    "relay.py",
-    "reseed.c",
-    "reseed_helper.py",
-    "tarsafe.py",
-    "warm.py",
-    "worker.py",
-)
 NATIVE_GYM_FILES = native.GYM_FILES
 """The gym process's files in a native baseline with a gym config (the agent starts it)."""
 GYM_CONFIG = "/etc/cleanroom/gym.json"  # gym_worker.CONFIG_FILE
@@ -236,19 +219,24 @@ class NetworkSection(_Section):
 
 
 class AgentSection(_Section):
-    """Which guest agent the baseline runs as PID 1: ``native`` (the default: ``agent/native``,
+    """The guest agent the baseline runs as PID 1: ``native``, the only one (``agent/native``,
     static C, needs nothing from the image, so an image of only busybox or one program works; a
     function entrypoint runs in the warm Python worker it starts, so that one needs Python 3 in
-    the image) or, until the native agent serves Gymnasium envs, ``python`` (``agent/guest.py``;
-    the image needs Python 3)."""
+    the image). The Python agent (``kind = "python"``) is gone: a spec asking for it is refused."""
 
-    kind: Literal["python", "native"] = "native"
+    kind: str = "native"
 
-
-PYTHON_AGENT_DEPRECATED = (
-    '{path}: agent.kind = "python" is deprecated: the native agent (the default) is the one guest '
-    "agent; the Python agent stays only until the native one serves Gymnasium envs, then goes"
-)
+    @field_validator("kind")
+    @classmethod
+    def _native(cls, value: str) -> str:
+        if value == "python":
+            raise ValueError(
+                '"python": the Python guest agent was removed; the native agent is the one '
+                'guest agent (remove [agent] kind, or write kind = "native")'
+            )
+        if value != "native":
+            raise ValueError(f'{value[:40]!r}: the one guest agent is "native"')
+        return value
 
 
 class BaselineSpec(_Section):
@@ -272,11 +260,6 @@ class BaselineSpec(_Section):
             raise ValueError("entrypoint: required (only an image baseline may use its own)")
         return self
 
-    @property
-    def native(self) -> bool:
-        """Whether the baseline runs the native agent (nothing Python is built for it)."""
-        return self.agent.kind == "native"
-
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
@@ -291,7 +274,8 @@ class BaselineSpec(_Section):
     def canonical(self) -> dict[str, Any]:
         """The spec as plain JSON data (what ``baseline.json`` records under ``spec``).
 
-        ``network`` appears only when set and ``agent`` only when not the default (native)."""
+        ``network`` appears only when set; ``agent`` never (it can only be the native one, and
+        baselines from before ``[agent]`` existed keep their digests)."""
         data = {
             **self.model_dump(mode="json"),
             "base": self.base.canonical(),
@@ -299,8 +283,7 @@ class BaselineSpec(_Section):
         }
         if self.network is None:
             del data["network"]
-        if self.native:
-            del data["agent"]
+        del data["agent"]
         if self.entrypoint is None:
             del data["entrypoint"]  # the image's Entrypoint + Cmd
         return data
@@ -389,8 +372,6 @@ def load_spec(path: Path) -> BaselineSpec:
         missing.append(f"  base.context: {docker[1]} is not a folder")
     if missing:
         raise SpecError(f"{path}: invalid baseline spec\n" + "\n".join(missing))
-    if not spec.native:
-        warnings.warn(PYTHON_AGENT_DEPRECATED.format(path=path), FutureWarning, stacklevel=2)
     return spec
 
 
@@ -430,16 +411,12 @@ def spec_digest(spec: BaselineSpec) -> str:
     for index, (src, entry) in enumerate(spec.sources()):
         for rel, path in walk_files(src):
             _hash_file_into(h, f"files.{index}:{entry.dest}:{rel}", path)
-    if spec.native:
-        for name in native.files():
-            _hash_file_into(h, f"agent-native:{name}", native.NATIVE_DIR / name)
-        if spec.warm_config() is not None:  # the warm worker travels with it
-            _hash_file_into(h, "agent:worker.py", AGENT_DIR / "worker.py")
-        if spec.has_gym():  # and the gym process
-            for name in NATIVE_GYM_FILES:
-                _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
-    else:
-        for name in AGENT_FILES:
+    for name in native.files():
+        _hash_file_into(h, f"agent-native:{name}", native.NATIVE_DIR / name)
+    if spec.warm_config() is not None:  # the warm worker travels with it
+        _hash_file_into(h, "agent:worker.py", AGENT_DIR / "worker.py")
+    if spec.has_gym():  # and the gym process
+        for name in NATIVE_GYM_FILES:
             _hash_file_into(h, f"agent:{name}", AGENT_DIR / name)
     _hash_file_into(h, "init.sh", INIT_SCRIPT)
     if spec.base.image is not None:

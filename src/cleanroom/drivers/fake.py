@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cleanroom import paths
-from cleanroom.agent import guest, native
+from cleanroom.agent import native
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import cgroups, hostproc, sockets
@@ -35,10 +35,7 @@ from cleanroom.errors import LaunchError
 
 
 def agent_argv(baseline: Baseline, marker: str) -> list[str]:
-    """The agent of an env: the native one, or the Python agent for a baseline whose spec still
-    asks for it (``[agent] kind = "python"``, deprecated)."""
-    if (baseline.spec.get("agent") or {}).get("kind") == "python":
-        return [sys.executable, guest.__file__, marker]
+    """The agent of an env: the native one, built by the host's gcc (``native.host_binary``)."""
     return [str(native.host_binary()), marker]
 
 

@@ -12,8 +12,8 @@ day if their baseline was deleted) are removed when another is extracted. The tr
 read-only by every env of that baseline: runsc's ``--overlay2=root:memory`` puts each sandbox's
 writes in its own memory, which dies with the sandbox, so nothing an episode does reaches it.
 
-``oci_spec`` writes the per-env ``config.json``: the agent as PID 1 (the static native binary
-of a baseline that has it as a component, else Python's ``guest.py``); ``/proc``,
+``oci_spec`` writes the per-env ``config.json``: the agent as PID 1 (the static native binary,
+a component of the baseline); ``/proc``,
 ``/sys``, ``/dev`` (with ``/dev/shm``), a tmpfs ``/run`` and ``/tmp``; the host folder holding
 the agent socket bind-mounted at ``GUEST_CTL_DIR``; an empty network namespace; cgroup limits
 (memory, CPU quota, pids) from the episode's limits.
@@ -46,7 +46,6 @@ GUEST_CTL_DIR = "/run/cleanroom-ctl"
 SOCKET_NAME = "ctl.sock"
 CGROUP_PARENT = "cleanroom"
 TREE_FILE = "tree.json"
-AGENT_LAUNCH = "import sys; sys.path.insert(0, '/opt/cleanroom/agent'); import guest; guest.main()"
 NATIVE_AGENT = f"/{AGENT_DEST}/{native.BINARY}"  # what a native /init switches to, too
 # Docker's default set without NET_RAW: root in the sandbox, checked by gVisor's own kernel.
 CAPABILITIES = [
@@ -220,10 +219,13 @@ def cgroup_leaves(container_id: str) -> list[Path]:
 
 def agent_args(baseline: Baseline) -> list[str]:
     """PID 1 of the sandbox: the baseline's agent (the native binary, a component of the
-    baseline, or Python's guest.py where it has none)."""
-    if baseline.agent_sha256 is not None:
-        return [NATIVE_AGENT]
-    return ["/usr/bin/python3", "-I", "-S", "-c", AGENT_LAUNCH]
+    baseline). A baseline without one was built for the removed Python agent: LaunchError."""
+    if baseline.agent_sha256 is None:
+        raise LaunchError(
+            f"baseline {baseline.short}: built for the removed Python guest "
+            "agent (no native agent component); rebuild it with `cleanroom build`"
+        )
+    return [NATIVE_AGENT]
 
 
 def oci_spec(request: EnvRequest, rootfs: Path, ctl_dir: Path, container_id: str) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 /*
- * cleanroom-agent (native): PID 1 of a cleanroom VM whose baseline asks for it
- * ([agent] kind = "native"). It needs nothing from the image: static, no Python, no shell.
+ * cleanroom-agent (native): PID 1 of every cleanroom VM, the one guest agent. It needs
+ * nothing from the image: static, no Python, no shell.
  *
  * It finds the control port (the virtio-serial port named "ctl" in /sys/class/virtio-ports, or
  * the unix socket in CLEANROOM_AGENT_SOCKET), says HELLO and serves the host's frames as the
- * Python agent (guest.py, handlers.py) does: PING, SHUTDOWN, SNAPSHOT_PREPARE, RESEED on the
+ * framed protocol (agent/protocol.py) says: PING, SHUTDOWN, SNAPSHOT_PREPARE, RESEED on the
  * reading thread; RUN (command entrypoints), EXEC, PUT (chunked) and GET, one at a time, on a
  * request thread started before HELLO (so a snapshot template holds it); HEARTBEAT every
  * second while a request runs. A closed channel powers the VM off, except after
@@ -905,7 +905,7 @@ static void serve(void) {
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
             reseed(&f, 0);
         } else if (gym_request(f.kind) && json_get(frame_header(&f), "id", &(jspan){0}) != 0) {
-            gym_relay(&f); /* inline, as the Python agent's: a step hands off to no thread */
+            gym_relay(&f); /* inline, a step hands off to no thread */
         } else if (mux_route(&f)) {
             continue; /* routed: mux.c freed it or keeps it */
         } else if (!wait_idle()) {

@@ -1,4 +1,4 @@
-/* A clone's RESEED on a path of its own: see fastseed.h (and reseed.c, its Python twin). */
+/* A clone's RESEED on a path of its own: see fastseed.h (it absorbed reseed.c). */
 #define _GNU_SOURCE
 #include "fastseed.h"
 

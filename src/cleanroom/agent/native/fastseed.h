@@ -1,5 +1,5 @@
 /*
- * A clone's RESEED answered on a path of its own, as reseed.c answers it for the Python agent.
+ * A clone's RESEED answered on a path of its own, as the old reseed.c helper did.
  *
  * Under TCG every clone translates each code block it runs for the first time, and the general
  * path (the frame reader's JSON validation and walk, heap allocations, the growable JSON

@@ -85,7 +85,7 @@ static void failed(const char *code, const char *message) {
     jb_free(&h);
 }
 
-/* muxed.ERRNO_CODES: FAILED's code for an errno */
+/* FAILED's code for an errno (transfers.FAILURES on the host) */
 static const char *errno_code(int err) {
     return err == ENOENT || err == ENOTDIR ? "not_found"
            : err == EACCES                 ? "permission"
@@ -93,7 +93,7 @@ static const char *errno_code(int err) {
                                            : "os_error";
 }
 
-/* FAILED for an errno, with muxed.ERRNO_CODES' codes */
+/* FAILED for an errno, with errno_code's codes */
 static void failed_errno(const char *what, const char *path, int err) {
     const char *code = errno_code(err);
     char msg[4400];

@@ -2,8 +2,8 @@
  * What a PTY command needs beyond the terminal itself (mux.c opens that): ^C for a terminal
  * whose line discipline signals nobody. Under gVisor the command's TIOCSCTTY succeeds but a
  * ^C written to the master reaches no foreground process group (it is echoed and read back as
- * a plain byte), so a shell's trap never runs and the command waits forever; the Python agent
- * works around it the same way (muxed.Request._interrupt_unattached).
+ * a plain byte), so a shell's trap never runs and the command waits forever; so the agent
+ * signals the command's process group itself.
  */
 #ifndef CLEANROOM_PTY_H
 #define CLEANROOM_PTY_H

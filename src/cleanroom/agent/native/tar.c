@@ -59,7 +59,7 @@ const char *tar_code(int code) {
                                    : "os_error";
 }
 
-/* -- names (names.problem, tarsafe.member_name, tarsafe.link_inside) ---------------------- */
+/* -- names (names.problem; member names, link targets) ---------------------- */
 
 /* the code point at p[*i] (strict UTF-8: no overlong form, no surrogate), or -1 */
 static long next_char(const unsigned char *p, size_t n, size_t *i) {
@@ -420,7 +420,7 @@ void tar_reader_free(struct tar_reader *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* -- unpacking (tarsafe.extract) ----------------------------------------------------------- */
+/* -- unpacking ----------------------------------------------------------- */
 
 static int os_fail(struct tar_error *e, const char *rel, int err) {
     fail(e, TAR_BAD, "tar member '%.*s': %s", SHOWN, rel, strerror(err));

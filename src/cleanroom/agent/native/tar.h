@@ -1,5 +1,5 @@
 /*
- * Tar archives of folders, as agent/tarsafe.py does them, for the native agent's UPLOAD and
+ * Tar archives of folders, trusting no member, for the native agent's UPLOAD and
  * DOWNLOAD with "tar": true (mux.c lends the stream: its DATA in, DATA out within the window).
  *
  * tar_extract unpacks an uncompressed ustar / pax / GNU stream into a folder without trusting
@@ -34,7 +34,7 @@ struct tar_error {
 void tar_fail(struct tar_error *e, int code, int err, const char *fmt, va_list ap);
 void tar_clean_text(char *s);
 
-/* FAILED's code for a tar_error's (muxed.py's: "unsafe_path", "bad_archive", ...) */
+/* FAILED's code for a tar_error's ("unsafe_path", "bad_archive", ...: transfers.FAILURES) */
 const char *tar_code(int code);
 
 /* The stream: `read` gives up to `cap` bytes of input (0 at its end); `write` sends `n`

@@ -1,4 +1,4 @@
-/* Packing a folder as a tar stream (tarsafe.pack): see tar.h. As Python's tarfile writes
+/* Packing a folder as a tar stream: see tar.h. As Python's tarfile writes
  * PAX_FORMAT: ustar headers ("ustar\0" "00"), a pax 'x' header before a member whose name or
  * link is longer than its field or not ASCII, or whose size, uid or gid does not fit; folders
  * named with a trailing "/"; two zero blocks, then zeros to a whole record (10240 bytes). The

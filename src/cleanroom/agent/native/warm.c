@@ -1,4 +1,4 @@
-/* The warm Python worker, from the native agent: see warm.h (and agent/warm.py, its twin). */
+/* The warm Python worker, from the native agent: see warm.h. */
 #define _GNU_SOURCE
 #include "warm.h"
 

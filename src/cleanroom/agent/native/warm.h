@@ -1,6 +1,5 @@
 /*
- * The warm Python worker (agent/worker.py) seen from the native agent, as agent/warm.py sees
- * it from the Python one: started at boot when the baseline has a function entrypoint
+ * The warm Python worker (agent/worker.py) seen from the native agent: started at boot when the baseline has a function entrypoint
  * (<agent dir>/../entry.json) and the image has python3, so a snapshot template holds it
  * ready; a function RUN is relayed to it (a job with the episode's stdout/stderr pipes), its
  * output streamed, its child's process group killed at the deadline.
