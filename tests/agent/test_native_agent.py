@@ -13,12 +13,12 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.agent.nativekit import connected
 
 from cleanroom.agent import native, protocol
 from cleanroom.agent.session import AgentSession
@@ -31,38 +31,6 @@ def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("native") / native.BINARY
     subprocess.run(native.gcc_argv(out), cwd=native.NATIVE_DIR, check=True)
     return out
-
-
-@asynccontextmanager
-async def connected(
-    binary: Path, root: Path, extra_env: dict[str, str] | None = None
-) -> AsyncIterator[AgentSession]:
-    sock = root / "agent.sock"
-    done: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
-        asyncio.get_running_loop().create_future()
-    )
-    server = await asyncio.start_unix_server(
-        lambda r, w: done.set_result((r, w)), str(sock), limit=1 << 22
-    )
-    env = {
-        "PATH": os.environ["PATH"],
-        "CLEANROOM_AGENT_SOCKET": str(sock),
-        "CLEANROOM_GUEST_ROOT": str(root / "guest"),
-        **(extra_env or {}),
-    }
-    proc = await asyncio.create_subprocess_exec(str(binary), env=env, start_new_session=True)
-    try:
-        reader, writer = await asyncio.wait_for(done, 10)
-        session = AgentSession(reader, writer, silence_timeout_s=5)
-        await asyncio.wait_for(session.wait_hello(), 10)
-        yield session
-        await session.shutdown()
-        await asyncio.wait_for(proc.wait(), 10)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        server.close()
 
 
 def drive(binary: Path, root: Path, body: Any, extra_env: dict[str, str] | None = None) -> Any:
