@@ -110,12 +110,18 @@ async def _answer(kind: int, session: AgentSession, staging: Path) -> Any:
     return await session.wait_hello()
 
 
-def stream(data: bytes) -> None:
+def _fed_session(data: bytes) -> tuple[int, AgentSession]:
+    """The first byte (mod 6) picks what to ask; the rest is all the guest ever sends to a host
+    session of it."""
     kind, guest_bytes = (data[0] % 6, data[1:]) if data else (0, b"")
     reader = asyncio.StreamReader(loop=_LOOP)
     reader.feed_data(guest_bytes)
     reader.feed_eof()
-    session = AgentSession(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
+    return kind, AgentSession(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
+
+
+def stream(data: bytes) -> None:
+    kind, session = _fed_session(data)
     root = _TMP / "stream"
     shutil.rmtree(root, ignore_errors=True)
     staging = root / "staging"
@@ -150,11 +156,7 @@ async def _mux_answer(kind: int, session: AgentSession) -> Any:
 
 
 def mux(data: bytes) -> None:
-    kind, guest_bytes = (data[0] % 6, data[1:]) if data else (0, b"")
-    reader = asyncio.StreamReader(loop=_LOOP)
-    reader.feed_data(guest_bytes)
-    reader.feed_eof()
-    session = AgentSession(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
+    kind, session = _fed_session(data)
     session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
     _LOOP.run_until_complete(_mux_answer(kind, session))
 
