@@ -39,3 +39,12 @@ def test_two_runs_in_one_process_each_probe_under_their_own_lock(
     assert asyncio.run(three_envs(str(tmp_path / "h1"))) == ["tcg"] * 3
     assert asyncio.run(three_envs(str(tmp_path / "h2"))) == ["tcg"] * 3
     assert len(probes) == 2  # once per home: the others found the cached verdict
+
+
+def test_only_tcg_guests_run_with_one_address_layout() -> None:
+    """Under TCG a guest gets ``norandmaps`` (translated code is keyed by virtual address, so a
+    repeated command reuses the loader's and libc's); under KVM its ASLR stays on."""
+    tcg = accel.Accel("tcg", "7.2", "test")
+    kvm = accel.Accel("kvm", "7.2", "test")
+    assert "norandmaps" in tcg.guest_cmdline().split()
+    assert "norandmaps" not in kvm.guest_cmdline().split()

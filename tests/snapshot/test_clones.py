@@ -75,6 +75,9 @@ async def test_five_clones_diverge(tiny_baseline: Baseline) -> None:
             assert env.hello["reseeder"] == "native"  # the helper answered, not Python
             result = (await env.exec(["sh", "-c", PROBE], timeout_s=60)).check()
             outputs.append(result.stdout.decode().split())
+        aslr = (await envs[0].exec(["cat", "/proc/sys/kernel/randomize_va_space"])).check()
+        assert driver.accel is not None  # TCG: one layout, so a repeated command's code is reused
+        assert aslr.stdout.strip() == (b"2" if driver.accel.name == "kvm" else b"0")
     finally:
         reports = [await env.aclose() for env in envs]
     urandom, boot_ids, randoms, clocks = zip(*outputs, strict=True)

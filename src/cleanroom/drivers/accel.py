@@ -40,6 +40,16 @@ class Accel:
             return ["-accel", "kvm", "-cpu", "host"]
         return ["-accel", "tcg", "-cpu", "max"]
 
+    def guest_cmdline(self) -> str:
+        """Guest kernel arguments this accelerator wants (appended to the driver's own).
+
+        TCG keys translated code by the virtual address it runs at, so with address-space
+        randomization every new process translates the loader and libc again: a repeated
+        ``true`` costs ~25 ms instead of ~7 (bench/session.py). ``norandmaps`` gives every
+        process one layout under TCG; under KVM nothing is translated and ASLR stays on.
+        """
+        return "" if self.name == "kvm" else " norandmaps"
+
 
 def qemu_version() -> str:
     try:

@@ -88,7 +88,7 @@ def machine_args(
         "-initrd",
         str(b.initrd),
         "-append",
-        GUEST_CMDLINE.format(khz=accel_mod.host_tsc_khz()),
+        GUEST_CMDLINE.format(khz=accel_mod.host_tsc_khz()) + accel.guest_cmdline(),
         "-drive",
         f"id=root,file={b.rootfs},format=raw,if=none,readonly=on",
         "-device",
