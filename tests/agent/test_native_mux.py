@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import os
 import pwd
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -259,3 +260,41 @@ def test_ctrl_c_reaches_a_command_whose_terminal_signals_nobody(
         assert b" 03" in out, bytes(out)
 
     drive(agent_binary, root, body)
+
+
+def test_a_request_it_cannot_take_is_refused_under_its_own_id(
+    agent_binary: Path, tmp_path: Path
+) -> None:
+    """A new request whose id is not an integer is refused ("unsupported") and a request that
+    fails (a folder to DOWNLOAD) fails, each in one FAILED naming the id it came with, and the
+    agent serves on: the host matches a FAILED to its request by that id (``mux.c:
+    send_failed``, from the reading thread and from a request's own)."""
+    sock_path = tmp_path / "agent.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    server.listen(1)
+    server.settimeout(10)
+    env = {
+        "PATH": os.environ["PATH"],
+        "CLEANROOM_AGENT_SOCKET": str(sock_path),
+        "CLEANROOM_GUEST_ROOT": str(tmp_path / "guest"),
+    }
+    proc = subprocess.Popen([str(agent_binary)], env=env, start_new_session=True)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(10)
+        stream = conn.makefile("rb")
+        assert protocol.read_frame(stream).kind == protocol.Kind.HELLO
+        conn.sendall(protocol.encode(protocol.Kind.EXEC, {"id": "x1", "argv": ["true"]}))
+        conn.sendall(protocol.encode(protocol.Kind.DOWNLOAD, {"id": 41, "path": "/"}))
+        conn.sendall(protocol.encode(protocol.Kind.PING, {}))
+        frames = [protocol.read_frame(stream) for _ in range(3)]
+    finally:
+        proc.kill()
+        proc.wait()
+        server.close()
+    failed = {f.header.get("id"): f.header for f in frames if f.kind == protocol.Kind.FAILED}
+    assert failed.keys() == {"x1", 41}, failed
+    assert failed["x1"]["code"] == "unsupported" and failed["x1"]["message"]
+    assert failed[41]["code"] == "is_a_directory" and "'/'" in failed[41]["message"]
+    assert [f.kind for f in frames].count(protocol.Kind.PONG) == 1  # still serving

@@ -74,9 +74,16 @@ static jspan field(const struct frame *f, const char *key) {
 }
 
 /* FAILED {code, message} of the calling thread's request (the sender adds its id) */
-static void failed(const char *code, const char *message) {
+/* FAILED {id?, code, message}: ``id`` (a value of a validated header: valid JSON) only where
+ * the sender does not add it (a refusal on the reading thread) */
+static void send_failed(const jspan *id, const char *code, const char *message) {
     jbuf h = {0};
-    jb_lit(&h, "{\"code\":");
+    jb_lit(&h, "{");
+    if (id) {
+        jb_key(&h, "id");
+        jb_raw(&h, id->p, id->n);
+    }
+    jb_key(&h, "code");
     jb_str(&h, code, strlen(code));
     jb_key(&h, "message");
     jb_str(&h, message, strlen(message));
@@ -84,6 +91,8 @@ static void failed(const char *code, const char *message) {
     host.send(K_FAILED, h.failed ? NULL : h.p, NULL, 0);
     jb_free(&h);
 }
+
+static void failed(const char *code, const char *message) { send_failed(NULL, code, message); }
 
 /* FAILED's code for an errno (transfers.FAILURES on the host) */
 static const char *errno_code(int err) {
@@ -678,16 +687,7 @@ static void *serve(void *arg) {
 
 /* FAILED for a request that never ran here (from the reading thread: the id is echoed) */
 static void refuse(jspan id, const char *code, const char *message) {
-    jbuf h = {0};
-    jb_lit(&h, "{\"id\":");
-    jb_raw(&h, id.p, id.n); /* a value of a validated header: valid JSON */
-    jb_key(&h, "code");
-    jb_str(&h, code, strlen(code));
-    jb_key(&h, "message");
-    jb_str(&h, message, strlen(message));
-    jb_lit(&h, "}");
-    host.send(K_FAILED, h.failed ? NULL : h.p, NULL, 0);
-    jb_free(&h);
+    send_failed(&id, code, message);
 }
 
 int mux_classify(const struct frame *f, int64_t *id, jspan *idv) {
