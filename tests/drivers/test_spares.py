@@ -46,7 +46,9 @@ def spare(env_id: str, *, age_s: float = 1.0, exited: int | None = None) -> Spar
     live: Any = SimpleNamespace(proc=SimpleNamespace(returncode=exited))
     monitor: Any = (None, SimpleNamespace(close=lambda: None))
     started = now - age_s
-    return Spare(env_id, (BASELINE.digest, LIMITS), TEMPLATE, live, monitor, started, now + 500)
+    session: Any = None  # run ahead: its agent said HELLO (never used here)
+    shape = (BASELINE.digest, LIMITS)
+    return Spare(env_id, shape, TEMPLATE, live, monitor, session, started, now + 500)
 
 
 def request(env_id: str = "env-x", **changes: Any) -> EnvRequest:

@@ -1,5 +1,6 @@
-"""Spare clones on real QEMU microVMs: started ahead and paused before any guest code, handed
-out by id, resumed by ``create``, destroyed and confirmed gone when nobody takes them."""
+"""Spare clones on real QEMU microVMs: started ahead, run once (RESEED, one ``true``) and paused
+again, handed out by id, resumed and reseeded by ``create``, destroyed and confirmed gone when
+nobody takes them."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
     await driver.spares.settled()
     spare_ids = [s.env_id for q in driver.spares.ready.values() for s in q]
     assert len(spare_ids) == 2, driver.spares.last_error
-    for env_id in spare_ids:  # loaded, but its vCPU has not run a guest instruction
-        assert await run_state(driver, env_id) == "paused"
-        assert hostproc.pids_with_marker(env_id)
+    for spare in [s for q in driver.spares.ready.values() for s in q]:
+        assert await run_state(driver, spare.env_id) == "paused"  # run ahead, then stopped
+        assert spare.session.hello["clone_id"] == spare.env_id  # its RESEED named it
+        assert hostproc.pids_with_marker(spare.env_id)
     taken = driver.next_env_id(tiny_baseline, limits)
     assert taken == spare_ids[0]
     env = await driver.create(request_for(taken, tiny_baseline))

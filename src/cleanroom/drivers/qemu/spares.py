@@ -1,11 +1,12 @@
-"""Spare clones for the qemu driver: started ahead, so an episode's snapshot start is only
-``cont``, RESEED and HELLO.
+"""Spare clones for the qemu driver: started and run once ahead, so an episode's snapshot
+start is only ``cont``, RESEED and HELLO, on code the clone has already translated.
 
 A spare is a clone in all but use: its own env id (the QEMU process's marker and its run folder,
 with owner.json naming this controller), the template's RAM mapped copy-on-write, the device
-state loaded. ``-S`` keeps its vCPU stopped: like any clone, the process has run no guest code
-when an episode takes it. QEMU's own start (~55 ms of CPU under TCG) is then off the episode's
-path.
+state loaded. It starts with ``-S``, then ``run_ahead`` runs it once (RESEED, one ``true``) and
+stops its vCPU again; the take RESEEDs it once more (fresh entropy, the clock). QEMU's own start
+(~55 ms of CPU under TCG) and the first translation of the paths every episode runs are then
+off the episode's path.
 
 The driver keeps ``target`` spares per shape (baseline, limits) that ``take_id`` was asked for,
 topped up in the background after each snapshot start of that shape, once no create is in
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -33,15 +35,17 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
-from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed
+from cleanroom.drivers.qemu.clone import RESEED_BYTES, Cloner, load_accepted, reseed
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
+from cleanroom.errors import DriverError
 from cleanroom.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
 
 MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
+WARM_TIMEOUT_S = 10.0  # the spare's one ``true`` ahead of its take (``run_ahead``)
 Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve
 
 
@@ -56,6 +60,7 @@ class Spare:
     template: snapshot.Template
     live: Live
     monitor: tuple[asyncio.StreamReader, asyncio.StreamWriter]  # its load monitor, kept open
+    session: AgentSession  # its agent, which said HELLO once already (``run_ahead``)
     started: float  # monotonic: when its QEMU was spawned
     deadline: float  # monotonic: when its supervisor kills it
 
@@ -173,6 +178,7 @@ class Spares:
             monitor = None  # the streams own it now
             timeout_s = self.ctx.config.restore_timeout_s
             await asyncio.wait_for(load_accepted(live, reader), timeout_s)
+            session = await asyncio.wait_for(run_ahead(env_id, live, reader, writer), timeout_s)
         except BaseException as exc:
             if monitor is not None:
                 monitor.close()
@@ -184,7 +190,7 @@ class Spares:
         finally:
             self.starting.pop(env_id, None)
         deadline = started + request.hard_deadline_s
-        spare = Spare(env_id, shape, template, live, (reader, writer), started, deadline)
+        spare = Spare(env_id, shape, template, live, (reader, writer), session, started, deadline)
         self.ready.setdefault(shape, []).append(spare)
 
     async def settled(self) -> None:
@@ -222,7 +228,12 @@ class Spares:
 
         async def resumed() -> AgentSession:
             await spare.live.while_running(qmp.command(reader, writer, "cont"))
-            return await reseed(request.env_id, spare.live)
+            header = {"clone_id": request.env_id, "time_ns": time.time_ns()}
+            entropy = secrets.token_bytes(RESEED_BYTES)
+            hello = await spare.live.while_running(spare.session.rejoin(header, entropy))
+            if hello.get("clone_id") != request.env_id:
+                raise DriverError(f"spare answered as {hello.get('clone_id')!r}")
+            return spare.session
 
         launcher = self.ctx.launcher
         try:
@@ -245,6 +256,29 @@ class Spares:
             template=spare.template.digest,
             spare_s=round(started - spare.started, 3),
         )
+
+
+async def run_ahead(
+    env_id: str, live: Live, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> AgentSession:
+    """Run a restored spare once before anyone takes it, then stop its vCPU again.
+
+    ``cont``, RESEED (its id), HELLO, one ``true``, ``stop``. Under TCG each new QEMU process
+    translates every guest code path it runs for the first time: the agent's RESEED and EXEC
+    paths and the guest kernel's ``fork``/``exec``/``exit`` are translated here, off the
+    episode's path (with ``norandmaps`` the loader's and libc's too). The take RESEEDs it again
+    (fresh entropy, the clock). A baseline without ``true`` still gets the kernel's and the
+    agent's paths: its exit 127 is not an error.
+    """
+    await live.while_running(qmp.command(reader, writer, "cont"))
+    session = await reseed(env_id, live)
+    try:
+        await live.while_running(session.exec(["true"], timeout_s=WARM_TIMEOUT_S))
+        await live.while_running(qmp.command(reader, writer, "stop"))
+    except BaseException:
+        await asyncio.shield(session.aclose())
+        raise
+    return session
 
 
 def _close_monitor(spare: Spare) -> None:
