@@ -15,7 +15,9 @@ Measures, on the tiny test baseline (the template is built first, if needed, and
 and, for the warm test baseline (a function entrypoint run by the agent's warm worker):
   clone: function episode answered         (--warm fresh clones: RUN -> DONE of a trivial
                                             function episode), beside a command episode
-                                            (tiny) and `python3 -c pass` in fresh clones
+                                            (tiny: python3; shell: /bin/sh writes
+                                            result.json) and `python3 -c pass` in fresh
+                                            clones; the same three from spares
   trivial function episodes per second end to end (--episodes at --parallel 2, 4)
 Cold and clone runs alternate, so machine noise hits both alike; every time is also given as
 a ratio to the cold boot's p50 measured in the same run. Results: bench/results/start.txt;
@@ -52,6 +54,7 @@ from cleanroom.store import LocalStore
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
 WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
+SHELL = ROOT / "tests" / "baselines" / "shell" / "baseline.toml"  # /bin/sh writes result.json
 
 
 def manifest(i: int) -> Manifest:
@@ -99,9 +102,15 @@ async def timed_env(
     return times
 
 
-async def timed_episode(driver: QemuDriver, baseline: Baseline, staging: Path) -> float:
-    """A fresh clone runs one trivial episode: seconds from RUN to DONE (agent ready before)."""
-    env = await driver.create(request(baseline))
+async def timed_episode(
+    driver: QemuDriver, baseline: Baseline, staging: Path, spare: bool = False
+) -> float:
+    """A fresh clone runs one trivial episode: seconds from RUN to DONE (agent ready before).
+    ``spare``: the clone is a spare (started and run once ahead, then settled)."""
+    if spare:
+        await driver.spares.settled()
+    env = await driver.create(request(baseline, driver if spare else None))
+    assert spare == (env.info.spare_s is not None), env.info
     try:
         m = manifest(0)
         entry: dict[str, Any] = (
@@ -124,22 +133,33 @@ async def warm_rows(
 ) -> tuple[list[str], list[str]]:
     """The warm baseline's rows (fresh clones, side by side with tiny's) and its episodes/s."""
     warm = resolve_or_build(str(WARM), progress=lambda s, d: print(f"build {s}: {d}"))
-    await (await snap.create(request(warm))).aclose()  # its template, built unless cached
-    await (await snap.create(request(tiny))).aclose()
-    function, command, python = [], [], []
+    shell = resolve_or_build(str(SHELL), progress=lambda s, d: print(f"build {s}: {d}"))
+    spares = QemuDriver(start="snapshot")
+    spares.keep_spares(1)
+    for baseline in (warm, tiny, shell):  # templates built unless cached; the spares started
+        await (await snap.create(request(baseline))).aclose()
+        await (await spares.create(request(baseline, spares))).aclose()
+    kinds = {"function": warm, "command": tiny, "shell command": shell}
+    fresh: dict[str, list[float]] = {kind: [] for kind in kinds}
+    ahead: dict[str, list[float]] = {kind: [] for kind in kinds}
+    python = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):  # interleaved: machine noise hits all three alike
-            function.append(await timed_episode(snap, warm, Path(tmp)))
-            command.append(await timed_episode(snap, tiny, Path(tmp)))
+        for i in range(runs):  # interleaved: machine noise hits all of them alike
+            for kind, baseline in kinds.items():
+                fresh[kind].append(await timed_episode(snap, baseline, Path(tmp)))
+                ahead[kind].append(await timed_episode(spares, baseline, Path(tmp), spare=True))
             python.append((await timed_env(snap, tiny, python=True))["python"])
-            print(f"warm run {i + 1}/{runs}: function episode {function[-1] * 1000:.0f} ms")
+            print(
+                f"warm run {i + 1}/{runs}: function episode {fresh['function'][-1] * 1000:.0f} ms"
+            )
+    await spares.release_spares()
     rows = [
-        row("clone: function episode answered", function, None),
-        row("clone: command episode answered", command, None),
+        *(row(f"clone: {kind} episode answered", fresh[kind], None) for kind in kinds),
+        *(row(f"spare clone: {kind} episode answered", ahead[kind], None) for kind in kinds),
         row("clone: then `python3 -c pass` (i)", python, None),
     ]
     rates = []
-    for baseline, kind in ((warm, "function"), (tiny, "command")):
+    for baseline, kind in ((warm, "function"), (tiny, "command"), (shell, "shell command")):
         for p in parallel if kind == "function" else parallel[:1]:
             rate = await episodes_per_s(baseline, episodes, p, "snapshot")
             rates.append(
