@@ -175,7 +175,7 @@ def test_a_bad_frame_ends_the_agent_instead_of_desynchronizing(
 
 def test_the_c_constants_are_the_protocols() -> None:
     """frame.h and agent.c restate protocol.py's kinds and limits: they must not drift. The
-    native agent reads the multiplexed kinds too (mux.c), up to ACK, and the gym's (40-46),
+    native agent reads the multiplexed kinds too (mux.c), up to WARM_UP, and the gym's (40-46),
     which it relays to the gym process (gym.c)."""
     import re
 
@@ -187,7 +187,7 @@ def test_the_c_constants_are_the_protocols() -> None:
     theirs = {name: v for name, v in vars(protocol.Kind).items() if isinstance(v, int)}
     for name, value in theirs.items():
         assert found[f"K_{name}"] == value, name
-    assert found["KIND_MAX"] == protocol.Kind.ACK == max(v for v in theirs.values() if v < 40)
+    assert found["KIND_MAX"] == protocol.Kind.WARM_UP == max(v for v in theirs.values() if v < 40)
     for name in ("MAX_HEADER", "CHUNK", "RESULT_MAX_BYTES", "MAX_NAME", "MAX_NAME_PARTS"):
         assert found[name] == getattr(protocol, name), name
     assert found["MAX_BODY"] == protocol.DEFAULT_MAX_BODY

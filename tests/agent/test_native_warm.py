@@ -157,3 +157,36 @@ def test_a_worker_whose_imports_fail_is_reported_not_waited_for(
     assert hello["warm"]["ready"] is False and "no_such_module" in hello["warm"]["error"]
     assert output.exit.exit_code == 1
     assert b"warm Python worker did not start" in output.stderr_path.read_bytes()
+
+
+def test_a_warm_up_runs_in_the_worker_and_the_episode_after_it_is_untouched(
+    built: Path, tmp_path: Path
+) -> None:
+    """WARM_UP (a spare's, before its take) is answered ``warmed`` by the worker itself; the
+    episode after it still runs in the child forked ahead at boot, with ``random`` as it would
+    have been (the warm-up touched no module state) and no file left by the warm-up. Without a
+    worker, WARM_UP answers ``warmed: false`` and the agent serves on."""
+    binary = lay_out(built, tmp_path)
+    guest = tmp_path / "guest"
+
+    async def body(session: AgentSession) -> Any:
+        before = sorted(p.name for p in guest.iterdir()) if guest.exists() else []
+        warmed = await session.warm_up()
+        after = sorted(p.name for p in guest.iterdir()) if guest.exists() else []
+        return session.hello, warmed, before, after, await run(session, tmp_path)
+
+    hello, warmed, before, after, output = drive(binary, tmp_path, body)
+    assert hello["warm"]["warm_up"] is True
+    assert warmed["warmed"] is True and warmed["warm_up_ms"] >= 0
+    assert before == after  # nothing written by the warm-up
+    assert output.exit.exit_code == 0 and output.entry == {"entry": "function", "worker": "warm"}
+    info = json.loads(output.result_raw)["info"]
+    assert info["ppid"] == hello["warm"]["pid"]  # the worker survived its SIGUSR1
+
+    bare = lay_out(built, tmp_path / "bare", config=None)
+
+    async def without_worker(session: AgentSession) -> Any:
+        return await session.warm_up(), await session.ping()
+
+    warmed_bare, _ = drive(bare, tmp_path / "bare", without_worker)
+    assert warmed_bare["warmed"] is False

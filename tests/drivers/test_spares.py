@@ -48,7 +48,7 @@ def spare(env_id: str, *, age_s: float = 1.0, exited: int | None = None) -> Spar
     started = now - age_s
     session: Any = None  # run ahead: its agent said HELLO (never used here)
     shape = (BASELINE.digest, LIMITS)
-    return Spare(env_id, shape, TEMPLATE, live, monitor, session, started, now + 500)
+    return Spare(env_id, shape, TEMPLATE, live, monitor, session, "none", started, now + 500)
 
 
 def request(env_id: str = "env-x", **changes: Any) -> EnvRequest:

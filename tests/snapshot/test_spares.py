@@ -48,6 +48,7 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
     for spare in [s for q in driver.spares.ready.values() for s in q]:
         assert await run_state(driver, spare.env_id) == "paused"  # run ahead, then stopped
         assert spare.session.hello["clone_id"] == spare.env_id  # its RESEED named it
+        assert spare.warmed == "command"  # tiny's entrypoint is a command: it ran a `true`
         assert hostproc.pids_with_marker(spare.env_id)
     taken = driver.next_env_id(tiny_baseline, limits)
     assert taken == spare_ids[0]

@@ -4,6 +4,8 @@ The native agent starts the worker at boot and relays each function episode to i
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from cleanroom.store import LocalStore
 from tests.stored import evidence_bytes
 
 from ..conftest import ROOT
-from ..vmkit import assert_nothing_left
+from ..vmkit import assert_nothing_left, request
 
 pytestmark = pytest.mark.vm
 
@@ -111,6 +113,47 @@ async def test_five_clones_run_the_function_warm_and_draw_different_randoms(
     randoms = [info["random"] for info in infos]
     assert len(set(randoms)) == 5, randoms
     snap.assert_all_destroyed("warm-5")
+
+
+async def test_a_spare_warms_its_worker_and_its_episode_still_runs_in_the_saved_child(
+    warm_baseline: Baseline, tmp_path: Path
+) -> None:
+    """A function baseline's spare runs WARM_UP ahead (its worker walks an episode's Python
+    paths; no ``true``), and the episode that takes it still runs in the child the template
+    saved, as a fresh clone's does, drawing a random of its own (the take's RESEED)."""
+    driver = QemuDriver(start="snapshot")
+    driver.keep_spares(1)
+    limits = request(warm_baseline).limits
+    first = driver.next_env_id(warm_baseline, limits)  # none ready: a fresh id
+    # the template, then (this shape was asked for) a spare
+    plain = await driver.create(dataclasses.replace(request(warm_baseline), env_id=first))
+    outputs = []
+    try:
+        await driver.spares.settled()
+        taken = driver.next_env_id(warm_baseline, limits)
+        spare = driver.spares.taken[taken]
+        assert spare.warmed == "worker", spare.session.hello.get("warm")
+        env = await driver.create(dataclasses.replace(request(warm_baseline), env_id=taken))
+        assert env.info.spare_s is not None
+        for which, one in (("spare", env), ("plain", plain)):
+            run = {
+                "manifest": manifest(which).guest_view(),
+                "function": warm_baseline.function.to_json(),  # type: ignore[union-attr]
+                "timeout_s": 60,
+                "env": {},
+            }
+            output = await one.run_episode(run, tmp_path / which, quota_bytes=1 << 24)
+            assert output.exit.exit_code == 0, output.exit
+            assert output.result_raw is not None
+            outputs.append(json.loads(output.result_raw)["info"])
+        await env.aclose()
+    finally:
+        await plain.aclose()
+        await driver.release_spares()
+    spare_info, plain_info = outputs
+    assert spare_info["pid"] == plain_info["pid"]  # the child saved in the template, both
+    assert spare_info["ppid"] == spare_info["imported_in"]
+    assert spare_info["random"] != plain_info["random"]
 
 
 async def test_failures_timeouts_and_secrets_behave_as_with_a_command(

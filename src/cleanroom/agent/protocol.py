@@ -83,6 +83,7 @@ class Kind:
     DOWNLOAD = 26  # [h->g] {id, path, tar}: answered by DATA frames, then DONE {id, size}
     DATA = 27  # [both] {id, offset, eof}, body = one chunk (at most CHUNK) of a stream
     ACK = 28  # [both] {id, size}: the receiver consumed ``size`` bytes of the stream so far
+    WARM_UP = 29  # [h->g] a spare: the warm worker walks an episode's paths once; OK {warmed}
     # 40-49: Gymnasium envs in the guest (``gym_worker.py``; values: ``gym_codec.py``)
     GYM_MAKE = 40  # [h->g] {env, kwargs}: construct the env (or take the premade one); SPACES
     GYM_SPACES = 41  # [g->h] {tree}, body: the env's spaces, metadata and versions

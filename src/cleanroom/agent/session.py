@@ -193,6 +193,19 @@ class AgentSession:
                 name = protocol.kind_name(frame.kind)
                 raise ProtocolError(f"the agent answered SNAPSHOT_PREPARE with {name}")
 
+    async def warm_up(self) -> dict[str, Any]:
+        """Have the warm worker walk an episode's Python paths once (WARM_UP, a spare's); its OK
+        (``warmed``: whether the worker answered). Only for a HELLO whose ``warm`` says
+        ``warm_up``."""
+        async with self._one_at_a_time():
+            await self._send(Kind.WARM_UP)
+            frame = await self._read()
+            if frame.kind != Kind.OK or not isinstance(frame.header.get("warmed"), bool):
+                raise ProtocolError(
+                    f"the agent answered WARM_UP with {protocol.kind_name(frame.kind)}"
+                )
+            return frame.header
+
     async def rejoin(self, header: dict[str, Any], entropy: bytes) -> dict[str, Any]:
         """After a snapshot of this env, which lives on (``fork_live``): RESEED it as a clone
         is (``header``: its own id, the clock; fresh ``entropy``) and return the HELLO it

@@ -18,6 +18,13 @@ numpy's global generator, if loaded) reseeded from the job's seed. It calls
 unserialisable dict or an exception exits 1 with the traceback on stderr. The worker itself
 never runs episode code.
 
+A spare clone's agent may send it ``SIGUSR1`` before anyone takes the clone: the worker then
+walks an episode's Python paths once in its own process (``rehearse_job``: a job with two
+descriptors sent to itself on a socket pair, a seed, a file read, text written to
+``/dev/null``, an exception caught; nothing written, nothing kept) and says
+``{"warmed": true}``. Under TCG the child, a fork of it at the same addresses,
+then finds that code translated.
+
 Messages both ways: a 4-byte big-endian length, then a JSON object; a job's two descriptors
 ride on its first bytes (``SCM_RIGHTS``).
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -141,6 +149,7 @@ def prepare_child() -> None:
     environment."""
     with contextlib.suppress(OSError):  # the worker may have set it already
         os.setpgid(0, 0)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # the worker's warm-up is not the child's
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -220,6 +229,41 @@ def serve(sock: socket.socket, facts: dict[str, Any]) -> None:
             return
 
 
+def rehearse_job() -> dict[str, Any]:
+    """An episode's Python paths walked once in the worker (``SIGUSR1``): what ``next_job``,
+    ``child`` and ``call_entry`` do, on a socket pair, a pipe and ``/dev/null`` of its own.
+    Nothing is written and no module state is touched (``random`` only through an instance)."""
+    started = time.monotonic()
+    job = {"function": "m:f", "root": "/run", "cwd": "/", "env": {"K": "v"}, "seed": "ab" * 32}
+    ours, theirs = socket.socketpair()
+    read_end, write_end = os.pipe()
+    try:
+        send_msg(ours, job, (read_end, write_end))  # a job with its two descriptors
+        again, fds = recv_msg(theirs, max_fds=2)
+        for fd in fds:
+            os.close(fd)
+        assert again is not None
+        if "random" in sys.modules:
+            sys.modules["random"].Random(bytes.fromhex(again["seed"])).random()
+        with open(__file__, encoding="utf-8") as f:
+            text = f.read(4096)
+        with open(os.devnull, "w", encoding="utf-8") as out:
+            print(
+                again["function"], len(text), json.dumps({"reward": 1.0, "info": again}), file=out
+            )
+            try:
+                raise TypeError(f"{again['function']} returned list, not a dict")
+            except TypeError as exc:
+                out.write(str(exc))
+            out.flush()
+    finally:
+        for closing in (ours, theirs):
+            closing.close()
+        os.close(read_end)
+        os.close(write_end)
+    return {"warmed": True, "ms": round((time.monotonic() - started) * 1000, 1)}
+
+
 def warm_up(config: dict[str, Any]) -> dict[str, Any]:
     """Put ``path`` on ``sys.path`` and import every module the config names; returns facts."""
     import traceback  # noqa: F401 - what a child needs, imported once (the template keeps it)
@@ -246,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
         send_msg(sock, {"ready": False, "error": traceback.format_exc()})
         return 1
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: send_msg(sock, rehearse_job()))
     serve(sock, facts)
     return 0
 

@@ -58,6 +58,7 @@ enum {
     THREAD_STACK = 256 * 1024, /* the request thread's deepest user: 32 nested artifact folders */
     MALLOC_KEEP = 4 * 1024 * 1024, /* past a frame (MAX_BODY): below this, malloc keeps the heap */
 };
+static const double WARM_UP_S = 5.0; /* the worker's answer to a WARM_UP (warm.c: warm_up) */
 
 static int port = -1;
 static struct reader rd;
@@ -904,6 +905,16 @@ static void serve(void) {
             send_frame(K_OK, "{\"prepared\":true,\"reseeder\":\"native\"}", NULL, 0);
         } else if (f.kind == K_RESEED && pool >= 0 && wait_idle()) {
             reseed(&f, 0);
+        } else if (f.kind == K_WARM_UP && wait_idle()) {
+            uint64_t started = micros(CLOCK_MONOTONIC);
+            int warmed = warm_up(WARM_UP_S);
+            jbuf h = {0};
+            jb_lit(&h, warmed > 0 ? "{\"warmed\":true" : "{\"warmed\":false");
+            jb_key(&h, "warm_up_ms");
+            jb_fixed(&h, (micros(CLOCK_MONOTONIC) - started) * 1000);
+            jb_lit(&h, "}");
+            send_frame(K_OK, h.failed ? NULL : h.p, NULL, 0);
+            jb_free(&h);
         } else if (gym_request(f.kind) && json_get(frame_header(&f), "id", &(jspan){0}) != 0) {
             gym_relay(&f); /* inline, a step hands off to no thread */
         } else if (mux_route(&f)) {

@@ -304,7 +304,7 @@ void warm_hello(jbuf *h) {
         return;
     jb_key(h, "warm");
     if (w.state == READY) {
-        jb_lit(h, "{\"ready\":true,\"pid\":");
+        jb_lit(h, "{\"ready\":true,\"warm_up\":true,\"pid\":");
         jb_int(h, w.ready_pid);
         jb_lit(h, ",\"import_s\":");
         jb_lit(h, w.import_s[0] ? w.import_s : "null");
@@ -316,6 +316,24 @@ void warm_hello(jbuf *h) {
         jb_str(h, tail, strlen(tail));
         jb_lit(h, "}");
     }
+}
+
+int warm_up(double timeout_s) {
+    if (w.state != READY || !w.ahead || w.sock < 0 || w.pid <= 0)
+        return 0;
+    if (kill(w.pid, SIGUSR1)) {
+        fail("it cannot be signalled");
+        return -1;
+    }
+    size_t n = 0;
+    int late;
+    char *msg = recv_msg(timeout_s, &n, &late);
+    jspan m = {msg, n}, v;
+    int ok = msg && !json_get(m, "warmed", &v) && json_true(v);
+    free(msg);
+    if (!ok)
+        fail(late ? "its warm-up took too long" : "it broke its warm-up");
+    return ok ? 1 : -1;
 }
 
 /* -- one episode -------------------------------------------------------------------------- */

@@ -30,6 +30,13 @@ void warm_run(send_fn send, jspan config, const char *root, jspan cwd, char *con
               char *const base_envp[], const unsigned char *seed, size_t seedlen,
               double timeout_s, struct timed_file *timed, size_t ntimed);
 
+/* A clone not yet taken (a spare): the worker runs the Python paths of an episode once in its
+ * own process (worker.py: rehearse_job, on SIGUSR1), so the child that runs the episode finds
+ * them translated. 1 once it said {"warmed":true} within `timeout_s`; 0 if it has no worker
+ * ready; -1 if it did not answer in time or broke the message (the worker is then stopped:
+ * the next RUN starts one). */
+int warm_up(double timeout_s);
+
 /* The image's python3 (NULL if none). */
 const char *python_path(void);
 

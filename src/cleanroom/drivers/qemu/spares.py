@@ -3,7 +3,7 @@ start is only ``cont``, RESEED and HELLO, on code the clone has already translat
 
 A spare is a clone in all but use: its own env id (the QEMU process's marker and its run folder,
 with owner.json naming this controller), the template's RAM mapped copy-on-write, the device
-state loaded. It starts with ``-S``, then ``run_ahead`` runs it once (RESEED, one ``true``) and
+state loaded. It starts with ``-S``, then ``run_ahead`` runs it once (RESEED, a warm-up) and
 stops its vCPU again; the take RESEEDs it once more (fresh entropy, the clock). QEMU's own start
 (~55 ms of CPU under TCG) and the first translation of the paths every episode runs are then
 off the episode's path.
@@ -61,6 +61,7 @@ class Spare:
     live: Live
     monitor: tuple[asyncio.StreamReader, asyncio.StreamWriter]  # its load monitor, kept open
     session: AgentSession  # its agent, which said HELLO once already (``run_ahead``)
+    warmed: str  # what ran ahead: "command" (a ``true``), "worker" (WARM_UP) or "none"
     started: float  # monotonic: when its QEMU was spawned
     deadline: float  # monotonic: when its supervisor kills it
 
@@ -180,7 +181,7 @@ class Spares:
             await asyncio.wait_for(load_accepted(live, reader), timeout_s)
             command = request.baseline.function is None  # a function episode runs no command
             ahead = run_ahead(env_id, live, reader, writer, command=command)
-            session = await asyncio.wait_for(ahead, timeout_s)
+            session, warmed = await asyncio.wait_for(ahead, timeout_s)
         except BaseException as exc:
             if monitor is not None:
                 monitor.close()
@@ -192,7 +193,9 @@ class Spares:
         finally:
             self.starting.pop(env_id, None)
         deadline = started + request.hard_deadline_s
-        spare = Spare(env_id, shape, template, live, (reader, writer), session, started, deadline)
+        spare = Spare(
+            env_id, shape, template, live, (reader, writer), session, warmed, started, deadline
+        )
         self.ready.setdefault(shape, []).append(spare)
 
     async def settled(self) -> None:
@@ -267,29 +270,36 @@ async def run_ahead(
     writer: asyncio.StreamWriter,
     *,
     command: bool,
-) -> AgentSession:
-    """Run a restored spare once before anyone takes it, then stop its vCPU again.
+) -> tuple[AgentSession, str]:
+    """Run a restored spare once before anyone takes it, then stop its vCPU again; its agent
+    session and what warmed it (``Spare.warmed``).
 
-    ``cont``, RESEED (its id), HELLO, one ``true`` (``command``), ``stop``. Under TCG each new
-    QEMU process translates every guest code path it runs for the first time: the agent's RESEED
-    and EXEC paths and the guest kernel's ``fork``/``exec``/``exit`` are translated here, off the
-    episode's path (with ``norandmaps`` the loader's and libc's too). The take RESEEDs it again
-    (fresh entropy, the clock). A baseline without ``true`` still gets the kernel's and the
-    agent's paths: its exit 127 is not an error. A function baseline's episodes run no command
-    (its worker's child is forked already), so its spares skip the ``true``: on 2 cores it
-    only took CPU from the episodes (function episodes/s at ``--parallel 2``, same run: 4.0
-    without it, 3.4 with).
+    ``cont``, RESEED (its id), HELLO, a warm-up, ``stop``. Under TCG each new QEMU process
+    translates every guest code path it runs for the first time; here that happens off the
+    episode's path. A command baseline runs one ``true``: the agent's RESEED and EXEC paths and
+    the guest kernel's ``fork``/``exec``/``exit`` (with ``norandmaps`` the loader's and libc's
+    too); a baseline without ``true`` still gets the kernel's and the agent's, its exit 127 is
+    not an error. A function baseline's episodes run no command (its worker's child is forked
+    already): its spares' warm worker walks an episode's Python paths instead (WARM_UP; the
+    function episode from a spare took 279 -> 111 ms when a `python3` ran such code first, same
+    run), where its HELLO says it can. The take RESEEDs the spare again (fresh entropy, the
+    clock).
     """
     await live.while_running(qmp.command(reader, writer, "cont"))
     session = await reseed(env_id, live)
+    warmed = "none"
     try:
         if command:
             await live.while_running(session.exec(["true"], timeout_s=WARM_TIMEOUT_S))
+            warmed = "command"
+        elif isinstance(worker := session.hello.get("warm"), dict) and worker.get("warm_up"):
+            answer = await live.while_running(session.warm_up())
+            warmed = "worker" if answer["warmed"] else "none"
         await live.while_running(qmp.command(reader, writer, "stop"))
     except BaseException:
         await asyncio.shield(session.aclose())
         raise
-    return session
+    return session, warmed
 
 
 def _close_monitor(spare: Spare) -> None:
