@@ -414,3 +414,13 @@ def test_queuing_an_attempt_again_and_restarting_ones_own_run_are_no_ops(ledger:
     assert [e.kind for e in ledger.events(RUN, kind="run_taken_over")] == []
     row = ledger.get_run(RUN)
     assert row is not None and (row.controller_id, row.status) == ("ctl-a", "running")
+
+
+def test_a_ledger_in_folders_not_made_yet_and_event_data_that_is_not_json(tmp_path: Path) -> None:
+    """Protects a first run in a new home (the ledger's folders are made, however deep) and the
+    controller's events: a value JSON cannot hold (a path, an exception) is kept as its text,
+    never an error on the path that records a failure."""
+    with Ledger(tmp_path / "new" / "home" / "ledger.db") as led:
+        led.event("export_failed", run_id="r", where=Path("/s/x"), error=OSError(28, "full"))
+        (event,) = led.events("r")
+        assert event.data == {"where": "/s/x", "error": "[Errno 28] full"}
