@@ -237,7 +237,7 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
         f"{'timeout':>7} {'unrun':>7} {'killed%':>7}",
         *(rows[m] for m in sorted(rows)),
         f"{'all':42} {totals['killed']:6} {totals['survived']:8} {totals['equivalent']:6} "
-        f"{totals['no tests']:8} {totals['timeout']:7} {totals['not checked']:7} {score:6.0f}%",
+        f"{totals['no tests']:8} {totals['timeout']:7} {totals['not checked']:7} {score:6.1f}%",
         "",
         "'no tests': no selected test reaches the function ("
         + ", ".join(f"{name}: {n}" for name, n in sorted(untested.items()))
@@ -245,8 +245,9 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
         "'unrun': mutants this run did not reach (a partial run); they are in no other column.",
         "'killed%' is killed / (killed + survived): of the mutants some test runs, less the",
         f"'equiv' ones ({SQL_CASE.removeprefix('equivalent: ')}). Target (issue 21 §3): >= 90%.",
-        f"{later['killed']} survivors are killed by a test added after their run (reason 'killed by"
-        f" ...', each checked on the mutant by hand): counted killed, {rescored:.1f}% of all.",
+        f"{later['killed']} survivors are killed by a test their run did not have (added since, or"
+        " outside its stage's selection: reason 'killed by ...', each checked on the mutant by",
+        f"hand); counted killed, all is {rescored:.1f}%.",
         "",
         f"surviving mutants ({len(survivors)}): name, the line changed, why it is harmless or what",
         "test now kills it (bench/mutation_reasons.txt; 'untriaged' = not yet looked at)",
