@@ -119,6 +119,8 @@ async def test_store_failure_is_export_failed_never_success(h: Harness) -> None:
     result = await h.ctl.run([manifest("x")], h.baseline, run_id="r3")
     assert result.episodes[0].outcome is Outcome.EXPORT_FAILED
     assert h.ledger.outcome_counts("r3") == {"export_failed": 1}
+    [event] = h.ledger.events("r3", kind="export_failed")  # the audit says why
+    assert (event.episode_id, event.data["error"]) == ("x", "disk full (simulated)")
     h.assert_all_destroyed("r3")
 
 
