@@ -119,6 +119,8 @@ async def test_store_failure_is_export_failed_never_success(h: Harness) -> None:
     result = await h.ctl.run([manifest("x")], h.baseline, run_id="r3")
     assert result.episodes[0].outcome is Outcome.EXPORT_FAILED
     assert h.ledger.outcome_counts("r3") == {"export_failed": 1}
+    [event] = h.ledger.events("r3", kind="export_failed")  # the audit says why
+    assert (event.episode_id, event.data["error"]) == ("x", "disk full (simulated)")
     h.assert_all_destroyed("r3")
 
 
@@ -285,8 +287,11 @@ async def test_fake_destroy_takes_the_entrypoints_whole_process_tree(h: Harness)
 
 async def test_drift_during_a_run_stops_the_next_env_creation(h: Harness) -> None:
     entry = h.baseline.path / "entry.py"
+    refused: list[dict[str, Any]] = []
 
     def tamper_after_first(kind: str, data: dict[str, Any]) -> None:
+        if kind == "drift_refused":  # what metrics and logs count: which episode, which files
+            refused.append(data)
         if kind == "episode_finished" and data["episode_id"] == "first":
             entry.write_text(entry.read_text() + "\n# changed mid-run\n")
 
@@ -302,6 +307,7 @@ async def test_drift_during_a_run_stops_the_next_env_creation(h: Harness) -> Non
     second_env = next(e for e in h.ledger.envs(run_id="rd") if e.episode_id == "second")
     assert second_env.created_at is None  # refused before any VM process existed
     assert first_env.confirmed_absent_at is not None
+    assert [(d["episode_id"], d["drifted"]) for d in refused] == [("second", ["entry.py"])]
 
 
 class Faulty(FakeDriver):

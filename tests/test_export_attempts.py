@@ -25,7 +25,7 @@ from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.manifest import Manifest
 from cleanroom.record import Outcome
 from cleanroom.store import LocalStore, Store
-from cleanroom.store.layout import listed
+from cleanroom.store.layout import listed, log_path
 
 from .conftest import make_fake_baseline
 
@@ -181,3 +181,19 @@ def test_a_record_of_the_old_layout_is_still_read(tmp_path: Path) -> None:
     assert (failure.stderr, failure.log) == ("old stderr", "logs/stderr.log")
     path = RunResult(RUN, store=store).artifact_path(EID, "out.txt")
     assert path.read_bytes() == b"old artifact"
+
+
+def test_each_attempts_log_is_looked_for_where_its_layout_puts_it() -> None:
+    """Protects where every reader looks for an attempt's log (``layout.log_path``): the path
+    the record lists when the record is that attempt's (wherever it lies); the attempt's own
+    folder when there is no record, the record is another attempt's, or a record of this
+    layout does not list the log; beside the record only for the old layout."""
+    verify = {"name": "verify.log", "path": "attempts/2/verify/verify.log"}
+    new = {"attempt": 2, "evidence": "attempts/2", "logs": [verify]}
+    old = {"record_version": 1, "attempt": 1, "logs": [{"name": "stderr.log"}]}
+    assert log_path(new, 2, "verify.log") == "attempts/2/verify/verify.log"
+    assert log_path(new, 1, "verify.log") == "attempts/1/logs/verify.log"
+    assert log_path(new, 2, "stdout.log") == "attempts/2/logs/stdout.log"
+    assert log_path(None, 3, "stdout.log") == "attempts/3/logs/stdout.log"
+    assert log_path(old, 1, "stderr.log") == "logs/stderr.log"
+    assert log_path(old, 1, "stdout.log") == "logs/stdout.log"

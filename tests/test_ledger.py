@@ -92,6 +92,7 @@ def test_destroy_of_an_env_without_intent_is_an_event_not_a_crash(ledger: Ledger
     assert ledger.get_env("env-never") is None
     unknown = ledger.events(None, kind="env_unknown")
     assert [e.data["operation"] for e in unknown] == ["env_destroy_started", "env_destroyed"]
+    assert [e.env_id for e in unknown] == ["env-never", "env-never"]  # which env it was
 
 
 def test_duplicate_env_id_is_refused_with_the_operation_named(ledger: Ledger) -> None:
@@ -113,6 +114,7 @@ def test_live_only_means_not_confirmed_absent(ledger: Ledger) -> None:
     assert live == {"env-leaked", "env-intent", "env-other-run"}
     assert {e.env_id for e in ledger.envs(RUN, live_only=True)} == {"env-leaked", "env-intent"}
     assert len(ledger.envs(RUN)) == 3
+    assert len(ledger.envs()) == 4  # no filter: every run's envs
     gone = ledger.get_env("env-gone")
     leaked = ledger.get_env("env-leaked")
     assert gone is not None and gone.state == "absent" and gone.confirmed_absent_at is not None
@@ -172,6 +174,7 @@ def test_resumed_run_takes_new_owner_and_keeps_created(ledger: Ledger) -> None:
     assert after.created == before.created and after.finished is None
     (resumed,) = ledger.events(RUN, kind="run_resumed")
     assert resumed.data["previous_controller"] == "ctl-a"
+    assert resumed.data["controller_id"] == "ctl-b"  # who resumed it
     assert resumed.data["previous_status"] == "cancelled"
     with pytest.raises(LedgerError, match="no run"):
         ledger.finish_run("nope", "completed")
@@ -206,7 +209,9 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
-    with pytest.raises(LedgerError, match="newer"):
+    # the whole message: the test's own folder (test_a_newer_...) also says "newer"
+    wanted = f"schema version {SCHEMA_VERSION + 1} is newer than this cleanroom"
+    with pytest.raises(LedgerError, match=wanted):
         Ledger(path)
 
 
@@ -368,3 +373,54 @@ def test_an_episodes_row_is_not_an_attempt_that_lost_to_another_record(ledger: L
 
     assert ledger.outcome_counts(RUN) == {"completed": 1, "superseded": 1}
     assert {(e.episode_id, e.attempt) for e in ledger.episodes(RUN)} == {("a", 1), ("b", 1)}
+
+
+def test_each_state_of_an_env_and_a_snapshot_is_recorded(ledger: Ledger) -> None:
+    """Protects the audit trail's states (what ``cleanroom reap`` and an operator read): an env
+    goes intent -> created -> destroying -> absent, a snapshot intent -> saved; a state written
+    in another case (``'CREATED'``) is a state nothing else reads."""
+    _intent(ledger, "env-a")
+    states = [ledger.get_env("env-a").state]  # type: ignore[union-attr]
+    ledger.env_created("env-a", pid=1, run_dir="/r", accelerator="tcg")
+    states.append(ledger.get_env("env-a").state)  # type: ignore[union-attr]
+    ledger.env_destroy_started("env-a")
+    states.append(ledger.get_env("env-a").state)  # type: ignore[union-attr]
+    ledger.env_destroyed("env-a", confirmed_absent=True, cleanup_ms=1.0, attempts=1)
+    states.append(ledger.get_env("env-a").state)  # type: ignore[union-attr]
+    assert states == ["intent", "created", "destroying", "absent"]
+    ledger.snapshot_intent(
+        "s-1", run_id=RUN, group_id="g", driver="fake", setup_digest="d", **OWNER
+    )
+    assert ledger.get_snapshot("s-1").state == "intent"  # type: ignore[union-attr]
+    ledger.snapshot_saved("s-1", parent_env_id="env-a", digest="d", group_digest="g")
+    assert ledger.get_snapshot("s-1").state == "saved"  # type: ignore[union-attr]
+
+
+def test_finishing_an_attempt_never_queued_is_refused(ledger: Ledger) -> None:
+    """Protects one row per attempt: an outcome for an attempt the ledger never queued is a
+    LedgerError naming it, not an update of nothing."""
+    with pytest.raises(LedgerError, match=r"no queued attempt run-1/e9#2"):
+        ledger.episode_finished(RUN, "e9", 2, outcome="completed")
+    assert ledger.episodes(RUN) == []
+
+
+def test_queuing_an_attempt_again_and_restarting_ones_own_run_are_no_ops(ledger: Ledger) -> None:
+    """Protects resume: queuing an attempt already queued keeps its one row, and the controller
+    that holds a run may start it again (only *another* live controller is refused)."""
+    ledger.episode_queued(RUN, "e1", 1)
+    ledger.episode_queued(RUN, "e1", 1)
+    assert len(ledger.episodes(RUN)) == 1
+    ledger.start_run(RUN, controller_id="ctl-a", baseline=BASE, driver="fake", parallel=2, meta={})
+    assert [e.kind for e in ledger.events(RUN, kind="run_taken_over")] == []
+    row = ledger.get_run(RUN)
+    assert row is not None and (row.controller_id, row.status) == ("ctl-a", "running")
+
+
+def test_a_ledger_in_folders_not_made_yet_and_event_data_that_is_not_json(tmp_path: Path) -> None:
+    """Protects a first run in a new home (the ledger's folders are made, however deep) and the
+    controller's events: a value JSON cannot hold (a path, an exception) is kept as its text,
+    never an error on the path that records a failure."""
+    with Ledger(tmp_path / "new" / "home" / "ledger.db") as led:
+        led.event("export_failed", run_id="r", where=Path("/s/x"), error=OSError(28, "full"))
+        (event,) = led.events("r")
+        assert event.data == {"where": "/s/x", "error": "[Errno 28] full"}

@@ -147,6 +147,7 @@ async def test_reap_takes_a_durable_records_outcome_for_a_dead_controllers_episo
     [row] = ledger.episodes("r")
     assert (row.outcome, row.reward) == ("completed", 2.5)
     assert ledger.events("r", "episode_reconciled")
+    assert report.episodes_marked == []  # durable: not counted as lost
 
 
 async def test_reap_marks_exactly_the_attempt_whose_controller_died(
@@ -165,6 +166,8 @@ async def test_reap_marks_exactly_the_attempt_whose_controller_died(
     await _create(driver, ledger, tmp_path, dead, "b-lost")
     await _create(driver, ledger, tmp_path, dead, "c-retried")
     ledger.episode_queued("r", "c-retried", 2)  # a later attempt, not started
+    await _create(driver, ledger, tmp_path, dead, "d-finished")  # died destroying its env
+    ledger.episode_finished("r", "d-finished", 1, outcome="completed")
     report = await reap(driver, ledger, LocalStore(tmp_path / "store"))
     assert sorted(report.episodes_marked) == [("r", "b-lost", 1), ("r", "c-retried", 1)]
     rows = {(r.episode_id, r.attempt): r for r in ledger.episodes("r", all_attempts=True)}
@@ -175,6 +178,7 @@ async def test_reap_marks_exactly_the_attempt_whose_controller_died(
     assert rows[("c-retried", 1)].outcome == "infra_error"
     assert rows[("c-retried", 2)].outcome is None
     assert rows[("a-done", 1)].outcome == "completed"
+    assert rows[("d-finished", 1)].outcome == "completed"  # its outcome stands, not lost
 
 
 class SnapshotsOnDisk(FakeDriver):

@@ -124,6 +124,23 @@ def test_escaped_forms_split_across_file_chunks_are_found(
     assert redactor.counts == {"HF": 2, "SHORT": 0}  # the longer secret is replaced whole
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 29, 58, 59, 64])
+def test_overlapping_base64_at_a_chunk_boundary_is_one_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Protects streamed redaction where two overlapping base64 alignments of one secret
+    straddle the point up to which a chunk is redacted: the span waits for the next chunk.
+    Before, the first alignment alone was replaced and ``Q`` (six of the secret's bits) was
+    left in clear at these chunk sizes."""
+    monkeypatch.setattr(secrets, "CHUNK", chunk)
+    path = tmp_path / "f"
+    path.write_bytes(b"data:" + base64.b64encode(b"\0\0\0\t\t\t\t\x08") + b"." * 60)
+    redactor = Redactor({"S": "\t\t\t\x08"})
+    redactor.file(path)
+    assert path.read_bytes() == b"data:AAAA[REDACTED:S]g=" + b"." * 60
+    assert redactor.counts == {"S": 1}
+
+
 def test_each_form_is_found_alone_in_plain_text() -> None:
     """The redactor searches only for the forms that can occur in a text (no ``%``/``\\``:
     no escaped form); each form alone, in otherwise plain text, is still found."""

@@ -133,6 +133,11 @@ def test_the_longer_secret_wins_whatever_order_they_are_given_in() -> None:
     redactor = Redactor({"SHORT": "Sup3r", "LONG": "hf_Sup3r_Secret"})
     assert redactor.redact(b"a hf_Sup3r_Secret b Sup3r") == b"a [REDACTED:LONG] b [REDACTED:SHORT]"
     assert redactor.counts == {"SHORT": 1, "LONG": 1}
+    # a prefix is where the order tells: both match at one place, and the first tried wins
+    # (names that sort the shorter first: sorted by name, "_Secret" was left in clear)
+    redactor = Redactor({"A": "Sup3r", "B": "Sup3r_Secret"})
+    assert redactor.redact(b"<Sup3r_Secret>") == b"<[REDACTED:B]>"
+    assert redactor.counts == {"A": 0, "B": 1}
 
 
 def test_a_space_sent_as_plus_is_found_in_text_with_no_other_escape() -> None:
@@ -145,3 +150,42 @@ def test_the_last_bmp_character_is_one_escape_not_a_surrogate_pair() -> None:
     """U+FFFF is written ``\\uffff`` (one escape); only characters above it are pairs."""
     secret = "ab\uffffcd"
     assert redacted(secret, b"<ab\\uFFFFcd>") == (b"<" + MARK + b">", {"S": 1})
+
+
+def test_the_first_astral_character_is_a_surrogate_pair() -> None:
+    """U+10000, the first character above the BMP, is written as the pair ``\\ud800\\udc00``
+    (a cut-off one past U+FFFF looked for ``\\u10000`` and left it in clear)."""
+    secret = "ab\U00010000cd"
+    assert redacted(secret, b"<ab\\ud800\\udc00cd>") == (b"<" + MARK + b">", {"S": 1})
+
+
+@pytest.mark.parametrize(
+    ("secret", "text", "expected"),
+    [
+        ("\0" * 5, b"x:AAAAAAA=", b"x:" + MARK + b"="),  # a second alignment one byte on
+        ("(" * 8, b"x:" + base64.b64encode(b"(((" + b"(" * 8 + b"(("), b"x:" + MARK + b"A=="),
+    ],
+)
+def test_base64_alignments_that_overlap_one_byte_on_are_one_span(
+    secret: str, text: bytes, expected: bytes
+) -> None:
+    """Protects the merge of overlapping matches: the next alignment is looked for from one byte
+    after each match's start; from two bytes on, a match starting one byte on was missed and
+    its tail (``A``, ``KA``: bits of the secret) left in clear."""
+    assert redacted(secret, text) == (expected, {"S": 1})
+
+
+def test_a_secret_written_twice_back_to_back_is_two_replacements() -> None:
+    """Matches that touch are not merged: each is its own replacement (``counts`` is the number
+    of replacements really made)."""
+    assert redacted("hunter22", b"<hunter22hunter22>") == (b"<" + MARK + MARK + b">", {"S": 2})
+
+
+def test_text_with_a_lone_surrogate_is_redacted_not_refused() -> None:
+    """A guest's JSON may carry a lone surrogate (``"\\ud800"`` is valid JSON): its strings are
+    still redacted, and come back as valid text (the surrogate replaced), never an exception."""
+    redactor = Redactor({"S": "hunter22"})
+    value = redactor.redact_json(json.loads('{"k": "\\ud800 hunter22 \\udfff"}'))
+    assert value["k"].endswith(" [REDACTED:S] \ufffd\ufffd\ufffd"), value
+    assert "\ud800" not in value["k"] and redactor.counts == {"S": 1}
+    value["k"].encode()  # valid text: no surrogate left

@@ -108,6 +108,23 @@ def test_files_of_a_durable_episode_are_not_replaced(store: LocalStore) -> None:
     store.put_bytes(RUN, EP, "attempts/1/destroy.json", b"{}")  # new files are fine
 
 
+def test_a_durable_episodes_files_exported_again_unchanged_are_no_ops(
+    store: LocalStore, tmp_path: Path
+) -> None:
+    """Protects a retried export after the record (a resume, a crash after the record): the same
+    file again, from a path or empty, is the file already stored, not a RecordConflict."""
+    src = tmp_path / "out.bin"
+    src.write_bytes(b"evidence")
+    first = store.put_file(RUN, EP, "artifacts/out.bin", src)
+    empty = store.put_bytes(RUN, EP, "logs/stderr.log", b"")
+    store.put_record(RUN, EP, RECORD)
+    assert store.put_file(RUN, EP, "artifacts/out.bin", src) == first
+    assert store.put_bytes(RUN, EP, "logs/stderr.log", b"") == empty
+    src.write_bytes(b"changed")
+    with pytest.raises(RecordConflict):
+        store.put_file(RUN, EP, "artifacts/out.bin", src)
+
+
 @pytest.mark.parametrize(
     "rel",
     [

@@ -202,6 +202,9 @@ class Redactor:
         regex = self._regex(data)
         out, i = [], 0
         for match, end in _spans(regex, data, safe) if regex is not None else ():
+            if end is None:  # it waits for the next chunk, whole
+                safe = match.start()
+                break
             out += [data[i : match.start()], self._mark(match)]
             i = end
         cut = max(i, safe)
@@ -211,14 +214,19 @@ class Redactor:
 
 def _spans(
     regex: re.Pattern[bytes], data: bytes, safe: int
-) -> Iterator[tuple[re.Match[bytes], int]]:
+) -> Iterator[tuple[re.Match[bytes], int | None]]:
     """Each match starting before ``safe`` and where its span ends, overlapping matches merged:
     base64 of a secret that repeats its own bytes can match at two alignments that overlap
-    (``CQkJC`` and ``kJCQ`` in ``AAAACQkJCQg=``), and either one alone leaves some of it."""
+    (``CQkJC`` and ``kJCQ`` in ``AAAACQkJCQg=``), and either one alone leaves some of it.
+    A span that a match starting at ``safe`` or later would extend ends the scan (end None):
+    that match may not be whole in ``data`` yet, so the span waits for the next chunk."""
     pos = 0
     while (match := regex.search(data, pos)) is not None and match.start() < safe:
         end, nxt = match.end(), match.start() + 1
-        while (more := regex.search(data, nxt)) is not None and more.start() < min(end, safe):
+        while (more := regex.search(data, nxt)) is not None and more.start() < end:
+            if more.start() >= safe:
+                yield match, None
+                return
             end, nxt = max(end, more.end()), more.start() + 1
         if end > match.start():  # (no form is empty: secrets have a minimum length)
             yield match, end

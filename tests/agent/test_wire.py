@@ -141,6 +141,31 @@ def test_guest_text_escapes_say_which_character_it_was() -> None:
     assert wire.guest_text("tab\tnew\nline é ✓") == "tab\tnew\nline é ✓"
 
 
+def test_a_refused_name_says_what_and_shows_it_escaped_and_cut() -> None:
+    """Protects the refusal an operator reads: it names what was refused (``artifact name``
+    unless told) and shows the name escaped, whole up to ``MAX_NAME`` characters, then cut."""
+    with pytest.raises(UnsafePath, match=r"^secret file a/\\x00b has a control character"):
+        wire.guest_name("a/\x00b", "secret file")
+    with pytest.raises(UnsafePath, match=r"^artifact name a\\x01 has a control character"):
+        wire.guest_name("a\x01")
+    with pytest.raises(UnsafePath) as refused:
+        wire.guest_name("\x01" + "x" * (3 * protocol.MAX_NAME))
+    shown = str(refused.value).removeprefix("artifact name ").split(" has ")[0]
+    assert shown.endswith("…") and len(shown) == protocol.MAX_NAME + 1
+
+
+def test_guest_text_marks_a_cut_and_only_a_cut() -> None:
+    """``…`` says the guest's text was cut (by length, or by escapes that made it longer);
+    text of exactly ``limit`` characters is whole."""
+    assert wire.guest_text("a" * 10, 10) == "a" * 10
+    assert wire.guest_text("a" * 11, 10) == "a" * 10 + "…"
+    assert wire.guest_text("\x01" * 3, 10) == "\\x01\\x01\\x…"
+
+
+def test_an_empty_frame_header_is_an_empty_object() -> None:
+    assert wire.decode_header(b"") == {}
+
+
 class Guest:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

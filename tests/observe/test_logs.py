@@ -49,6 +49,9 @@ async def test_json_file_binds_ids_to_every_episode_line(
     assert steps == ["episode started", "env ready", "episode finished"]
     finished = {line["episode_id"]: line for line in lines if line["event"] == "episode finished"}
     assert finished["a"]["outcome"] == "completed" and finished["a"]["confirmed_absent"] is True
+    record = obs.store.get_record("l1", "a")  # the operator's line says the durable reward
+    assert record is not None and record["reward"] is not None
+    assert finished["a"]["reward"] == record["reward"] and finished["a"]["attempt"] == 1
     assert finished["b"]["outcome"] == "episode_error" and finished["b"]["error"]
     assert isinstance(finished["a"]["timings"], dict) and "provision_s" in finished["a"]["timings"]
     # stderr got the same lines as JSON (not a terminal under pytest)
