@@ -11,9 +11,13 @@ A run made in stages (module groups, each against its own tests, in its own scra
 reported at once: give each stage's ``mutants/`` folder (a mutant's result is taken from the
 first folder that has one). ``--carry REPORT`` takes the modules that no folder has results for
 from earlier reports (the first that has the module: its row and survivors; reasons and
-equivalents are judged again), and marks them ``*``.
+equivalents are judged again), and marks them ``*``. ``--rerun MUTANTS_DIR`` overrides carried
+modules per mutant: each mutant that folder has a result for replaces the carried one (a carried
+survivor it kills is counted killed and leaves the survivor list; any other mutant it ran is taken
+as one the carried run did not reach: it leaves 'unrun' for its result).
 
-    python bench/mutation_report.py [--carry REPORT ...] [MUTANTS_DIR ...] > OUT
+    python bench/mutation_report.py [--carry REPORT ...] [--rerun MUTANTS_DIR ...] \
+        [MUTANTS_DIR ...] > OUT
 """
 
 from __future__ import annotations
@@ -171,6 +175,29 @@ def carried(
     return rows, survivors, untested
 
 
+def override(
+    module: str,
+    counts: Counter[str],
+    survivors: list[tuple[str, str, str]],
+    rerun: dict[str, tuple[dict[str, int | None], Path]],
+) -> list[tuple[str, str, str]]:
+    """A carried module's counts and survivors with the rerun's results put in their place:
+    returns its survivors now (name, old line, new line); ``counts`` is adjusted in place."""
+    codes, source = rerun.get(module, ({}, Path()))
+    ran = {key: STATUS.get(code, "other") for key, code in codes.items() if code is not None}
+    before = {name for name, _, _ in survivors}
+    for key, status in ran.items():
+        was = "survived" if key in before else "not checked"
+        if counts[was] < 1:
+            raise SystemExit(f"--rerun: {key} is neither a carried survivor nor an unrun mutant")
+        counts[was] -= 1
+        counts[status] += 1
+    kept = [s for s in survivors if ran.get(s[0], "survived") == "survived"]
+    new = sorted(k for k, status in ran.items() if status == "survived" and k not in before)
+    defs = functions(source) if new else {}
+    return kept + [(key, *changed(defs, key)) for key in new]
+
+
 def row(module: str, counts: Counter[str], mark: str = "") -> str:
     tested = counts["killed"] + counts["survived"]
     share = f"{100 * counts['killed'] / tested:.0f}%" if tested else "-"
@@ -178,9 +205,12 @@ def row(module: str, counts: Counter[str], mark: str = "") -> str:
     return f"{module + mark:42} {cells} {share:>7}"
 
 
-def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
-    carry = carry or []
+def main(
+    dirs: list[Path], carry: list[Path] | None = None, reruns: list[Path] | None = None
+) -> int:
+    carry, reruns = carry or [], reruns or []
     results = merged_results(dirs)
+    rerun = merged_results(reruns)
     if not results and not carry:
         print("no mutmut results in mutants/: run `make mutation` first", file=sys.stderr)
         return 1
@@ -215,9 +245,9 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
         old_rows, old_survivors, old_untested = carried(report, set(rows))
         untested.update(old_untested)
         for module, counts in old_rows.items():
-            for key, old, new in old_survivors:
-                if of_module(key, module):
-                    survivor(key, old, new, counts)
+            mine = [s for s in old_survivors if of_module(s[0], module)]
+            for key, old, new in override(module, counts, mine, rerun):
+                survivor(key, old, new, counts)
             totals.update(counts)
             rows[module] = row(module, counts, " *")
     tested = totals["killed"] + totals["survived"]
@@ -232,6 +262,12 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
             for d in dirs
         ),
         *([f"* carried from {', '.join(r.name for r in carry)} (not rerun)"] if carry else []),
+        *(
+            f"rerun {d.name} (replaces carried results per mutant): {ran(rerun, d)} mutants of "
+            f"{' '.join(sorted(m for m in rerun if rerun[m][1].is_relative_to(d)))}"
+            f" against {' '.join(stage_tests(d))}"
+            for d in reruns
+        ),
         "",
         f"{'module':42} {'killed':>6} {'survived':>8} {'equiv':>6} {'no tests':>8} "
         f"{'timeout':>7} {'unrun':>7} {'killed%':>7}",
@@ -245,9 +281,15 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
         "'unrun': mutants this run did not reach (a partial run); they are in no other column.",
         "'killed%' is killed / (killed + survived): of the mutants some test runs, less the",
         f"'equiv' ones ({SQL_CASE.removeprefix('equivalent: ')}). Target (issue 21 §3): >= 90%.",
-        f"{later['killed']} survivors are killed by a test their run did not have (added since, or"
-        " outside its stage's selection: reason 'killed by ...', each checked on the mutant by",
-        f"hand); counted killed, all is {rescored:.1f}%.",
+        *(
+            [
+                f"{later['killed']} survivors are killed by a test their run did not have (added"
+                " since, or outside its stage's selection: reason 'killed by ...', each checked on",
+                f"the mutant by hand); counted killed, all is {rescored:.1f}%.",
+            ]
+            if later["killed"]
+            else []
+        ),
         "",
         f"surviving mutants ({len(survivors)}): name, the line changed, why it is harmless or what",
         "test now kills it (bench/mutation_reasons.txt; 'untriaged' = not yet looked at)",
@@ -256,6 +298,16 @@ def main(dirs: list[Path], carry: list[Path] | None = None) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def ran(results: dict[str, tuple[dict[str, int | None], Path]], mutants: Path) -> int:
+    """How many mutants the folder ``mutants`` has a result for."""
+    return sum(
+        code is not None
+        for codes, source in results.values()
+        if source.is_relative_to(mutants)
+        for code in codes.values()
+    )
 
 
 def stage_tests(mutants: Path) -> list[str]:
@@ -271,9 +323,12 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--carry", type=Path, action="append", help="an earlier report, for modules not rerun"
     )
+    parser.add_argument(
+        "--rerun", type=Path, action="append", help="mutants/ of a rerun of carried mutants"
+    )
     parser.add_argument("dirs", type=Path, nargs="*", help="mutants/ folders (default: mutants)")
     args = parser.parse_args(argv)
-    return main(args.dirs or [MUTANTS], args.carry)
+    return main(args.dirs or ([] if args.rerun else [MUTANTS]), args.carry, args.rerun)
 
 
 if __name__ == "__main__":
