@@ -14,7 +14,8 @@ from earlier reports (the first that has the module: its row and survivors; reas
 equivalents are judged again), and marks them ``*``. ``--rerun MUTANTS_DIR`` overrides carried
 modules per mutant: each mutant that folder has a result for replaces the carried one (a carried
 survivor it kills is counted killed and leaves the survivor list; any other mutant it ran is taken
-as one the carried run did not reach: it leaves 'unrun' for its result).
+as one the carried run did not reach: it leaves 'unrun' for its result; a carried survivor whose
+rerun mutant changes another line, renumbered since, is kept as carried).
 
     python bench/mutation_report.py [--carry REPORT ...] [--rerun MUTANTS_DIR ...] \
         [MUTANTS_DIR ...] > OUT
@@ -185,7 +186,12 @@ def override(
     returns its survivors now (name, old line, new line); ``counts`` is adjusted in place."""
     codes, source = rerun.get(module, ({}, Path()))
     ran = {key: STATUS.get(code, "other") for key, code in codes.items() if code is not None}
+    defs = functions(source) if ran else {}
     before = {name for name, _, _ in survivors}
+    for name, old, new in survivors:  # a mutant renumbered since its carried run: not the same
+        if name in ran and tuple(c[:90] for c in changed(defs, name)) != (old, new):
+            print(f"--rerun: {name} changes another line now; kept as carried", file=sys.stderr)
+            del ran[name]
     for key, status in ran.items():
         was = "survived" if key in before else "not checked"
         if counts[was] < 1:
@@ -193,9 +199,8 @@ def override(
         counts[was] -= 1
         counts[status] += 1
     kept = [s for s in survivors if ran.get(s[0], "survived") == "survived"]
-    new = sorted(k for k, status in ran.items() if status == "survived" and k not in before)
-    defs = functions(source) if new else {}
-    return kept + [(key, *changed(defs, key)) for key in new]
+    unrun = sorted(k for k, status in ran.items() if status == "survived" and k not in before)
+    return kept + [(key, *changed(defs, key)) for key in unrun]
 
 
 def row(module: str, counts: Counter[str], mark: str = "") -> str:

@@ -75,3 +75,17 @@ def test_a_rerun_mutant_neither_carried_survivor_nor_unrun_is_refused(tmp_path: 
     mutants = rerun_dir(tmp_path / "mutants", {"3": 1})
     with pytest.raises(SystemExit, match="x_f__mutmut_3 is neither"):
         tool().cli(["--carry", str(report), "--rerun", str(mutants)])
+
+
+def test_a_rerun_mutant_that_changes_another_line_does_not_replace_the_carried_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant 2 renumbered since the carried run (its rerun changes another line): its kill is
+    not the carried survivor's, which stays survived."""
+    report = carried_report(tmp_path / "old.txt", unrun=0)
+    report.write_text(report.read_text().replace("-> return 3", "-> return 9"))
+    mutants = rerun_dir(tmp_path / "mutants", {"2": 1})
+    assert tool().cli(["--carry", str(report), "--rerun", str(mutants)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{KEY}2\n    return 1\n -> return 9\n" in out
+    assert "x_f__mutmut_2 changes another line now" in err
