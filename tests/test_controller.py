@@ -244,6 +244,7 @@ async def test_secrets_reach_the_guest_and_no_stored_byte_holds_them(
         assert value.encode() not in wal.read_bytes()
     delivered = h.ledger.events("rs", kind="secrets_delivered")
     assert delivered and delivered[0].data["names"] == ["HF_TOKEN"]
+    assert delivered[0].episode_id == "s"  # which episode got them (the audit's whole point)
 
 
 async def test_a_missing_secret_refuses_the_run(
