@@ -268,9 +268,8 @@ def main(
         ),
         *([f"* carried from {', '.join(r.name for r in carry)} (not rerun)"] if carry else []),
         *(
-            f"rerun {d.name} (replaces carried results per mutant): {ran(rerun, d)} mutants of "
-            f"{' '.join(sorted(m for m in rerun if rerun[m][1].is_relative_to(d)))}"
-            f" against {' '.join(stage_tests(d))}"
+            f"rerun {d.name} (replaces carried results per mutant): {ran(d)} mutants of "
+            f"{' '.join(sorted(merged_results([d])))} against {' '.join(stage_tests(d))}"
             for d in reruns
         ),
         "",
@@ -305,14 +304,10 @@ def main(
     return 0
 
 
-def ran(results: dict[str, tuple[dict[str, int | None], Path]], mutants: Path) -> int:
+def ran(mutants: Path) -> int:
     """How many mutants the folder ``mutants`` has a result for."""
-    return sum(
-        code is not None
-        for codes, source in results.values()
-        if source.is_relative_to(mutants)
-        for code in codes.values()
-    )
+    codes = (c for found, _ in merged_results([mutants]).values() for c in found.values())
+    return sum(code is not None for code in codes)
 
 
 def stage_tests(mutants: Path) -> list[str]:
