@@ -299,7 +299,9 @@ async def wait_gone(pids: list[int], timeout_s: float) -> bool:
 JAIL_BOUNDING_SET = "-all,+dac_override,+sys_chroot,+setuid,+setgid"  # a VMM until it drops
 
 
-def supervised(argv: list[str], deadline_s: float, *, jailed: bool = False) -> list[str]:
+def supervised(
+    argv: list[str], deadline_s: float, *, jailed: bool = False, parent: int | None = None
+) -> list[str]:
     """Wrap argv so it dies with its parent and, at the latest, after ``deadline_s``.
 
     ``timeout -s KILL`` is a host-side hard deadline that needs no controller, and it gets
@@ -310,8 +312,10 @@ def supervised(argv: list[str], deadline_s: float, *, jailed: bool = False) -> l
     signal. The child also gets ``--pdeathsig KILL`` (kept if it never changes uid: it dies
     even with a SIGKILLed ``timeout``), and ``jailed``, a bounding set of only what it needs to
     chroot and drop to its jail uid (``JAIL_BOUNDING_SET``) and no inheritable capabilities.
-    A controller killed before ``setpriv`` set the signal (a few ms after the fork) leaves the
-    chain to the hard deadline and to ``cleanroom reap``.
+    A controller killed after the fork but before ``setpriv`` set the signal would leave the
+    chain to its hard deadline (a spare started just then outlived a SIGKILLed controller by
+    that long), so once the signal is set a shell checks that its parent is still ``parent``
+    (default: this process, the one that forks it) and starts nothing if not.
     """
     trim = [f"--bounding-set={JAIL_BOUNDING_SET}", "--inh-caps=-all"] if jailed else []
     return [
@@ -319,6 +323,10 @@ def supervised(argv: list[str], deadline_s: float, *, jailed: bool = False) -> l
         "--pdeathsig",
         "ALRM",
         "--",
+        "/bin/sh",
+        "-c",
+        'test "$PPID" = "$0" && exec "$@"',  # the parent died before the signal was set: stop
+        str(os.getpid() if parent is None else parent),
         "timeout",
         "--signal=KILL",
         f"{max(deadline_s, 1.0):.0f}s",
