@@ -126,10 +126,9 @@ def test_vector_envs_sync_and_async_spawn(gym_baseline: Baseline, tmp_path: Path
 
 
 def _wait_for_no_launch(run_id: str) -> None:
-    """Until the run's live envs are all up, the episode opened ahead's included: a worker
-    killed while it forks a launcher, before ``setpriv`` set the parent-death signal, leaves
-    that VM to its hard deadline and ``cleanroom reap`` (``hostproc.supervised``), not to the
-    deadman this test checks; each reset now starts such a launch (the episode opened ahead)."""
+    """Until the run's live envs are all up, the episode opened ahead's included, so the kill
+    lands on running VMs: the deadman this test checks. (A launcher forked just before the kill
+    starts nothing: ``hostproc.supervised`` checks its parent once the signal is set.)"""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with Ledger() as ledger:
