@@ -82,6 +82,8 @@ async def test_completed_episode_is_durable_then_destroyed(h: Harness) -> None:
     assert episode.destroy is not None and episode.destroy.confirmed_absent
     h.assert_all_destroyed("r1")
     [row] = h.ledger.envs(run_id="r1")
+    # the env row names its attempt: the reaper marks exactly that attempt lost after a crash
+    assert (row.episode_id, row.attempt) == ("a", 1)
     assert row.intent_at is not None and row.created_at is not None
     assert row.intent_at <= row.created_at <= (row.confirmed_absent_at or 0)
 
