@@ -79,6 +79,8 @@ async def test_completed_episode_is_durable_then_destroyed(h: Harness) -> None:
     assert record is not None and record["reward"] == 2.0
     assert record["provenance"]["baseline"] == h.baseline.digest
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
+    # a traceback is kept only for a crash: a clean episode's logs hold none
+    assert "traceback.txt" not in [log["name"] for log in record["logs"]]
     assert episode.destroy is not None and episode.destroy.confirmed_absent
     h.assert_all_destroyed("r1")
     [row] = h.ledger.envs(run_id="r1")
