@@ -251,6 +251,29 @@ async def test_secrets_reach_the_guest_and_no_stored_byte_holds_them(
     assert delivered[0].episode_id == "s"  # which episode got them (the audit's whole point)
 
 
+async def test_a_failed_episode_given_secrets_still_says_why(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: an episode that holds secrets and fails keeps its error in its result and
+    its durable record (redacting it must not drop it)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_Sup3rSecretTokenValue")
+    m = Manifest.model_validate(
+        {
+            "episode_id": "q",
+            "seed": 1,
+            "policy": {"id": "p"},
+            "secrets": ["HF_TOKEN"],
+            "task": {"mode": "big", "bytes": 3 * 1024 * 1024},
+            "limits": {"output_quota_mib": 1},
+        }
+    )
+    [episode] = (await h.ctl.run([m], h.baseline, run_id="rse")).episodes
+    assert episode.outcome is Outcome.EPISODE_ERROR
+    assert episode.error is not None and "QuotaExceeded" in episode.error
+    record = h.store.get_record("rse", "q")
+    assert record is not None and record["error"] == {"message": episode.error}
+
+
 async def test_a_missing_secret_refuses_the_run(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
