@@ -79,9 +79,13 @@ async def test_completed_episode_is_durable_then_destroyed(h: Harness) -> None:
     assert record is not None and record["reward"] == 2.0
     assert record["provenance"]["baseline"] == h.baseline.digest
     assert [a["name"] for a in record["artifacts"]] == ["hello.txt"]
+    # a traceback is kept only for a crash: a clean episode's logs hold none
+    assert "traceback.txt" not in [log["name"] for log in record["logs"]]
     assert episode.destroy is not None and episode.destroy.confirmed_absent
     h.assert_all_destroyed("r1")
     [row] = h.ledger.envs(run_id="r1")
+    # the env row names its attempt: the reaper marks exactly that attempt lost after a crash
+    assert (row.episode_id, row.attempt) == ("a", 1)
     assert row.intent_at is not None and row.created_at is not None
     assert row.intent_at <= row.created_at <= (row.confirmed_absent_at or 0)
 
@@ -245,6 +249,29 @@ async def test_secrets_reach_the_guest_and_no_stored_byte_holds_them(
     delivered = h.ledger.events("rs", kind="secrets_delivered")
     assert delivered and delivered[0].data["names"] == ["HF_TOKEN"]
     assert delivered[0].episode_id == "s"  # which episode got them (the audit's whole point)
+
+
+async def test_a_failed_episode_given_secrets_still_says_why(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: an episode that holds secrets and fails keeps its error in its result and
+    its durable record (redacting it must not drop it)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_Sup3rSecretTokenValue")
+    m = Manifest.model_validate(
+        {
+            "episode_id": "q",
+            "seed": 1,
+            "policy": {"id": "p"},
+            "secrets": ["HF_TOKEN"],
+            "task": {"mode": "big", "bytes": 3 * 1024 * 1024},
+            "limits": {"output_quota_mib": 1},
+        }
+    )
+    [episode] = (await h.ctl.run([m], h.baseline, run_id="rse")).episodes
+    assert episode.outcome is Outcome.EPISODE_ERROR
+    assert episode.error is not None and "QuotaExceeded" in episode.error
+    record = h.store.get_record("rse", "q")
+    assert record is not None and record["error"] == {"message": episode.error}
 
 
 async def test_a_missing_secret_refuses_the_run(
