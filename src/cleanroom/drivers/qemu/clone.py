@@ -16,6 +16,7 @@ import secrets
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
@@ -136,3 +137,13 @@ async def reseed(env_id: str, live: Live) -> AgentSession:
         await session.aclose()
         raise DriverError(f"clone answered as {session.hello.get('clone_id')!r}, not {env_id}")
     return session
+
+
+async def reseed_again(env_id: str, session: AgentSession) -> dict[str, Any]:
+    """RESEED an agent that said HELLO already (a live-forked parent, a spare being taken): its
+    own id, the clock, fresh host entropy; its HELLO (DriverError if it answers as another)."""
+    header = {"clone_id": env_id, "time_ns": time.time_ns()}
+    hello = await session.rejoin(header, secrets.token_bytes(RESEED_BYTES))
+    if hello.get("clone_id") != env_id:
+        raise DriverError(f"{env_id} answered RESEED as {hello.get('clone_id')!r}")
+    return hello

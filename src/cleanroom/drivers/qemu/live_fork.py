@@ -17,13 +17,12 @@ fork: one pass over the guest's touched RAM on the host's disk (``bench/results/
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.qemu import fork
-from cleanroom.drivers.qemu.clone import RESEED_BYTES
+from cleanroom.drivers.qemu.clone import reseed_again
 from cleanroom.errors import DriverError, Unsupported
 
 
@@ -54,10 +53,7 @@ async def save_live(forks: fork.Forks, env: Env, snapshot_id: str) -> ForkSnapsh
         qmp = await live.open_qmp()  # the parent runs on, whether or not its snapshot was made
         await qmp.execute("cont")
     resumed = time.monotonic()
-    header = {"clone_id": env.env_id, "time_ns": time.time_ns()}
-    rejoined = await env.session.rejoin(header, secrets.token_bytes(RESEED_BYTES))
-    if rejoined.get("clone_id") != env.env_id:
-        raise DriverError(f"the parent answered as {rejoined.get('clone_id')!r}, not {env.env_id}")
+    rejoined = await reseed_again(env.env_id, env.session)
     rejoined_at = time.monotonic()
     facts = await forks.seal_saved(env, snapshot_id, resumed, save_s)
     facts.update(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -35,10 +34,9 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
-from cleanroom.drivers.qemu.clone import RESEED_BYTES, Cloner, load_accepted, reseed
+from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed, reseed_again
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
-from cleanroom.errors import DriverError
 from cleanroom.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
@@ -233,11 +231,7 @@ class Spares:
 
         async def resumed() -> AgentSession:
             await spare.live.while_running(qmp.command(reader, writer, "cont"))
-            header = {"clone_id": request.env_id, "time_ns": time.time_ns()}
-            entropy = secrets.token_bytes(RESEED_BYTES)
-            hello = await spare.live.while_running(spare.session.rejoin(header, entropy))
-            if hello.get("clone_id") != request.env_id:
-                raise DriverError(f"spare answered as {hello.get('clone_id')!r}")
+            await spare.live.while_running(reseed_again(request.env_id, spare.session))
             return spare.session
 
         launcher = self.ctx.launcher
