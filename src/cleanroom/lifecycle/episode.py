@@ -245,9 +245,7 @@ class Episode:
         if self._finished:
             return
         self._finished = True
-        redactor = self.redactor
-        if redactor and self.error:
-            self.error = redactor.redact_text(self.error)  # errors reach the ledger and terminal
+        self.error = _error_text(self.error, self.redactor)  # it reaches the ledger and terminal
         diagnostics: dict[str, bytes] = {}
         if self.crash is not None:
             diagnostics["traceback.txt"] = self.crash.encode("utf-8", "backslashreplace")
@@ -345,9 +343,8 @@ class Episode:
     async def _keep_crash(self, exc: Exception, diagnostics: dict[str, bytes]) -> None:
         """The outcome of an exception while finishing (``classify``: ``infra_error``), its
         traceback kept with the attempt."""
-        self.outcome, self.error = Outcome.INFRA_ERROR, classify(exc).error
-        if self.redactor:
-            self.error = self.redactor.redact_text(self.error)
+        self.outcome = Outcome.INFRA_ERROR
+        self.error = _error_text(classify(exc).error, self.redactor)
         trace = "".join(traceback.format_exception(exc))
         diagnostics["traceback.txt"] = trace.encode("utf-8", "backslashreplace")
         store = self.ctx.store
@@ -411,6 +408,17 @@ class Episode:
             confirmed_absent=result.destroy.confirmed_absent,
             timings=dict(self.clock.phases),
         )
+
+
+def _error_text(error: str | None, redactor: Redactor | None) -> str | None:
+    """An error as the ledger, the record and a terminal can hold it: redacted, and valid UTF-8
+    (an exception's text may hold a lone surrogate, say a file name decoded with
+    ``surrogateescape``; SQLite refuses to store one)."""
+    if not error:
+        return error
+    if redactor:
+        return redactor.redact_text(error)
+    return error.encode("utf-8", "backslashreplace").decode()
 
 
 def _env_facts(env: Env) -> dict[str, Any]:
