@@ -38,7 +38,8 @@ async def test_late_attempt_is_superseded_and_leaves_the_winner_whole(
 ) -> None:
     """Protects first-writer-wins across attempts: attempt 1 (a node thought dead) finishing
     after attempt 2 is durable ends ``superseded`` (was ``export_failed``), writes no record
-    and replaces none of the winner's files."""
+    and replaces none of the winner's files; the ledger says which attempt lost (an
+    ``episode_superseded`` event)."""
     monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
     baseline = make_fake_baseline(tmp_path)
     node = _node(tmp_path, tmp_path / "store")
@@ -57,6 +58,8 @@ async def test_late_attempt_is_superseded_and_leaves_the_winner_whole(
         assert path.read_bytes() == data, f"{path} was replaced"
     rows = {r.attempt: r.outcome for r in Ledger().episodes("r", all_attempts=True)}
     assert rows == {1: "superseded", 2: "completed"}
+    [lost] = Ledger().events("r", kind="episode_superseded")  # why attempt 1 wrote nothing
+    assert (lost.episode_id, lost.data["attempt"]) == ("e1", 1)
     await node.close_run("r")
 
 
