@@ -1,6 +1,6 @@
-"""Spare clones on real QEMU microVMs: started ahead, run once (RESEED, one ``true``) and paused
-again, handed out by id, resumed and reseeded by ``create``, destroyed and confirmed gone when
-nobody takes them."""
+"""Spare clones on real QEMU microVMs: started ahead, run once (RESEED, ``touch.py``'s paths)
+and paused again, handed out by id, resumed and reseeded by ``create``, destroyed and confirmed
+gone when nobody takes them."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
     for spare in [s for q in driver.spares.ready.values() for s in q]:
         assert await run_state(driver, spare.env_id) == "paused"  # run ahead, then stopped
         assert spare.session.hello["clone_id"] == spare.env_id  # its RESEED named it
-        assert spare.warmed == "command"  # tiny's entrypoint is a command: it ran a `true`
+        assert spare.warmed == "command"  # tiny's entrypoint is a command: touch.py's paths ran
         assert hostproc.pids_with_marker(spare.env_id)
     taken = driver.next_env_id(tiny_baseline, limits)
     assert taken == spare_ids[0]
@@ -59,6 +59,12 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
         assert env.info.start_kind == "snapshot" and env.info.start_note is None
         assert env.info.spare_s is not None and env.info.spare_s > 0
         assert env.info.start_facts()["spare_s"] == env.info.spare_s
+        shape = request(tiny_baseline)
+        template, _ = await driver.templates.template_for(shape, await driver._accel(shape))
+        touched = template.facts["touched"]  # its build VM ran them too: its caches are warm
+        assert touched["sh"] == 0 and touched["read"] > 0, touched
+        listing = (await env.exec(["ls", "-a", "/tmp"], timeout_s=60)).check().stdout
+        assert b"cleanroom-touch" not in listing  # the template's and the spare's file: gone
         a = (await env.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=60)).check()
         b = (await first.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=60)).check()
         assert a.stdout != b.stdout

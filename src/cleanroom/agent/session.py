@@ -181,8 +181,9 @@ class AgentSession:
                 raise ProtocolError(f"expected PONG, got {protocol.kind_name(frame.kind)}")
             return time.perf_counter() - start
 
-    async def snapshot_prepare(self) -> None:
-        """Tell the agent a snapshot of this env follows (SNAPSHOT_PREPARE) and wait for its OK.
+    async def snapshot_prepare(self) -> dict[str, Any]:
+        """Tell the agent a snapshot of this env follows (SNAPSHOT_PREPARE) and wait for its OK;
+        the OK's header (which reseeder will answer the clones' RESEED, and why).
 
         Afterwards the agent takes a closed channel for "wait for the next host" (a clone's).
         """
@@ -192,6 +193,7 @@ class AgentSession:
             if frame.kind != Kind.OK or frame.header.get("prepared") is not True:
                 name = protocol.kind_name(frame.kind)
                 raise ProtocolError(f"the agent answered SNAPSHOT_PREPARE with {name}")
+            return frame.header
 
     async def warm_up(self) -> dict[str, Any]:
         """Have the warm worker walk an episode's Python paths once (WARM_UP, a spare's); its OK

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cleanroom import digests, paths
 from cleanroom.baseline.model import Baseline
@@ -37,9 +37,12 @@ from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.drivers.qmp import script as qmp_script
-from cleanroom.errors import DriftError, DriverError
+from cleanroom.errors import CleanroomError, DriftError, DriverError
 
-FORMAT = 2  # 2: saved running, so a clone runs once loaded (1 stayed paused)
+if TYPE_CHECKING:
+    from cleanroom.agent.session import AgentSession
+
+FORMAT = 3  # 3: the guest caches warmed before the save; 2: saved running (1 stayed paused)
 META_FILE = "template.json"
 RAM_FILE = "ram"
 STATE_FILE = "state"
@@ -300,36 +303,16 @@ def restore_script(state_fd: int) -> bytes:
     )
 
 
-async def prepare(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float = 10.0
-) -> dict[str, Any]:
+async def prepare(session: AgentSession, timeout_s: float = 10.0) -> dict[str, Any]:
     """Tell the template's agent a snapshot follows (SNAPSHOT_PREPARE); its OK's header
     (which reseeder will answer the clones' RESEED: ``native`` or ``python``, and why)."""
-    from cleanroom.agent import protocol
-
-    async def exchange() -> dict[str, Any]:
-        writer.write(protocol.encode(protocol.Kind.SNAPSHOT_PREPARE))
-        await writer.drain()
-        while True:
-            prefix = await reader.readexactly(protocol.PREFIX.size)
-            kind, hlen, blen = protocol.parse_prefix(prefix, protocol.DEFAULT_MAX_BODY)
-            header = protocol.parse_header(await reader.readexactly(hlen))
-            if blen:
-                await reader.readexactly(blen)
-            if kind == protocol.Kind.HEARTBEAT:
-                continue
-            if kind == protocol.Kind.OK and header.get("prepared") is True:
-                return header
-            name = protocol.kind_name(kind)
-            raise DriverError(f"the agent answered SNAPSHOT_PREPARE with {name}: {header}")
-
     try:
-        return await asyncio.wait_for(exchange(), timeout_s)
+        return await asyncio.wait_for(session.snapshot_prepare(), timeout_s)
     except TimeoutError:
         raise DriverError(
             f"the agent did not confirm SNAPSHOT_PREPARE in {timeout_s:.0f}s"
         ) from None
-    except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+    except (ConnectionError, OSError) as exc:
         raise DriverError(f"agent channel failed during SNAPSHOT_PREPARE: {exc}") from exc
-    except protocol.BadFrame as exc:
-        raise DriverError(f"malformed answer to SNAPSHOT_PREPARE: {exc}") from exc
+    except CleanroomError as exc:  # the guest broke the protocol, or went silent
+        raise DriverError(f"the agent's answer to SNAPSHOT_PREPARE: {exc}") from exc

@@ -37,13 +37,13 @@ from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, w
 from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed, reseed_again
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
+from cleanroom.drivers.qemu.touch import touch_guest_paths
 from cleanroom.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
 
 MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
-WARM_TIMEOUT_S = 10.0  # the spare's one ``true`` ahead of its take (``run_ahead``)
 Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve
 
 
@@ -270,21 +270,22 @@ async def run_ahead(
 
     ``cont``, RESEED (its id), HELLO, a warm-up, ``stop``. Under TCG each new QEMU process
     translates every guest code path it runs for the first time; here that happens off the
-    episode's path. A command baseline runs one ``true``: the agent's RESEED and EXEC paths and
-    the guest kernel's ``fork``/``exec``/``exit`` (with ``norandmaps`` the loader's and libc's
-    too); a baseline without ``true`` still gets the kernel's and the agent's, its exit 127 is
-    not an error. A function baseline's episodes run no command (its worker's child is forked
-    already): its spares' warm worker walks an episode's Python paths instead (WARM_UP; the
-    function episode from a spare took 279 -> 111 ms when a `python3` ran such code first, same
-    run), where its HELLO says it can. The take RESEEDs the spare again (fresh entropy, the
-    clock).
+    episode's path. A command baseline runs the paths a session's first steps take
+    (``touch.py``: a shell writing a file in /tmp, the agent reading one): the agent's RESEED,
+    EXEC and DOWNLOAD paths, the guest kernel's ``fork``/``exec``/``exit`` and file paths (with
+    ``norandmaps`` the loader's and libc's too); a baseline without a shell still gets the
+    kernel's and the agent's, its exit 127 is not an error. A function baseline's episodes run
+    no command (its worker's child is forked already): its spares' warm worker walks an
+    episode's Python paths instead (WARM_UP; the function episode from a spare took 279 -> 111
+    ms when a `python3` ran such code first, same run), where its HELLO says it can. The take
+    RESEEDs the spare again (fresh entropy, the clock).
     """
     await live.while_running(qmp.command(reader, writer, "cont"))
     session = await reseed(env_id, live)
     warmed = "none"
     try:
         if command:
-            await live.while_running(session.exec(["true"], timeout_s=WARM_TIMEOUT_S))
+            await live.while_running(touch_guest_paths(session))
             warmed = "command"
         elif isinstance(worker := session.hello.get("warm"), dict) and worker.get("warm_up"):
             answer = await live.while_running(session.warm_up())

@@ -1,13 +1,15 @@
 """Snapshot templates for the qemu driver: which one a request uses, and building it.
 
 A template (files and checks: ``snapshot.py``) is built on first use by booting the baseline
-once with its RAM in a file, preparing the agent (SNAPSHOT_PREPARE) and saving the VM; the build
-VM is then destroyed and confirmed gone before the template is sealed. One build per key at a
-time: an asyncio lock in this process, ``snapshot.build_lock`` across processes. A template
-that drifted is discarded and rebuilt (with a note); after a failed build ``template_for``
-refuses that key for ``TEMPLATE_RETRY_S`` (``auto`` then boots cold), and so it does after
-``MAX_RESTORE_FAILURES`` clones of it failed to restore in a row. ``Templates`` keeps that
-state and asks its ``Builder`` (``TemplateBuilder``: a VM booted and saved) for a new template.
+once with its RAM in a file, running the paths a session's first steps take (``touch.py``: the
+guest's caches are then saved for every clone), preparing the agent (SNAPSHOT_PREPARE) and
+saving the VM; the build VM is then destroyed and confirmed gone before the template is sealed.
+One build per key at a time: an asyncio lock in this process, ``snapshot.build_lock`` across
+processes. A template that drifted is discarded and rebuilt (with a note); after a failed build
+``template_for`` refuses that key for ``TEMPLATE_RETRY_S`` (``auto`` then boots cold), and so it
+does after ``MAX_RESTORE_FAILURES`` clones of it failed to restore in a row. ``Templates`` keeps
+that state and asks its ``Builder`` (``TemplateBuilder``: a VM booted and saved) for a new
+template.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from cleanroom.drivers.base import EnvRequest, new_env_id
 from cleanroom.drivers.qemu import cmdline
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
+from cleanroom.drivers.qemu.touch import touch_guest_paths
 from cleanroom.errors import CleanroomError, DriftError, DriverError, LaunchError
 
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
@@ -146,11 +149,11 @@ class TemplateBuilder:
                 snapshot.memory_args(work / snapshot.RAM_FILE, memory, shared=True),
                 memory_backend=True,
             )
-            writer, prepared = await _ready_template(live, boot_timeout_s)
+            session, prepared = await _ready_template(live, boot_timeout_s)
             try:
                 save_s = await snapshot.save(await live.open_qmp(), state_fd)
             finally:
-                writer.close()
+                await session.aclose()
             boot_s = time.monotonic() - started - save_s
         except BaseException as exc:
             await asyncio.shield(ctx.destroy(build.env_id))
@@ -175,7 +178,7 @@ class TemplateBuilder:
             "built_at": time.time(),
             "boot_s": round(boot_s, 3),
             "save_s": round(save_s, 3),
-            **{k: v for k, v in prepared.items() if k in ("reseeder", "reseeder_note")},
+            **{k: v for k, v in prepared.items() if k in ("reseeder", "reseeder_note", "touched")},
         }
         try:
             return await asyncio.to_thread(snapshot.seal, work, key, memory, facts)
@@ -184,13 +187,12 @@ class TemplateBuilder:
             raise DriverError(f"cannot save the template: {exc}") from exc
 
 
-async def _ready_template(
-    live: Live, timeout_s: float
-) -> tuple[asyncio.StreamWriter, dict[str, Any]]:
-    """Wait for the template VM's agent and tell it a snapshot follows (channel kept open);
-    the agent's answer to that."""
+async def _ready_template(live: Live, timeout_s: float) -> tuple[AgentSession, dict[str, Any]]:
+    """Wait for the template VM's agent, touch the guest paths a session's first steps take and
+    tell the agent a snapshot follows; the session (kept open until the save) and the agent's
+    answer, with what was touched."""
 
-    async def ready() -> tuple[asyncio.StreamWriter, dict[str, Any]]:
+    async def ready() -> tuple[AgentSession, dict[str, Any]]:
         reader, writer = await live.open_channel()
         session = AgentSession(reader, writer)
         await live.await_hello(session)  # closes the session if it fails
@@ -198,10 +200,11 @@ async def _ready_template(
             if not snapshot.agent_supports_snapshots(session.hello):
                 version = session.hello.get("agent_version")
                 raise DriverError(f"the baseline's guest agent {version} predates snapshots")
-            prepared = await snapshot.prepare(reader, writer)
+            touched = await touch_guest_paths(session)  # its caches saved for every clone
+            prepared = {**await snapshot.prepare(session), "touched": touched}
         except BaseException:
             await session.aclose()
             raise
-        return writer, prepared
+        return session, prepared
 
     return await asyncio.wait_for(ready(), timeout_s)
