@@ -8,6 +8,7 @@ mutation testing: ``bench/results/mutation.txt``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from cleanroom.drivers.base import Env, EnvRequest, Owner
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.record import Outcome
 
 from .test_controller import Harness, manifest
@@ -204,8 +205,10 @@ async def test_an_episode_asks_for_its_baseline_with_its_deadline_and_walks_ever
     """Protects what the host enforces without the controller and what ``status`` shows: the
     env is asked for with the episode's baseline, its run and episode as labels and a hard
     deadline of boot + timeout + collect grace + cleanup window (the host kills it after that,
-    controller or not); the ledger sees every state in order, DURABLE before DESTROYING; the
-    run hears how the env started; a plain episode's record says it was queued for no time."""
+    controller or not) and its limits; the ledger sees every state in order, DURABLE before
+    DESTROYING, and its row ends with the record's reward; the run hears the episode start
+    (its attempt) and how the env started (its phases); a plain episode's record says it was
+    queued for no time; the episode ends CLOSED."""
     driver = RecordingFake(tmp_path / "run")
     h = Harness(tmp_path, driver)
     h.ledger.start_run(
@@ -229,14 +232,20 @@ async def test_an_episode_asks_for_its_baseline_with_its_deadline_and_walks_ever
     assert episode.result.outcome is Outcome.COMPLETED, episode.result.error
     [request] = driver.requests
     o = ctx.options
-    assert request.baseline is h.baseline
+    assert request.baseline is h.baseline and request.limits == episode.limits
     assert request.labels == {"run_id": "re", "episode_id": "x"}
     assert request.hard_deadline_s == o.boot_timeout_s + 11 + o.collect_grace_s + o.cleanup_window_s
     assert states == ["PROVISIONING", "RUNNING", "COLLECTING", "DURABLE", "DESTROYING"]
+    [started] = [data for kind, data in events if kind == "episode_started"]
+    assert started == {"episode_id": "x", "attempt": 1, "env_id": episode.env_id}
     [ready] = [data for kind, data in events if kind == "env_ready"]
     assert ready["start"] == "cold" and ready["env_id"] == episode.env_id
+    assert ready["provision_s"] == episode.clock.phases["provision_s"]  # the hook's phases
+    assert episode.state is EpisodeState.CLOSED
     record = h.store.get_record("re", "x")
     assert record is not None and record["timings"]["queue_s"] == 0.0
+    [row] = h.ledger.episodes("re")  # status and report read the row: its reward is the record's
+    assert row.reward == record["reward"] == 0.5 and row.outcome == "completed"
     h.ledger.close()
 
 
@@ -260,3 +269,28 @@ async def test_an_episode_absorbs_its_blocks_exception_only_when_asked(
     assert episode.result.destroy is not None and episode.result.destroy.confirmed_absent
     [row] = h.ledger.episodes("re")
     assert row.outcome == "infra_error"
+
+
+async def test_an_error_quoting_a_secret_reaches_no_ledger_row_or_event(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects "no secret in what is kept": an episode that fails with an error quoting a
+    secret it was given keeps that error redacted in its ledger row and in the run's
+    episode_finished event (the ledger is on disk; the event reaches logs and the terminal),
+    and the ledger says which env the secret went to (names only)."""
+    secret = "hf_QuotedInAnError0042"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    m = Manifest.model_validate(
+        {"episode_id": "x", "seed": 1, "policy": {"id": "p"}, "secrets": ["HF_TOKEN"]}
+    )
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with Episode(_ctx(h, events), EpisodeKey("re", "x", 1), m, h.baseline) as episode:
+        await episode.provision()
+        raise RuntimeError(f"the tool printed {secret} and died")
+    [row] = h.ledger.episodes("re")
+    assert row.error and "the tool printed" in row.error and secret not in row.error
+    [finished] = [data for kind, data in events if kind == "episode_finished"]
+    assert finished["error"] == row.error
+    [delivered] = h.ledger.events("re", kind="secrets_delivered")
+    assert delivered.env_id == episode.env_id and delivered.data["names"] == ["HF_TOKEN"]
+    assert secret not in json.dumps(delivered.data)
