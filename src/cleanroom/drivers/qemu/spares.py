@@ -59,7 +59,7 @@ class Spare:
     live: Live
     monitor: tuple[asyncio.StreamReader, asyncio.StreamWriter]  # its load monitor, kept open
     session: AgentSession  # its agent, which said HELLO once already (``run_ahead``)
-    warmed: str  # what ran ahead: "command" (a ``true``), "worker" (WARM_UP) or "none"
+    warmed: str  # what ran ahead: "command" (touch.py's paths), "worker" (WARM_UP) or "none"
     started: float  # monotonic: when its QEMU was spawned
     deadline: float  # monotonic: when its supervisor kills it
 
