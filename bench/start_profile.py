@@ -197,6 +197,7 @@ def floor(boots: int) -> list[str]:
     Whatever an agent does comes on top of this."""
     import resource
 
+    from cleanroom.agent import bulk
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
@@ -209,6 +210,7 @@ def floor(boots: int) -> list[str]:
     argv = [
         accel_mod.QEMU,
         *machine_args(request, accel_mod.Accel("tcg", "", "floor")),
+        *bulk.qemu_args(Path("/dev/null")),  # the device's backend; this floor boot never reads it
         "-chardev",
         "null,id=ctl",
     ]

@@ -105,7 +105,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_spec: Path) -> None:
     """Same sources, same compiler: the same digest (the agent's bytes are in rootfs.erofs)."""
-    assert busybox_baseline.agent_version == native.agent_version() == "0.6.0"
+    assert busybox_baseline.agent_version == native.agent_version() == "0.7.0"
     assert build(native_spec, force=True).digest == busybox_baseline.digest
 
 
@@ -293,7 +293,8 @@ async def test_a_native_env_multiplexes_and_moves_folders_as_tar(
     driver = QemuDriver(start="cold")
     env = await driver.create(vmkit.request(busybox_baseline))
     try:
-        assert env.hello["features"] == ["mux", "stdin", "spawn", "pty", "user", "stream", "tar"]
+        features = ["mux", "stdin", "spawn", "pty", "user", "stream", "tar", "bulk"]
+        assert env.hello["features"] == features
 
         async def chunks() -> AsyncIterator[bytes]:
             yield b"x" * 300_000

@@ -15,6 +15,10 @@ reproducers, and the property tests (``test_fuzz.py``).
 - ``mux``: the same for a multiplexing agent (HELLO ``features``): the first byte picks exec
   with stdin and callbacks, spawn then kill, get_stream, put_stream, get_tar or put_tar, all
   request id 1; only typed errors (``GuestOperationError`` included), nothing left running.
+- ``bulk``: the same for an agent with a bulk disk (``agent.bulk``; a real disk file here): the
+  first byte picks a put of a few bytes, a put of more than the disk (two pieces), a get or a
+  get with a small quota; only typed errors, the disk file emptied after each, nothing written
+  beside it.
 - ``manifest``: a manifests file (``parse_manifests``).
 - ``spec``: a ``baseline.toml`` (``load_spec``).
 - ``gym``: a Gymnasium answer (``cleanroom.gym.wire``): the first byte picks GYM_SPACES or
@@ -32,7 +36,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent import protocol, wire
+from cleanroom.agent import bulk, protocol, wire
+from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.spec import load_spec
 from cleanroom.errors import (
@@ -161,6 +166,33 @@ def mux(data: bytes) -> None:
     _LOOP.run_until_complete(_mux_answer(kind, session))
 
 
+async def _bulk_answer(kind: int, session: AgentSession) -> Any:
+    try:
+        if kind == 0:
+            return await session.put("/x", b"p" * 5000)
+        if kind == 1:
+            return await session.put("/x", b"q" * (bulk.SIZE + 1))
+        return await session.get("/x", max_size=1 << 20 if kind == 2 else 10)
+    finally:
+        await session.aclose()
+
+
+def bulk_disk(data: bytes) -> None:
+    kind, session = _fed_session(data)
+    session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
+    root = _TMP / "bulk"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    bulk.create(root / "disk")
+    session.bulk = BulkDisk(root / "disk")
+    try:
+        _LOOP.run_until_complete(_bulk_answer(kind % 4, session))
+    finally:
+        assert [p.name for p in root.iterdir()] == ["disk"], "written beside the bulk disk"
+        left = (root / "disk").stat()
+        assert left.st_size == bulk.SIZE and left.st_blocks == 0, "the bulk disk was not emptied"
+
+
 def manifest(data: bytes) -> None:
     parse_manifests(data.decode("utf-8", "replace"), "<fuzz>")
 
@@ -195,6 +227,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "name": name,
     "stream": stream,
     "mux": mux,
+    "bulk": bulk_disk,
     "manifest": manifest,
     "spec": spec,
     "gym": gym,
@@ -205,6 +238,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "name": (UnsafePath,),
     "stream": (ProtocolError, EnvCrashed),
     "mux": (ProtocolError, EnvCrashed, GuestOperationError),
+    "bulk": (ProtocolError, EnvCrashed, GuestOperationError),
     "manifest": (ManifestError,),
     "spec": (SpecError,),
     "gym": (ProtocolError,),

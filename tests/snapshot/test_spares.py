@@ -62,7 +62,7 @@ async def test_spares_wait_paused_then_one_is_resumed_under_its_id(
         shape = request(tiny_baseline)
         template, _ = await driver.templates.template_for(shape, await driver._accel(shape))
         touched = template.facts["touched"]  # its build VM ran them too: its caches are warm
-        assert touched["sh"] == 0 and touched["read"] > 0, touched
+        assert touched["sh"] == 0 and touched["put"] > 0 and touched["read"] > 0, touched
         listing = (await env.exec(["ls", "-a", "/tmp"], timeout_s=60)).check().stdout
         assert b"cleanroom-touch" not in listing  # the template's and the spare's file: gone
         a = (await env.exec(["head", "-c", "16", "/dev/urandom"], timeout_s=60)).check()

@@ -84,6 +84,9 @@ class Kind:
     DATA = 27  # [both] {id, offset, eof}, body = one chunk (at most CHUNK) of a stream
     ACK = 28  # [both] {id, size}: the receiver consumed ``size`` bytes of the stream so far
     WARM_UP = 29  # [h->g] a spare: the warm worker walks an episode's paths once; OK {warmed}
+    # A VM's bulk disk (HELLO ``features`` has "bulk"; ``bulk.py``): a file's bytes on a disk
+    BULK_PUT = 30  # [h->g] {id, path, mode, offset, size}: the disk's first bytes into the file
+    BULK_GET = 31  # [h->g] {id, path, offset, max}: the file's bytes onto it; DONE {size, eof}
     # 40-49: Gymnasium envs in the guest (``gym_worker.py``; values: ``gym_codec.py``)
     GYM_MAKE = 40  # [h->g] {env, kwargs}: construct the env (or take the premade one); SPACES
     GYM_SPACES = 41  # [g->h] {tree}, body: the env's spaces, metadata and versions
@@ -95,7 +98,7 @@ class Kind:
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}
-FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym")  # the agent serves
+FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym", "bulk")  # it serves
 WINDOW = 16 * CHUNK  # bytes of a stream sent and not yet acknowledged (ACK), either way
 EXTENSION_KINDS = range(20, 50)  # 20-39 this protocol, 40-49 other modules (``register_kind``)
 

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Unpack
 
 from cleanroom.agent import commands, protocol, transfers, wire
+from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.channel import Channel, Inbox
 from cleanroom.agent.commands import MAX_OUTPUT, CommandOptions, GuestProcess, SpawnOptions
 from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
@@ -94,6 +95,7 @@ class AgentSession:
         self._lock = asyncio.Lock()
         self._current: Inbox | None = None  # the unnumbered inbox of the lock holder (mux)
         self.hello: dict[str, Any] = {}
+        self.bulk: BulkDisk | None = None  # the VM's bulk disk (the qemu driver's), if any
 
     @property
     def silence_timeout_s(self) -> float:
@@ -254,8 +256,16 @@ class AgentSession:
                     raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during exec")
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        """Write ``data`` to ``path`` in the guest, a chunk per frame, each answered by OK
-        with the file's size so far (an agent that cannot append is found out at once)."""
+        """Write ``data`` to ``path`` in the guest: through the bulk disk where the VM has one,
+        else a chunk per frame (an old agent: each answered by OK with the file's size so far,
+        so an agent that cannot append is found out at once)."""
+        bulk = self.bulk
+        if (
+            bulk is not None
+            and bulk.usable(self.channel)
+            and await bulk.put(self.channel, path, data, mode)
+        ):
+            return
         if self.mux:
             await transfers.put_stream(self.channel, path, transfers.chunks_of(data), mode)
             return
@@ -276,7 +286,12 @@ class AgentSession:
                 offset = end
 
     async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
-        """The whole file (``QuotaExceeded`` past ``max_size``)."""
+        """The whole file (``QuotaExceeded`` past ``max_size``), through the bulk disk where
+        the VM has one."""
+        if self.bulk is not None and self.bulk.usable(self.channel):
+            whole = await self.bulk.get(self.channel, path, max_size)
+            if whole is not None:
+                return whole
         if self.mux:
             return await transfers.get_all(self.channel, path, max_size)
         async with self._one_at_a_time():

@@ -53,7 +53,8 @@ async def chunks_of(data: bytes) -> AsyncIterator[bytes]:
         yield data[offset : offset + CHUNK]
 
 
-def _violation(channel: Channel, message: str) -> ProtocolError:
+def violation(channel: Channel, message: str) -> ProtocolError:
+    """The guest broke the protocol: the channel breaks with this error (returned to raise)."""
     exc = ProtocolError(message)
     channel.break_with(exc)
     return exc
@@ -81,7 +82,7 @@ async def put_stream(
         if frame.kind == Kind.ACK:
             size = frame.header.get("size")
             if not isinstance(size, int) or not acked <= size <= sent:
-                raise _violation(channel, f"upload {rid}: ACK of bytes never sent")
+                raise violation(channel, f"upload {rid}: ACK of bytes never sent")
             acked = size
         elif frame.kind == Kind.FAILED:
             finished = True
@@ -89,7 +90,7 @@ async def put_stream(
         elif frame.kind == Kind.DONE and expect_done:
             finished = True
         else:
-            raise _violation(channel, f"unexpected {protocol.kind_name(frame.kind)} in an upload")
+            raise violation(channel, f"unexpected {protocol.kind_name(frame.kind)} in an upload")
         return frame
 
     try:
@@ -105,7 +106,7 @@ async def put_stream(
         while not finished:
             frame = await answer(expect_done=True)
         if frame.header.get("size") != sent:
-            raise _violation(channel, f"upload of {path}: the guest's DONE does not say {sent}")
+            raise violation(channel, f"upload of {path}: the guest's DONE does not say {sent}")
         return sent
     finally:
         if not finished:
@@ -133,7 +134,7 @@ async def get_stream(channel: Channel, path: str, *, tar: bool = False) -> Async
                 return
             if frame.kind != Kind.DATA:
                 name = protocol.kind_name(frame.kind)
-                raise _violation(channel, f"unexpected {name} in a download")
+                raise violation(channel, f"unexpected {name} in a download")
             _check_chunk(channel, frame, received)
             received += len(frame.body)
             if frame.body:
@@ -147,9 +148,9 @@ async def get_stream(channel: Channel, path: str, *, tar: bool = False) -> Async
 
 def _check_chunk(channel: Channel, frame: Frame, received: int) -> None:
     if frame.header.get("offset") != received:
-        raise _violation(channel, "a stream chunk out of order")
+        raise violation(channel, "a stream chunk out of order")
     if len(frame.body) > CHUNK:
-        raise _violation(channel, f"a stream chunk of {len(frame.body)} bytes (at most {CHUNK})")
+        raise violation(channel, f"a stream chunk of {len(frame.body)} bytes (at most {CHUNK})")
 
 
 async def get_all(channel: Channel, path: str, max_size: int) -> bytes:

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bulk.h"
 #include "fastseed.h"
 #include "frame.h"
 #include "json.h"
@@ -46,7 +47,7 @@
 #include "gym.h"
 #include "warm.h"
 
-#define AGENT_VERSION "0.6.0"
+#define AGENT_VERSION "0.7.0"
 #define PORT_NAME "ctl"
 #define BASE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -199,6 +200,8 @@ static void hello_fields(jbuf *h) {
     jb_int(h, getpid());
     /* of protocol.FEATURES what mux.c serves, and gym where gym.c can run a gym process */
     jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"");
+    if (bulk_size() > 0)
+        jb_lit(h, ",\"bulk\"");
     jb_lit(h, gym_available() ? ",\"gym\"]" : "]");
     warm_hello(h);
     net_hello(h);
@@ -978,6 +981,8 @@ int main(void) {
         setenv("PATH", BASE_PATH, 1);
     prepare_guest_root();
     net_setup(); /* a NIC only if the episode has an egress allowlist */
+    if (!getenv("CLEANROOM_AGENT_SOCKET"))
+        bulk_open(); /* a VM's bulk disk, if it has one (gVisor: none) */
     pid_t child = fork();
     if (child == 0) {
         serve();

@@ -1,6 +1,7 @@
 /* Multiplexed requests: see mux.h. */
 #define _GNU_SOURCE
 #include "mux.h"
+#include "bulk.h"
 #include "pty.h"
 #include "tar.h"
 
@@ -662,6 +663,71 @@ static void download(struct request *r) {
     free(path);
 }
 
+/* -- BULK_PUT / BULK_GET (bulk.h) ----------------------------------------------------------- */
+
+/* an integer field >= 0 into *out (0), or -1 */
+static int count_field(const struct frame *f, const char *key, int64_t *out) {
+    jspan v = field(f, key);
+    return v.n && !json_int(v, out) && *out >= 0 ? 0 : -1;
+}
+
+/* BULK_PUT {path, mode, offset, size}: the disk's first `size` bytes written at `offset` of
+ * `path` (offset 0: created or truncated first); DONE {size: offset + size} */
+static void bulk_put(struct request *r) {
+    const struct frame *f = &r->f;
+    char *path = json_strdup(field(f, "path"));
+    int64_t mode = 0644, offset, size;
+    jspan m = field(f, "mode");
+    if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777 ||
+        count_field(f, "offset", &offset) || count_field(f, "size", &size)) {
+        failed("error", "ValueError: BULK_PUT needs a path, a mode, an offset and a size");
+        free(path);
+        return;
+    }
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (offset == 0 ? O_TRUNC : 0);
+    int fd = make_parents(path) ? -1 : open(path, flags, (mode_t)mode);
+    int err = fd < 0 ? errno : bulk_to_file(fd, offset, size);
+    if (fd >= 0)
+        close(fd);
+    if (err == EINVAL)
+        failed("error", "ValueError: BULK_PUT's size is past the bulk disk");
+    else if (err)
+        failed_errno("OSError", path, err);
+    else
+        send_size(K_DONE, offset + size, NULL);
+    free(path);
+}
+
+/* BULK_GET {path, offset, max}: up to `max` bytes of `path` from `offset` at the disk's start;
+ * DONE {size, eof} (eof: the file ended within them) */
+static void bulk_get(struct request *r) {
+    const struct frame *f = &r->f;
+    char *path = json_strdup(field(f, "path"));
+    int64_t offset, max, got = 0;
+    struct stat st;
+    if (!path || count_field(f, "offset", &offset) || count_field(f, "max", &max)) {
+        failed("error", "ValueError: BULK_GET needs a path, an offset and a max");
+        free(path);
+        return;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) || S_ISDIR(st.st_mode)) {
+        failed_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
+                     fd < 0 ? errno : EISDIR);
+    } else {
+        int err = bulk_from_file(fd, offset, max, &got);
+        if (err == EINVAL)
+            failed("error", "ValueError: BULK_GET's max is past the bulk disk");
+        else if (err)
+            failed_errno("OSError", path, err);
+        else
+            send_size(K_DONE, got, got < max ? ",\"eof\":true" : ",\"eof\":false");
+    }
+    if (fd >= 0)
+        close(fd);
+    free(path);
+}
+
 /* -- routing ------------------------------------------------------------------------------- */
 
 static void *serve(void *arg) {
@@ -671,6 +737,10 @@ static void *serve(void *arg) {
         exec_request(r);
     else if (r->kind == K_UPLOAD)
         upload(r);
+    else if (r->kind == K_BULK_PUT)
+        bulk_put(r);
+    else if (r->kind == K_BULK_GET)
+        bulk_get(r);
     else
         download(r);
     pthread_mutex_lock(&lock);
@@ -699,6 +769,8 @@ int mux_classify(const struct frame *f, int64_t *id, jspan *idv) {
         return is_int ? MUX_INPUT : MUX_LATE;
     if (is_int && (f->kind == K_EXEC || f->kind == K_UPLOAD || f->kind == K_DOWNLOAD))
         return MUX_NEW;
+    if (is_int && (f->kind == K_BULK_PUT || f->kind == K_BULK_GET) && bulk_size() > 0)
+        return MUX_NEW; /* without a bulk disk: refused, FAILED {code: "unsupported"} */
     return MUX_REFUSE;
 }
 

@@ -6,7 +6,8 @@
  * nobody: pty.c), UPLOAD and DOWNLOAD (a file in DATA chunks within protocol.WINDOW of the
  * receiver's ACK; with "tar", a folder unpacked or packed: tar.c) each run in a thread of
  * their own, so several run at once; their frames go out whole through the agent's one
- * sender, each tagged with its id.
+ * sender, each tagged with its id. BULK_PUT and BULK_GET move a piece of a file through the
+ * bulk disk (bulk.h) where the VM has one.
  * Anything else with an id is FAILED {code: "unsupported"}; the agent itself goes on.
  */
 #ifndef CLEANROOM_MUX_H

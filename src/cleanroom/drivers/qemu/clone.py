@@ -131,7 +131,7 @@ async def reseed(env_id: str, live: Live) -> AgentSession:
     reader, writer = await live.open_channel()
     header = {"clone_id": env_id, "time_ns": time.time_ns()}
     writer.write(protocol.encode(protocol.Kind.RESEED, header, secrets.token_bytes(RESEED_BYTES)))
-    session = AgentSession(reader, writer)
+    session = live.session_over(reader, writer)
     await live.await_hello(session)
     if session.hello.get("clone_id") != env_id:
         await session.aclose()

@@ -3,7 +3,8 @@
 A template and its clones must have identical devices, so ``machine_args`` is the one place
 that lists them (the template key hashes it); ``command`` adds the per-env parts (the marker
 name, the fds of the agent channel's and the QMP monitor's socket pairs: no socket paths; the
-jail: ``-runas UID:GID`` and ``-chroot DIR``) and wraps it in ``hostproc.supervised``.
+bulk disk's file, ``agent.bulk``; the jail: ``-runas UID:GID`` and ``-chroot DIR``) and wraps
+it in ``hostproc.supervised``.
 
 A jailed QEMU opens everything it needs (kernel, initrd, disk, RAM file, inherited fds) as
 root, then chroots into an empty folder and drops to its uid (QEMU's ``os_setup_post``, before
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cleanroom.agent import bulk
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest
@@ -97,6 +99,7 @@ def machine_args(
         "virtio-serial-device",
         "-device",
         "virtserialport,chardev=ctl,name=ctl",
+        *bulk.DEVICE,
         *(net_args.netdev_args(request.network) if request.network else []),
     ]
 
@@ -108,6 +111,7 @@ def command(
     *,
     ctl_fd: int,
     qmp_fd: int,
+    bulk_disk: Path,
     memory_backend: bool = False,
     jail: JailArgs | None = None,
 ) -> list[str]:
@@ -124,6 +128,7 @@ def command(
         f"socket,id=qmp,fd={qmp_fd}",  # QEMU's end of the QMP monitor's socket pair
         "-mon",
         "chardev=qmp,mode=control",
+        *bulk.qemu_args(bulk_disk),
         *(extra or []),
         *(jail.args() if jail is not None else []),
     ]

@@ -1,11 +1,11 @@
 """Starting one env's QEMU process and waiting for its agent (cold boots, and the spawn that
 clones share).
 
-``spawn`` makes the run folder (owner record first), the env's cgroup with its limits, its jail
-(``jail.py``: a uid of its own, an empty root), the agent channel's and the QMP monitor's
-socket pairs, then the supervised process, and records it in ``live``; ``ready_or_destroy``
-waits for a readiness step and destroys the env on any failure; ``cold`` is both, for a kernel
-boot.
+``spawn`` makes the run folder (owner record first), the bulk disk's file (``agent.bulk``), the
+env's cgroup with its limits, its jail (``jail.py``: a uid of its own, an empty root), the agent
+channel's and the QMP monitor's socket pairs, then the supervised process, and records it in
+``live``; ``ready_or_destroy`` waits for a readiness step and destroys the env on any failure;
+``cold`` is both, for a kernel boot.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cleanroom.agent import bulk
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc
@@ -62,12 +63,13 @@ class Launcher:
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.config.name)
         try:
+            bulk.create(run_dir / "bulk")
             self.groups.create(request.env_id, env_limits(request))
             jail = Jail.open(request, run_dir) if self.config.jail else Jail(None, None, "off")
         except (OSError, ConfigError) as exc:
             hostproc.remove_tree(run_dir)
             await self.groups.remove(request.env_id)
-            raise LaunchError(f"cannot make the env's cgroup or jail: {exc}") from exc
+            raise LaunchError(f"cannot make the env's bulk disk, cgroup or jail: {exc}") from exc
         channel, guest_end = socket.socketpair()
         monitor, qemu_monitor = socket.socketpair()
         fds = (guest_end.fileno(), qemu_monitor.fileno())
@@ -77,6 +79,7 @@ class Launcher:
             extra,
             ctl_fd=fds[0],
             qmp_fd=fds[1],
+            bulk_disk=run_dir / "bulk",
             memory_backend=memory_backend,
             jail=jail.args,
         )

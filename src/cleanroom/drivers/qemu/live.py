@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
@@ -38,6 +39,7 @@ class Live(hostproc.ConsoleProcess):
         self.monitor: socket.socket | None = monitor  # the QMP monitor until it is opened
         self.qmp: QmpClient | None = None
         self.jail: dict[str, Any] | None = None  # who it runs as, what confines it (launch.py)
+        self.bulk = run_dir / "bulk"  # its bulk disk's file (``agent.bulk``; launch.py makes it)
 
     async def open_qmp(self) -> QmpClient:
         """The env's QMP client (connected on the first call, then the same one)."""
@@ -65,9 +67,17 @@ class Live(hostproc.ConsoleProcess):
             raise DriverError("the agent channel was already opened")
         return await asyncio.open_unix_connection(sock=channel, limit=1 << 22)
 
+    def session_over(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> AgentSession:
+        """The agent session on the opened channel, with the VM's bulk disk."""
+        session = AgentSession(reader, writer)
+        session.bulk = BulkDisk(self.bulk)
+        return session
+
     async def connect(self) -> AgentSession:
         reader, writer = await self.open_channel()
-        session = AgentSession(reader, writer)
+        session = self.session_over(reader, writer)
         await self.await_hello(session)
         return session
 

@@ -21,6 +21,7 @@ import time
 from typing import Any, Protocol
 
 from cleanroom import events
+from cleanroom.agent import bulk
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import hostproc, snapshot
@@ -52,7 +53,8 @@ class Templates:
         self._restore_failures: dict[str, int] = {}  # key -> clones that failed in a row
 
     def key(self, request: EnvRequest, accel: accel_mod.Accel) -> str:
-        machine = cmdline.machine_args(request, accel, memory_backend=True)
+        # the bulk disk's size is its file's, not on the command line: a clone's is its template's
+        machine = [*cmdline.machine_args(request, accel, memory_backend=True), f"bulk={bulk.SIZE}"]
         return snapshot.template_key(request.baseline, accel.qemu_version, accel.name, machine)
 
     async def template_for(
@@ -194,7 +196,7 @@ async def _ready_template(live: Live, timeout_s: float) -> tuple[AgentSession, d
 
     async def ready() -> tuple[AgentSession, dict[str, Any]]:
         reader, writer = await live.open_channel()
-        session = AgentSession(reader, writer)
+        session = live.session_over(reader, writer)
         await live.await_hello(session)  # closes the session if it fails
         try:
             if not snapshot.agent_supports_snapshots(session.hello):

@@ -8,7 +8,9 @@ run) and QEMU's translation of each guest code path the first time a QEMU proces
 (a spare's own QEMU process: its first read of /etc/hostname took 20-30 ms, the next 1-2).
 ``/bin/sh`` creates, writes and removes a file in /tmp (nothing is left; a baseline without a
 shell runs nothing: exit 127, which still runs the agent's and the kernel's exec paths); the
-agent reads /etc/passwd (its DOWNLOAD path, /etc looked up). A failure only leaves them cold.
+host puts 64 KiB into /dev/null and reads /etc/passwd (through the bulk disk where the VM has
+one, ``agent.bulk``: QEMU's disk paths and the agent's; else the channel's streams; /etc looked
+up). A failure only leaves them cold.
 """
 
 from __future__ import annotations
@@ -22,15 +24,21 @@ from cleanroom.errors import CleanroomError
 
 SCRIPT = 'f=/tmp/.cleanroom-touch-$$; echo > "$f"; rm -f "$f"'
 READ = "/etc/passwd"
+PUT = "/dev/null"  # written through, keeps nothing
+PUT_BYTES = 64 * 1024
 TIMEOUT_S = 10.0
 
 
 async def touch_guest_paths(session: AgentSession) -> dict[str, Any]:
-    """Run the paths once; what ran (``sh``: its exit code, ``read``: bytes), for the facts."""
+    """Run the paths once; what ran (``sh``: its exit code, ``put`` and ``read``: bytes), for
+    the facts."""
     touched: dict[str, Any] = {}
     with contextlib.suppress(CleanroomError, TimeoutError):
         argv = ["/bin/sh", "-c", SCRIPT]
         touched["sh"] = (await session.exec(argv, timeout_s=TIMEOUT_S)).exit_code
+    with contextlib.suppress(CleanroomError, TimeoutError):
+        await asyncio.wait_for(session.put(PUT, bytes(PUT_BYTES)), TIMEOUT_S)
+        touched["put"] = PUT_BYTES
     with contextlib.suppress(CleanroomError, TimeoutError):
         touched["read"] = len(await asyncio.wait_for(session.get(READ), TIMEOUT_S))
     return touched
