@@ -6,7 +6,8 @@ Measures, on the tiny test baseline (qemu, snapshot starts, a spare kept ready):
   first command                     (``true``, the session's first)
   repeated command                  (``true`` after the first, --cmds per session)
   1 MiB write + read round trip     (put then get of one 1 MiB file: a session's first, and
-                                     3 more after it)
+                                     3 more after it, through the VM's bulk disk; then 3 more
+                                     with the disk set aside: over the agent channel, the A/B)
   64 MiB write / read throughput    (MB/s, one 64 MiB file each way)
   fork -> 4 branches ready          (``sb.fork(4)`` of a live forkable session)
   close                             (leaving the block: transcript + record exported, VM destroyed
@@ -185,11 +186,12 @@ class Bench:
             loop = (await sb.exec(["/tmp/spawn_floor", str(FLOOR_SPAWNS), "/bin/true"])).check()
             self.add("guest spawn", float(loop.stdout) / 1e6)
             for key in ("rt", *["rt again"] * RT_AGAIN):  # the session's first, then more
-                data = os.urandom(MIB)
-                t = time.perf_counter()
-                await write_file(sb, "/tmp/one.bin", data)
-                assert await read_file(sb, "/tmp/one.bin") == data
-                self.add(key, time.perf_counter() - t)
+                await self.round_trip(sb, key)
+            agent = sb.episode.env.session  # the same round trips with the bulk disk set aside
+            disk, agent.bulk = agent.bulk, None
+            for _ in range(RT_AGAIN):
+                await self.round_trip(sb, "rt channel")
+            agent.bulk = disk
             if big:
                 blob = os.urandom(BIG)
                 t = time.perf_counter()
@@ -212,6 +214,14 @@ class Bench:
         self.add("host rt", await asyncio.to_thread(host_round_trip, self.tmp, os.urandom(MIB)))
         if big:
             self.add("host big", await asyncio.to_thread(host_copy, self.tmp, os.urandom(BIG)))
+
+    async def round_trip(self, sb: AsyncSession, key: str) -> None:
+        """1 MiB written to the guest and read back, as one ``key`` sample."""
+        data = os.urandom(MIB)
+        t = time.perf_counter()
+        await write_file(sb, "/tmp/one.bin", data)
+        assert await read_file(sb, "/tmp/one.bin") == data
+        self.add(key, time.perf_counter() - t)
 
     async def fork(self) -> None:
         """A forkable session: its create, one command, then a fork into 4 branches."""
@@ -311,6 +321,7 @@ def report(bench: Bench, args: argparse.Namespace, load_at_start: float) -> list
         row("repeated command (`true`)", "true", "host true"),
         row("1 MiB write + read round trip", "rt", "host rt"),
         row("  the same, repeated in the session", "rt again", "host rt"),
+        row("  the same over the channel (A/B)", "rt channel", "host rt"),
         row("fork -> 4 branches ready", "fork", "host true"),
         row("close (export + destroy + confirm)", "close", "host true"),
         row("  of ready: provision (env lease)", "provision", "host true"),
