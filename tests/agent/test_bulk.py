@@ -207,9 +207,30 @@ async def test_a_transfer_left_unfinished_retires_the_disk(
     frame = await guest.request()
     assert frame.kind == Kind.UPLOAD and frame.header["path"] == "/w/b"
     upload_id = frame.header["id"]
-    await guest.request()  # its DATA frame (with eof)
+    while not (await guest.request()).header.get("eof"):  # its DATA frames
+        pass
     guest.send(Kind.DONE, {"id": upload_id, "size": 1})
     await waiting
+
+
+async def test_a_failure_of_the_hosts_file_retires_the_disk_and_takes_the_channel(
+    pair: tuple[AgentSession, Guest],
+) -> None:
+    """A full host disk (ENOSPC) or the file gone: the same transfer starts again over the
+    channel, and so do the next ones; nothing is lost, no untyped error reaches the caller."""
+    session, guest = pair
+    guest.disk.rename(guest.disk.with_suffix(".away"))
+    putting = asyncio.ensure_future(session.put("/w/c", b"abc"))
+    frame = await guest.request()
+    assert frame.kind == Kind.UPLOAD and frame.header["path"] == "/w/c"
+    while not (await guest.request()).header.get("eof"):  # its DATA frames
+        pass
+    guest.send(Kind.DONE, {"id": frame.header["id"], "size": 3})
+    await putting
+    assert session.bulk is not None and "host's side failed" in (session.bulk.retired or "")
+    getting = asyncio.ensure_future(session.get("/w/c"))
+    assert (await guest.request()).kind == Kind.DOWNLOAD
+    getting.cancel()
 
 
 async def test_an_agent_without_bulk_takes_the_channel(tmp_path: Path) -> None:

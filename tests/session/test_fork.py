@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -204,9 +205,10 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
     tiny_baseline: Baseline, parts: tuple[Ledger, LocalStore]
 ) -> None:
     """Protects (real VMs): each of 4 branches sees the parent's files as at the fork (one
-    written directly, one a shell variable saved), but its own entropy, boot id and clone
-    id; each is an episode of the run with its own id, record and ``provenance.branch``
-    (parent episode, step, snapshot digest); the parent runs on; the snapshot is deleted and
+    written directly, one a shell variable saved, one put through the parent's bulk disk and
+    read back through the branch's own), but its own entropy, boot id and clone id; each is an
+    episode of the run with its own id, record and ``provenance.branch`` (parent episode, step,
+    snapshot digest); the parent runs on (its bulk disk too); the snapshot is deleted and
     confirmed absent once the branches are restored; every VM is confirmed absent."""
     ledger, store = parts
     driver = QemuDriver(start="snapshot")
@@ -223,6 +225,8 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
         setup = "mkdir -p /root/work && echo parent-state > /root/work/state.txt"
         (await sb.commands.run(["sh", "-c", setup])).check()
         (await sb.commands.run("X=seven; echo $X > /root/work/var.txt")).check()
+        blob = os.urandom(100_000)
+        await sb.files.write("/root/work/blob.bin", blob)
         step = sb.steps
         branches = await sb.fork(4)
         assert all(isinstance(b, Branch) for b in branches)
@@ -236,8 +240,12 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
                 env = branch.live_env()
                 clone_ids.append((env.hello.get("clone_id"), env.env_id))
                 seen.append((await branch.commands.run(PROBE)).check().stdout.split())
+                assert "bulk" in env.hello["features"]
+                assert await branch.files.read("/root/work/blob.bin") == blob
                 branch.finish(reward=1.0, info={"branch": branch.episode.key.episode_id})
         after = (await sb.commands.run(PROBE)).check().stdout.split()
+        await sb.files.write("/root/work/after.bin", blob[:5000])  # its disk after the save
+        assert await sb.files.read("/root/work/after.bin") == blob[:5000]
         sb.finish(reward=0.5)
     assert all(s[:2] == ["parent-state", "seven"] for s in seen), seen
     assert all(said == env_id for said, env_id in clone_ids)  # each its own clone id
@@ -257,7 +265,7 @@ async def test_a_live_session_forks_into_four_that_share_its_state_and_nothing_e
         assert prov["start"] == "fork" and prov["env_id"] not in envs
         envs.add(prov["env_id"])
         steps = _transcript(store, "fork4", f"root.b{i}")
-        assert [s["op"] for s in steps] == ["exec", "finish"]
+        assert [s["op"] for s in steps] == ["exec", "get", "finish"]
     root = store.get_record("fork4", "root")
     assert root is not None and root["outcome"] == "completed"
     forks = [s for s in _transcript(store, "fork4", "root") if s["op"] == "fork"]

@@ -19,7 +19,8 @@ progress before its end, or any other frame is its ``ProtocolError`` (the channe
 missing file is ``GuestFileNotFound``. The bytes it leaves on the disk are only ever taken as
 its file's content, as a stream's chunks are. A transfer left unfinished (cancelled) retires
 the disk for the rest of the session: the guest may still be copying, and the next transfer
-must not meet its bytes; the channel's streams carry the rest.
+must not meet its bytes; the channel's streams carry the rest. So does a failure of the host's
+side of the disk (a full disk, the file gone): that transfer starts again on the channel.
 """
 
 from __future__ import annotations
@@ -80,65 +81,80 @@ class BulkDisk:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock = asyncio.Lock()
-        self.retired = False
+        self.retired: str | None = None  # why it is no longer used (the module docstring)
 
     def usable(self, channel: Channel) -> bool:
-        """Does this agent serve it, and has no transfer been left unfinished on it?"""
-        return not self.retired and "bulk" in channel.features
+        """Does this agent serve it, and is it not retired?"""
+        return self.retired is None and "bulk" in channel.features
 
     def _open(self) -> int:
         return os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     async def put(self, channel: Channel, path: str, data: bytes, mode: int) -> bool:
         """Write ``data`` to ``path`` in the guest, a disk-sized piece per request (False: the
-        disk was retired while this waited for it; nothing was sent)."""
+        disk is retired, now or while this waited for it; the caller takes the channel)."""
         async with self.lock:
-            if self.retired:
+            if self.retired is not None:
                 return False
-            fd = self._open()
             try:
-                offset = 0
-                while True:
-                    piece = memoryview(data)[offset : offset + SIZE]
-                    await _run(len(piece), functools.partial(_write_all, fd, piece))
-                    header = {"path": path, "mode": mode, "offset": offset, "size": len(piece)}
-                    answer = await self._request(channel, Kind.BULK_PUT, header)
-                    offset += len(piece)
-                    if answer.header.get("size") != offset:
-                        raise violation(channel, f"bulk put of {path}: DONE does not say {offset}")
-                    if offset >= len(data):
-                        return True
-            finally:
-                _empty(fd)
+                await self._put(channel, path, data, mode)
+                return True
+            except OSError as exc:  # only the host's file: the channel's errors are typed
+                self.retired = f"the host's side failed: {exc}"
+                return False
+
+    async def _put(self, channel: Channel, path: str, data: bytes, mode: int) -> None:
+        fd = self._open()
+        try:
+            offset = 0
+            while True:
+                piece = memoryview(data)[offset : offset + SIZE]
+                await _run(len(piece), functools.partial(_write_all, fd, piece))
+                header = {"path": path, "mode": mode, "offset": offset, "size": len(piece)}
+                answer = await self._request(channel, Kind.BULK_PUT, header)
+                offset += len(piece)
+                if answer.header.get("size") != offset:
+                    raise violation(channel, f"bulk put of {path}: DONE does not say {offset}")
+                if offset >= len(data):
+                    return
+        finally:
+            _empty(fd)
 
     async def get(self, channel: Channel, path: str, max_size: int) -> bytes | None:
         """The whole file at ``path``; ``QuotaExceeded`` once it passes ``max_size`` bytes
-        (None: the disk was retired while this waited for it)."""
+        (None: the disk is retired, now or while this waited for it)."""
+        async with self.lock:
+            if self.retired is not None:
+                return None
+            try:
+                return await self._get(channel, path, max_size)
+            except OSError as exc:
+                self.retired = f"the host's side failed: {exc}"
+                return None
+
+    async def _get(self, channel: Channel, path: str, max_size: int) -> bytes:
         pieces: list[bytes] = []
         size = 0
-        async with self.lock:
-            if self.retired:
-                return None
-            fd = self._open()
-            try:
-                while True:
-                    want = min(SIZE, max_size + 1 - size)  # one byte past the quota tells
-                    header = {"path": path, "offset": size, "max": want}
-                    answer = await self._request(channel, Kind.BULK_GET, header)
-                    got, eof = answer.header.get("size"), answer.header.get("eof")
-                    if not (isinstance(got, int) and 0 <= got <= want and isinstance(eof, bool)):
-                        raise violation(channel, f"bulk get of {path}: a DONE of {got!r} bytes")
-                    if not eof and got < want:
-                        raise violation(channel, f"bulk get of {path}: {got} bytes, not its end")
-                    if got:
-                        pieces.append(await _run(got, functools.partial(_read_all, fd, got)))
-                    size += got
-                    if size > max_size:
-                        raise QuotaExceeded(f"{path} is larger than {max_size} bytes")
-                    if eof:
-                        return b"".join(pieces)
-            finally:
-                _empty(fd)
+        fd = self._open()
+        try:
+            while True:
+                want = min(SIZE, max_size + 1 - size)  # one byte past the quota tells
+                header = {"path": path, "offset": size, "max": want}
+                answer = await self._request(channel, Kind.BULK_GET, header)
+                got, eof = answer.header.get("size"), answer.header.get("eof")
+                if not (isinstance(got, int) and 0 <= got <= want and isinstance(eof, bool)):
+                    raise violation(channel, f"bulk get of {path}: a DONE of {got!r} bytes")
+                if not eof and got < want:
+                    raise violation(channel, f"bulk get of {path}: {got} bytes, not its end")
+                if got:
+                    pieces.append(await _run(got, functools.partial(_read_all, fd, got)))
+                size += got
+                if size > max_size:
+                    raise QuotaExceeded(f"{path} is larger than {max_size} bytes")
+                if eof:
+                    return b"".join(pieces)
+        finally:
+            _empty(fd)
 
     async def _request(self, channel: Channel, kind: int, header: dict[str, object]) -> Frame:
         """One BULK_* request and its DONE (FAILED: the typed error). Left unfinished, it
@@ -157,7 +173,7 @@ class BulkDisk:
             return frame
         finally:
             if not finished:
-                self.retired = True
+                self.retired = "a transfer was left unfinished"
             channel.close(rid, finished=finished)
 
 
@@ -186,5 +202,7 @@ def _empty(fd: int) -> None:
     try:
         os.ftruncate(fd, 0)
         os.ftruncate(fd, SIZE)
+    except OSError:
+        pass  # its blocks stay until the env's run folder goes; the transfer itself is done
     finally:
         os.close(fd)
