@@ -28,7 +28,7 @@ RAW_DISK = (
 
 
 def emptied(driver: QemuDriver, env: Env) -> bool:
-    st = (driver.run_dir(env.info.env_id) / "bulk").stat()
+    st = bulk.file_in(driver.run_dir(env.info.env_id)).stat()
     return st.st_size == bulk.SIZE and st.st_blocks == 0
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -47,6 +47,11 @@ SERIAL = "cr-bulk"
 """The disk's virtio-blk serial, by which the agent finds it (``native/bulk.h``)."""
 THREAD_AT = 1024 * 1024
 """Pieces larger than this are read or written on the host in a worker thread."""
+
+
+def file_in(run_dir: Path) -> Path:
+    """Where a VM's disk file is: in its run folder (so it goes with the env)."""
+    return run_dir / "bulk"
 
 
 def create(path: Path) -> None:
@@ -93,17 +98,27 @@ class BulkDisk:
     async def put(self, channel: Channel, path: str, data: bytes, mode: int) -> bool:
         """Write ``data`` to ``path`` in the guest, a disk-sized piece per request (False: the
         disk is retired, now or while this waited for it; the caller takes the channel)."""
+        done = await self._held(functools.partial(self._put, channel, path, data, mode))
+        return done is not None
+
+    async def get(self, channel: Channel, path: str, max_size: int) -> bytes | None:
+        """The whole file at ``path``; ``QuotaExceeded`` once it passes ``max_size`` bytes
+        (None: the disk is retired, now or while this waited for it)."""
+        return await self._held(functools.partial(self._get, channel, path, max_size))
+
+    async def _held(self, transfer: Callable[[], Awaitable[T]]) -> T | None:
+        """``transfer()`` holding the disk; None if it is retired, now or while this waited,
+        or once its host's side fails (the caller takes the channel)."""
         async with self.lock:
             if self.retired is not None:
-                return False
+                return None
             try:
-                await self._put(channel, path, data, mode)
-                return True
+                return await transfer()
             except OSError as exc:  # only the host's file: the channel's errors are typed
                 self.retired = f"the host's side failed: {exc}"
-                return False
+                return None
 
-    async def _put(self, channel: Channel, path: str, data: bytes, mode: int) -> None:
+    async def _put(self, channel: Channel, path: str, data: bytes, mode: int) -> bool:
         fd = self._open()
         try:
             offset = 0
@@ -116,21 +131,9 @@ class BulkDisk:
                 if answer.header.get("size") != offset:
                     raise violation(channel, f"bulk put of {path}: DONE does not say {offset}")
                 if offset >= len(data):
-                    return
+                    return True
         finally:
             _empty(fd)
-
-    async def get(self, channel: Channel, path: str, max_size: int) -> bytes | None:
-        """The whole file at ``path``; ``QuotaExceeded`` once it passes ``max_size`` bytes
-        (None: the disk is retired, now or while this waited for it)."""
-        async with self.lock:
-            if self.retired is not None:
-                return None
-            try:
-                return await self._get(channel, path, max_size)
-            except OSError as exc:
-                self.retired = f"the host's side failed: {exc}"
-                return None
 
     async def _get(self, channel: Channel, path: str, max_size: int) -> bytes:
         pieces: list[bytes] = []

@@ -566,21 +566,45 @@ static void download_tar(struct request *r, const char *path) {
         send_size(K_DONE, out.sent, NULL);
 }
 
-/* -- UPLOAD / DOWNLOAD --------------------------------------------------------------------- */
+/* -- UPLOAD / DOWNLOAD (and BULK_PUT / BULK_GET below) ------------------------------------ */
+
+/* the request's integer "mode" (0644 if absent), 0 to 07777, into *mode (0), or -1 */
+static int mode_field(const struct frame *f, int64_t *mode) {
+    jspan m = field(f, "mode");
+    *mode = 0644;
+    return (m.n && json_int(m, mode)) || *mode < 0 || *mode > 07777 ? -1 : 0;
+}
+
+/* `path` opened for writing (created with `mode`, its folders made first; `flags`: O_TRUNC or
+ * 0), or -1 with errno */
+static int open_for_writing(const char *path, int64_t mode, int flags) {
+    return make_parents(path) ? -1
+                              : open(path, O_WRONLY | O_CREAT | O_CLOEXEC | flags, (mode_t)mode);
+}
+
+/* `path` opened for reading, a file and no folder; else FAILED is sent and -1 returned */
+static int open_for_reading(const char *path) {
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && !fstat(fd, &st) && !S_ISDIR(st.st_mode))
+        return fd;
+    failed_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
+                 fd < 0 ? errno : EISDIR);
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
 
 static void upload(struct request *r) {
     const struct frame *f = &r->f;
     char *path = json_strdup(field(f, "path"));
-    int64_t mode = 0644;
-    jspan m = field(f, "mode");
+    int64_t mode;
     if (json_true(field(f, "tar"))) {
         upload_tar(r, path);
-    } else if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777) {
+    } else if (!path || !*path || mode_field(f, &mode)) {
         failed("error", "ValueError: UPLOAD needs a path and an integer mode");
     } else {
-        int fd = make_parents(path) ? -1
-                                    : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                                           (mode_t)mode);
+        int fd = open_for_writing(path, mode, O_TRUNC);
         if (fd < 0) {
             failed_errno("OSError", path, errno);
             free(path);
@@ -622,15 +646,11 @@ static void download(struct request *r) {
         free(path);
         return;
     }
-    struct stat st;
-    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    int fd = -1;
     unsigned char *buf = malloc(CHUNK);
     if (!path || !buf) {
         failed("error", path ? "MemoryError" : "ValueError: DOWNLOAD needs a path");
-    } else if (fd < 0 || fstat(fd, &st) || S_ISDIR(st.st_mode)) {
-        failed_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
-                     fd < 0 ? errno : EISDIR);
-    } else {
+    } else if ((fd = open_for_reading(path)) >= 0) {
         int64_t sent = 0;
         for (;;) {
             ssize_t got = read(fd, buf, CHUNK);
@@ -676,16 +696,14 @@ static int count_field(const struct frame *f, const char *key, int64_t *out) {
 static void bulk_put(struct request *r) {
     const struct frame *f = &r->f;
     char *path = json_strdup(field(f, "path"));
-    int64_t mode = 0644, offset, size;
-    jspan m = field(f, "mode");
-    if (!path || !*path || (m.n && json_int(m, &mode)) || mode < 0 || mode > 07777 ||
-        count_field(f, "offset", &offset) || count_field(f, "size", &size)) {
+    int64_t mode, offset, size;
+    if (!path || !*path || mode_field(f, &mode) || count_field(f, "offset", &offset) ||
+        count_field(f, "size", &size)) {
         failed("error", "ValueError: BULK_PUT needs a path, a mode, an offset and a size");
         free(path);
         return;
     }
-    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (offset == 0 ? O_TRUNC : 0);
-    int fd = make_parents(path) ? -1 : open(path, flags, (mode_t)mode);
+    int fd = open_for_writing(path, mode, offset == 0 ? O_TRUNC : 0);
     int err = fd < 0 ? errno : bulk_to_file(fd, offset, size);
     if (fd >= 0)
         close(fd);
@@ -704,17 +722,13 @@ static void bulk_get(struct request *r) {
     const struct frame *f = &r->f;
     char *path = json_strdup(field(f, "path"));
     int64_t offset, max, got = 0;
-    struct stat st;
     if (!path || count_field(f, "offset", &offset) || count_field(f, "max", &max)) {
         failed("error", "ValueError: BULK_GET needs a path, an offset and a max");
         free(path);
         return;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) || S_ISDIR(st.st_mode)) {
-        failed_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
-                     fd < 0 ? errno : EISDIR);
-    } else {
+    int fd = open_for_reading(path);
+    if (fd >= 0) {
         int err = bulk_from_file(fd, offset, max, &got);
         if (err == EINVAL)
             failed("error", "ValueError: BULK_GET's max is past the bulk disk");
@@ -722,9 +736,8 @@ static void bulk_get(struct request *r) {
             failed_errno("OSError", path, err);
         else
             send_size(K_DONE, got, got < max ? ",\"eof\":true" : ",\"eof\":false");
-    }
-    if (fd >= 0)
         close(fd);
+    }
     free(path);
 }
 

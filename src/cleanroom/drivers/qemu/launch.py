@@ -62,8 +62,9 @@ class Launcher:
         run_dir = self.config.run_dir(request.env_id)
         run_dir.mkdir(parents=True, mode=0o700)
         write_owner(run_dir, request, self.config.name)
+        disk = bulk.file_in(run_dir)
         try:
-            bulk.create(run_dir / "bulk")
+            bulk.create(disk)
             self.groups.create(request.env_id, env_limits(request))
             jail = Jail.open(request, run_dir) if self.config.jail else Jail(None, None, "off")
         except (OSError, ConfigError) as exc:
@@ -79,7 +80,7 @@ class Launcher:
             extra,
             ctl_fd=fds[0],
             qmp_fd=fds[1],
-            bulk_disk=run_dir / "bulk",
+            bulk_disk=disk,
             memory_backend=memory_backend,
             jail=jail.args,
         )

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from cleanroom.agent import bulk
 from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import hostproc
@@ -39,7 +40,7 @@ class Live(hostproc.ConsoleProcess):
         self.monitor: socket.socket | None = monitor  # the QMP monitor until it is opened
         self.qmp: QmpClient | None = None
         self.jail: dict[str, Any] | None = None  # who it runs as, what confines it (launch.py)
-        self.bulk = run_dir / "bulk"  # its bulk disk's file (``agent.bulk``; launch.py makes it)
+        self.bulk = bulk.file_in(run_dir)  # its bulk disk's file (launch.py makes it)
 
     async def open_qmp(self) -> QmpClient:
         """The env's QMP client (connected on the first call, then the same one)."""
