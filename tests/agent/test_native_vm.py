@@ -105,7 +105,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 def test_the_native_baseline_is_reproducible(busybox_baseline: Baseline, native_spec: Path) -> None:
     """Same sources, same compiler: the same digest (the agent's bytes are in rootfs.erofs)."""
-    assert busybox_baseline.agent_version == native.agent_version() == "0.7.0"
+    assert busybox_baseline.agent_version == native.agent_version() == "0.7.1"
     assert build(native_spec, force=True).digest == busybox_baseline.digest
 
 

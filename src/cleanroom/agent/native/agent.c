@@ -47,7 +47,7 @@
 #include "gym.h"
 #include "warm.h"
 
-#define AGENT_VERSION "0.7.0"
+#define AGENT_VERSION "0.7.1"
 #define PORT_NAME "ctl"
 #define BASE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -295,36 +295,51 @@ struct feed {
     int fd, terminal;
 };
 
+/* `n` bytes into the pipe or terminal; -1 once the request ended or the process closed its
+ * stdin (the rest of the chunk is dropped) */
+static int feed_bytes(struct feed *fe, const char *p, size_t n) {
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(fe->fd, p + off, n - off);
+        if (w > 0) {
+            off += (size_t)w;
+        } else if (w < 0 && errno == EAGAIN) {
+            struct pollfd pf = {fe->fd, POLLOUT, 0};
+            poll(&pf, 1, 100);
+            pthread_mutex_lock(&lock);
+            int stop = fe->r->killed;
+            pthread_mutex_unlock(&lock);
+            if (stop)
+                return -1;
+        } else if (!(w < 0 && errno == EINTR)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* stdin: the request's input into the pipe (non-blocking: it stops once the request ends),
- * ACK {size} after each chunk */
+ * ACK {size} after each chunk; on a terminal that signals nobody its ^C is SIGINT (pty.h) */
 static void *feed_stdin(void *arg) {
     struct feed *fe = arg;
     current = fe->r->id;
     int64_t written = 0;
     struct chunk *c;
     while ((c = next_input(fe->r))) {
-        size_t off = 0;
-        while (off < c->n) {
-            ssize_t w = write(fe->fd, c->data + off, c->n - off);
-            if (w > 0) {
-                off += (size_t)w;
-            } else if (w < 0 && errno == EAGAIN) {
-                struct pollfd p = {fe->fd, POLLOUT, 0};
-                poll(&p, 1, 100);
-                pthread_mutex_lock(&lock);
-                int stop = fe->r->killed;
-                pthread_mutex_unlock(&lock);
-                if (stop)
-                    break;
-            } else if (!(w < 0 && errno == EINTR)) {
-                break; /* a process that closed its stdin: the rest is dropped */
-            }
-        }
-        if (fe->terminal && memchr(c->data, 0x03, c->n)) { /* ^C */
+        int intr = fe->terminal ? pty_unattached_intr(fe->fd) : -1;
+        const char *p = (const char *)c->data, *end = p + c->n;
+        while (p < end) {
+            const char *hit = intr < 0 ? NULL : memchr(p, intr, (size_t)(end - p));
+            if (feed_bytes(fe, p, (size_t)((hit ? hit : end) - p)))
+                break;
+            if (!hit)
+                break;
             pthread_mutex_lock(&lock);
             int pgid = fe->r->pid;
             pthread_mutex_unlock(&lock);
-            pty_interrupt_unattached(fe->fd, pgid);
+            if (pgid > 0)
+                kill(-pgid, SIGINT);
+            p = hit + 1;
         }
         written += (int64_t)c->n;
         chunk_free(c);

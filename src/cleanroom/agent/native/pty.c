@@ -1,18 +1,16 @@
 /* ^C on a terminal that signals nobody: see pty.h. */
 #include "pty.h"
 
-#include <signal.h>
 #include <termios.h>
 #include <unistd.h>
 
-void pty_interrupt_unattached(int master, int pgid) {
+int pty_unattached_intr(int master) {
     struct termios t;
-    if (tcgetattr(master, &t) == 0) {
-        if (!(t.c_lflag & ISIG))
-            return; /* raw mode: the program reads ^C as a key */
-        if (tcgetpgrp(master) > 0)
-            return; /* the line discipline delivered it */
-    }
-    if (pgid > 0)
-        kill(-pgid, SIGINT);
+    if (tcgetattr(master, &t) != 0)
+        return 0x03; /* a terminal it cannot read: ^C, as before it could */
+    if (!(t.c_lflag & ISIG) || t.c_cc[VINTR] == _POSIX_VDISABLE)
+        return -1; /* raw mode: the program reads ^C as a key */
+    if (tcgetpgrp(master) > 0)
+        return -1; /* the line discipline delivers it */
+    return t.c_cc[VINTR];
 }
