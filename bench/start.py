@@ -11,7 +11,8 @@ Measures, on the tiny test baseline (the template is built first, if needed, and
   PSS per QEMU process with --idle idle clones alive (/proc/PID/smaps_rollup), and one cold VM
   trivial episodes per second end to end   (Controller + LocalStore + Ledger in a temp dir,
                                             task {"mode": "ok"}, --episodes at --parallel 2, 4;
-                                            and at 2 without spares)
+                                            and at 2 with 2 spares; the default
+                                            keeps spares only on idle cores)
 and, for the warm test baseline (a function entrypoint run by the agent's warm worker):
   clone: function episode answered         (--warm fresh clones: RUN -> DONE of a trivial
                                             function episode), beside a command episode
@@ -163,7 +164,8 @@ async def warm_rows(
         for p in parallel if kind == "function" else parallel[:1]:
             rate = await episodes_per_s(baseline, episodes, p, "snapshot")
             rates.append(
-                f"  {kind} entrypoint, snapshot, parallel {p}: {rate['wall']:.2f}/s wall incl. "
+                f"  {kind} entrypoint, snapshot, parallel {p} "
+                f"({RunOptions(parallel=p).spare_count()} spares): {rate['wall']:.2f}/s wall incl. "
                 f"run setup, {rate['episodes']:.2f}/s first start -> last finish ({episodes} "
                 f"episodes); median provision {rate['provision_s'] * 1000:.0f} ms, run "
                 f"{rate['run_s'] * 1000:.0f} ms, export {rate['export_s'] * 1000:.0f} ms"
@@ -313,7 +315,7 @@ async def main() -> None:
     await cold_env.aclose()
     load_at_episodes = os.getloadavg()[0]
     rates = {p: await episodes_per_s(baseline, args.episodes, p, "snapshot") for p in (2, 4)}
-    no_spares = await episodes_per_s(baseline, args.episodes, 2, "snapshot", spares=0)
+    with_spares = await episodes_per_s(baseline, args.episodes, 2, "snapshot", spares=2)
     cold_rate = await episodes_per_s(baseline, 6, 2, "cold")
     warm_table, warm_rates = await warm_rows(snap, baseline, args.warm, args.episodes, (2, 4))
 
@@ -368,15 +370,16 @@ async def main() -> None:
     ]
     for parallel, rate in rates.items():
         lines.append(
-            f"  snapshot, parallel {parallel}: {rate['wall']:.2f}/s wall incl. run setup, "
+            f"  snapshot, parallel {parallel} ({RunOptions(parallel=parallel).spare_count()} "
+            f"spares): {rate['wall']:.2f}/s wall incl. run setup, "
             f"{rate['episodes']:.2f}/s first start -> last finish ({args.episodes} episodes;"
             f" target >= 15/s); median provision {rate['provision_s'] * 1000:.0f} ms, run "
             f"{rate['run_s'] * 1000:.0f} ms, export {rate['export_s'] * 1000:.0f} ms"
         )
     lines.append(
-        f"  snapshot, parallel 2, no spares: {no_spares['wall']:.2f}/s wall, "
-        f"{no_spares['episodes']:.2f}/s first start -> last finish; median provision "
-        f"{no_spares['provision_s'] * 1000:.0f} ms"
+        f"  snapshot, parallel 2, 2 spares: {with_spares['wall']:.2f}/s wall, "
+        f"{with_spares['episodes']:.2f}/s first start -> last finish; median provision "
+        f"{with_spares['provision_s'] * 1000:.0f} ms"
     )
     lines.append(
         f"  cold, parallel 2: {cold_rate['wall']:.2f}/s wall, {cold_rate['episodes']:.2f}/s "

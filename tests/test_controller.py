@@ -523,3 +523,36 @@ async def test_the_controller_returns_episodes_in_input_order(h: Harness) -> Non
     result = await h.ctl.run(batch, h.baseline, run_id="order")
     assert [e.episode_id for e in result.episodes] == ["slow", "quick-1", "quick-2"]
     assert result.record("quick-2")["episode_id"] == "quick-2"
+
+
+@pytest.mark.parametrize(
+    ("parallel", "cores", "spares", "kept"),
+    [
+        (2, 2, None, 0),
+        (2, 3, None, 1),
+        (2, 16, None, 2),
+        (8, 16, None, 8),
+        (16, 16, None, 0),
+        (4, 2, None, 0),
+        (2, 2, 3, 3),
+        (8, 64, 0, 0),
+    ],
+)
+def test_spares_default_to_the_cores_the_episodes_leave_idle(
+    parallel: int, cores: int, spares: int | None, kept: int
+) -> None:
+    """A spare's start and warm-up cost CPU ahead of its episode: free only on a core no
+    episode uses, so the default is ``parallel`` at most the idle cores; a given count wins."""
+    assert RunOptions(parallel=parallel, spares=spares).spare_count(cores) == kept
+
+
+async def test_a_run_keeps_the_spares_its_options_count(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept: list[int] = []
+    monkeypatch.setattr(h.driver, "keep_spares", kept.append)
+    await h.ctl.run([manifest("a")], h.baseline, run_id="sp1")
+    assert kept == [h.ctl.options.spare_count()]
+    h.ctl.options = RunOptions(parallel=2, spares=5, cleanup_window_s=5, staging_dir=h.tmp / "s")
+    await h.ctl.run([manifest("b")], h.baseline, run_id="sp2")
+    assert kept[-1] == 5

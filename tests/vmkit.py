@@ -50,7 +50,9 @@ def harness(tmp: Path, driver: QemuDriver, parallel: int = 2) -> Iterator[Harnes
     ``yield from``; the ledger is closed after the test)."""
     ledger = Ledger(tmp / "ledger.db")
     store = LocalStore(tmp / "store")
-    options = RunOptions(parallel=parallel, cleanup_window_s=30)
+    options = RunOptions(
+        parallel=parallel, cleanup_window_s=30, spares=parallel
+    )  # spares on 2 cores
     yield Controller(driver, ledger, store, options=options), ledger, store, driver
     ledger.close()
 

@@ -61,7 +61,11 @@ def run(
     parallel: Annotated[int, typer.Option(min=1, max=256, help="episodes at once")] = 2,
     spares: Annotated[
         int | None,
-        typer.Option(min=0, max=256, help="envs kept started ahead (qemu; default: --parallel)"),
+        typer.Option(
+            min=0,
+            max=256,
+            help="envs kept started ahead (qemu; default: --parallel, at most the idle cores)",
+        ),
     ] = None,
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
     run_id: Annotated[str | None, typer.Option(help="resume (or name) this run")] = None,

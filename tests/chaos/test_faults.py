@@ -280,9 +280,8 @@ def test_sigterm_of_the_controller_cancels_and_cleans(
     run_id = f"chaos-term-{os.getpid()}"
     path = tmp_path / "m.jsonl"
     _write_manifests(path, [manifest(f"t{i}", mode="sleep", seconds=300) for i in range(3)])
-    proc = _cli(
-        ["run", str(path), "--baseline", tiny_baseline.digest, "--run-id", run_id], tmp_path
-    )
+    argv = ["run", str(path), "--baseline", tiny_baseline.digest, "--run-id", run_id]
+    proc = _cli([*argv, "--spares", "2"], tmp_path)  # on 2 cores the default keeps none
     _wait_running(run_id, 2)
     end = time.monotonic() + 120
     while not _spares_of(proc.pid) and time.monotonic() < end:
@@ -341,6 +340,8 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
             run_id,
             "--parallel",
             "3",
+            "--spares",
+            "3",
         ],
         tmp_path,
     )
@@ -372,6 +373,8 @@ def test_sigkill_of_the_controller_then_resume(tmp_path: Path, tiny_baseline: Ba
             "--run-id",
             run_id,
             "--parallel",
+            "3",
+            "--spares",
             "3",
         ],
         tmp_path,

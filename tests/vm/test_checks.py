@@ -36,7 +36,7 @@ def controller(tmp_path: Path, ledger: Ledger, driver: QemuDriver | None = None)
         driver or QemuDriver(),
         ledger,
         LocalStore(tmp_path / "store"),
-        options=RunOptions(parallel=2, staging_dir=tmp_path / "staging"),
+        options=RunOptions(parallel=2, spares=2, staging_dir=tmp_path / "staging"),
     )
 
 

@@ -111,8 +111,7 @@ class Controller:
         try:  # from here on the run's lock is released on every path (finish_run)
             todo, result.skipped = queue_pending(ctx, run_id, manifests)
             self._emit("run_started", run_id=run_id, total=len(todo), skipped=len(result.skipped))
-            spares = self.options.spares
-            self.driver.keep_spares(self.options.parallel if spares is None else spares)
+            self.driver.keep_spares(self.options.spare_count())
             singles, grouped = plan(todo)
             async with asyncio.TaskGroup() as group:
                 for manifest, attempt in singles:

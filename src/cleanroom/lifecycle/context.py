@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,21 @@ class RunOptions:
     collect_grace_s: float = 30.0
     staging_dir: Path | None = None  # host scratch for evidence in flight (default: home/staging)
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
-    spares: int | None = None  # envs kept started ahead per shape (None: ``parallel``; 0: none)
+    spares: int | None = None  # envs kept started ahead per shape (None: ``spare_count``)
     allow_baseline_change: bool = False  # resume a run with a baseline other than its own
+
+    def spare_count(self, cores: int | None = None) -> int:
+        """Envs to keep started ahead per shape: ``spares`` where given, else one per episode
+        slot that a core the episodes leave idle can start (``parallel``, at most ``cores`` -
+        ``parallel``; ``cores``: this process's CPUs). A spare runs its QEMU start and a
+        warm-up before its episode; on cores the episodes already fill that CPU is spent all
+        the same, only earlier, and the warm-up on top: on 2 busy cores under TCG spares cost a
+        function episode ~85 ms of CPU more and a batch ~15% of its episodes a second
+        (``bench/results/spares.txt``)."""
+        if self.spares is not None:
+            return self.spares
+        cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        return max(0, min(self.parallel, cores - self.parallel))
 
 
 def _silent(kind: str, **data: Any) -> None:

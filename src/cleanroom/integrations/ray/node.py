@@ -93,8 +93,7 @@ class NodeController:
         items = [Manifest.model_validate(m) for m in manifests]
         verifiers = Verifiers(self.ctx)
         await preflight(self.ctx, verifiers, items, baseline)
-        spares = self.ctx.options.spares
-        self.ctx.driver.keep_spares(self.ctx.options.parallel if spares is None else spares)
+        self.ctx.driver.keep_spares(self.ctx.options.spare_count())
         self._runs[run_id] = Batch(self.ctx, verifiers, run_id, baseline, RunResult(run_id))
         return baseline.digest
 
