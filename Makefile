@@ -52,6 +52,7 @@ bench: setup
 	$(PY) bench/egress.py
 	$(PY) bench/fork.py
 	$(PY) bench/session.py
+	$(PY) bench/spares.py
 
 # Mutation testing of reaper.py, store/, ledger/ against their fast tests ([tool.mutmut] in
 # pyproject.toml); the report, with every survivor, goes to bench/results/mutation.txt.
