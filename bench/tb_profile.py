@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import bisect
 import collections
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,8 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, help="write every block: address, insns, place")
     parser.add_argument("--symbols", action="append", default=[], help="NAME=BINARY (see above)")
     args = parser.parse_args()
+    # QEMU writes its in_asm log itself: a jailed QEMU's root is empty (drivers/jail.py)
+    os.environ.setdefault("CLEANROOM_JAIL_UIDS", "off")
     which = profile_ready if args.step == "ready" else profile
     with tempfile.TemporaryDirectory() as tmp:
         blocks, places = asyncio.run(which(args.baseline, Path(tmp) / "in_asm.log"))
