@@ -34,9 +34,9 @@ class RunOptions:
         slot that a core the episodes leave idle can start (``parallel``, at most ``cores`` -
         ``parallel``; ``cores``: this process's CPUs). A spare runs its QEMU start and a
         warm-up before its episode; on cores the episodes already fill that CPU is spent all
-        the same, only earlier, and the warm-up on top: on 2 busy cores under TCG spares cost a
-        function episode ~85 ms of CPU more and a batch ~15% of its episodes a second
-        (``bench/results/spares.txt``)."""
+        the same, only earlier, and the warm-up on top: on 2 busy cores under TCG a function
+        episode's spare spends 346 ms of QEMU CPU against a fresh clone's 303, and a batch
+        with spares runs ~15% fewer episodes a second (``bench/results/spares.txt``)."""
         if self.spares is not None:
             return self.spares
         cores = len(os.sched_getaffinity(0)) if cores is None else cores

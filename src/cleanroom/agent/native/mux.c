@@ -330,9 +330,7 @@ static void *feed_stdin(void *arg) {
         const char *p = (const char *)c->data, *end = p + c->n;
         while (p < end) {
             const char *hit = intr < 0 ? NULL : memchr(p, intr, (size_t)(end - p));
-            if (feed_bytes(fe, p, (size_t)((hit ? hit : end) - p)))
-                break;
-            if (!hit)
+            if (feed_bytes(fe, p, (size_t)((hit ? hit : end) - p)) || !hit)
                 break;
             pthread_mutex_lock(&lock);
             int pgid = fe->r->pid;
