@@ -3,9 +3,10 @@
 ``CLEANROOM_HOME`` is always ``.cache/test-home`` in the checkout (never a home the caller
 exported: the suite reaps), so the kernel download, the rootfs cache and the tiny baseline are
 built once and reused by later runs (the folder is gitignored); every other ``CLEANROOM_*``
-variable is unset for the session. Tests that need their own ledger or store make them in
-tmp_path. With ``CI=true`` a skipped test fails unless ``tests/skips_allowed.txt`` names it,
-with a reason.
+variable is unset for the session; a SIGINT the caller ignores (a non-interactive shell's
+``cmd &`` does) is the default again, so the Ctrl-C tests' CLIs get their ^C. Tests that need
+their own ledger or store make them in tmp_path. With ``CI=true`` a skipped test fails unless
+``tests/skips_allowed.txt`` names it, with a reason.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import fnmatch
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Generator, Iterator
@@ -31,6 +33,8 @@ SKIPS_ALLOWED = ROOT / "tests" / "skips_allowed.txt"
 for _name in [n for n in os.environ if n.startswith("CLEANROOM_")]:
     del os.environ[_name]
 os.environ["CLEANROOM_HOME"] = str(TEST_HOME)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited: children would ignore it too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

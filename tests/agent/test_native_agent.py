@@ -9,6 +9,7 @@ artifacts, result record, secrets and manifest. Skips without gcc (the builder n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -216,13 +217,21 @@ def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, r
     not stay a zombie under the agent."""
 
     async def body(session: AgentSession) -> Any:
-        await session.exec(["sh", "-c", "sleep 0.2 &"], timeout_s=10)
-        await asyncio.sleep(0.6)  # the orphan has exited; the next request reaps it
-        await session.exec(["true"], timeout_s=10)
+        started = await session.exec(["sh", "-c", "sleep 0.2 & echo $!"], timeout_s=10)
+        orphan = started.stdout.strip()
+        stat = Path(f"/proc/{orphan.decode()}/stat")
+        for _ in range(1000):  # until it has exited (a zombie, or reaped already); not a timer
+            with contextlib.suppress(FileNotFoundError):
+                if stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    await asyncio.sleep(0.01)
+                    continue
+            break
+        await session.exec(["true"], timeout_s=10)  # the next request reaps it
         ps = await session.exec(["sh", "-c", "cat /proc/$PPID/task/*/children"], timeout_s=10)
-        return ps.stdout.split()
+        return orphan, ps.stdout.split()
 
-    children = drive(agent_binary, root, body)
+    orphan, children = drive(agent_binary, root, body)
+    assert orphan.isdigit() and orphan not in children
     assert len(children) == 1  # only the shell asking
 
 
