@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,8 @@ import time
 from pathlib import Path
 
 from stats import RESULTS, write
+
+from cleanroom.drivers.accel import kvm_known_usable
 
 QEMU_BIN = shutil.which("qemu-system-x86_64") or "/usr/bin/qemu-system-x86_64"
 TRANSLATOR = re.compile(r"^(tcg_(?!flush)|tb_gen_code$|translator_|gen_intermediate_code$)")
@@ -137,11 +140,11 @@ async def measured(episodes: int, batches: int, hz: int, data: Path) -> list[dic
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    time.sleep(0.5)
+    await asyncio.sleep(0.5)  # perf's own start
     try:
         return [await spares.batch(baseline, episodes, 2, 0) for _ in range(batches)]
     finally:
-        perf.send_signal(2)  # SIGINT: perf writes its data and exits
+        perf.send_signal(signal.SIGINT)  # perf writes its data and exits
         perf.wait(30)
 
 
@@ -168,9 +171,10 @@ def main() -> None:
     parts = classify(report, addrs, names)
     per_episode = sum(r["host_ms"] for r in rates) / len(rates)
     busy = 100.0 - parts.get("idle", 0.0)
+    accel = "KVM" if kvm_known_usable() else "TCG"
     lines = [
         f"# bench/host_profile.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
-        f"{os.cpu_count()} cores, TCG; load average (1 min) at the start {load0:.1f}, "
+        f"{os.cpu_count()} cores, {accel}; load average (1 min) at the start {load0:.1f}, "
         f"at the end {os.getloadavg()[0]:.1f}",
         f"# {args.batches} batches x {args.episodes} trivial function episodes (warm baseline), "
         "--parallel 2, no spares; perf record -a -e cpu-clock over them",
