@@ -53,6 +53,8 @@ bench: setup
 	$(PY) bench/fork.py
 	$(PY) bench/session.py
 	$(PY) bench/spares.py
+	@if command -v perf >/dev/null 2>&1; then $(PY) bench/host_profile.py; \
+	else echo "bench: bench/host_profile.py skipped: it needs perf (apt-get install linux-perf)"; fi
 
 # Mutation testing of reaper.py, store/, ledger/ against their fast tests ([tool.mutmut] in
 # pyproject.toml); the report, with every survivor, goes to bench/results/mutation.txt.
