@@ -61,7 +61,7 @@ def profile(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_each_row_lands_in_its_part(profile: ModuleType) -> None:
-    """The counts add up to 100 samples of each 100: each part's percent is its count."""
+    """The counts add up to 10,000 samples, so each part's percent is its count / 100."""
     parts = profile.classify(REPORT, ADDRS, NAMES)
     assert parts[profile.TRANSLATION] == pytest.approx(30.0)  # named, and before tcg_x86_init
     assert parts[profile.NAMED] == pytest.approx(20.0)
