@@ -13,13 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.vm
-def test_two_rollouts_each_judged_in_a_fresh_env() -> None:
-    """Protects (real VMs): the example runs as the README says: each rollout's agent reads,
-    tests, patches and retests in its session; the verifier's hidden tests tell a right fix
-    (reward 1) from a wrong one that passes the public tests (reward < 1); both complete."""
+def rollouts(*args: str) -> dict[str, str]:
+    """Run the example with ``args``; its printed row per session, by episode id."""
     proc = subprocess.run(
-        [sys.executable, "examples/agent-repair/rollout.py", "--n", "2", "--parallel", "2"],
+        [sys.executable, "examples/agent-repair/rollout.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -28,8 +25,16 @@ def test_two_rollouts_each_judged_in_a_fresh_env() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if "reward" in line}
-    assert set(rows) == {"repair-0", "repair-1"}, proc.stdout
+    return {line.split()[0]: line for line in proc.stdout.splitlines() if "reward" in line}
+
+
+@pytest.mark.vm
+def test_two_rollouts_each_judged_in_a_fresh_env() -> None:
+    """Protects (real VMs): the example runs as the README says: each rollout's agent reads,
+    tests, patches and retests in its session; the verifier's hidden tests tell a right fix
+    (reward 1) from a wrong one that passes the public tests (reward < 1); both complete."""
+    rows = rollouts("--n", "2", "--parallel", "2")
+    assert set(rows) == {"repair-0", "repair-1"}, rows
     assert "average-unsorted" in rows["repair-0"] and "reward 1.000" not in rows["repair-0"]
     assert "index-formula" in rows["repair-1"] and "reward 1.000" in rows["repair-1"]
     assert all("completed" in row for row in rows.values())
@@ -44,18 +49,8 @@ def test_a_rollout_branched_four_ways_after_its_first_test_run() -> None:
     earn 1 and two less; each branch is an episode of the parent's run whose record names the
     parent and the step it branched at (read back with ``cleanroom inspect``); the parent's
     reward is the best branch's."""
-    proc = subprocess.run(
-        [sys.executable, "examples/agent-repair/rollout.py", "--n", "0", "--branch", "4"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if "reward" in line}
-    assert set(rows) == {"tree-0", "tree-0.b1", "tree-0.b2", "tree-0.b3", "tree-0.b4"}, proc.stdout
+    rows = rollouts("--n", "0", "--branch", "4")
+    assert set(rows) == {"tree-0", "tree-0.b1", "tree-0.b2", "tree-0.b3", "tree-0.b4"}, rows
     fixes = ["average-unsorted", "index-formula", "sort-and-average", "sort-in-place"]
     for i, fix in enumerate(fixes, 1):
         row = rows[f"tree-0.b{i}"]
