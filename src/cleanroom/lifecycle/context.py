@@ -35,8 +35,8 @@ class RunOptions:
         ``parallel``; ``cores``: this process's CPUs). A spare runs its QEMU start and a
         warm-up before its episode; on cores the episodes already fill that CPU is spent all
         the same, only earlier, and the warm-up on top: on 2 busy cores under TCG a function
-        episode's spare spends 239 ms of QEMU CPU against a fresh clone's 201, and a batch
-        with spares runs ~13% fewer episodes a second (``bench/results/spares.txt``)."""
+        episode's spare spends ~240-250 ms of QEMU CPU against a fresh clone's ~200-215, and a
+        batch with spares runs ~12% fewer episodes a second (``bench/results/spares.txt``)."""
         if self.spares is not None:
             return self.spares
         cores = len(os.sched_getaffinity(0)) if cores is None else cores
