@@ -142,12 +142,12 @@ async def main() -> None:
         f"QEMU CPU of one function episode's VM ({args.clones} each, alternating; ms p50):",
     ]
     for kind, pairs in vms.items():
-        before = statistics.median(b for b, _ in pairs)
         run = statistics.median(r for _, r in pairs)
-        total = statistics.median(b + r for b, r in pairs)
         if kind in AGAIN:
             lines.append(f"  {kind:<15} {'':>29}RUN -> DONE {run:6.0f}")
             continue
+        before = statistics.median(b for b, _ in pairs)
+        total = statistics.median(b + r for b, r in pairs)
         what = "start, run ahead, take" if kind == "spare" else "start"
         lines.append(
             f"  {kind:<12} {what}: {before:6.0f}   RUN -> DONE {run:6.0f}   total {total:6.0f}"
