@@ -13,6 +13,7 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     ├── BaselineError
     │   ├── SpecError               a baseline.toml that does not validate
     │   ├── BuildError              a step of the build failed (mmdebstrap, mkfs.erofs, kernel)
+    │   │   └── ImageError          an image over a build limit, or hostile (names layer + limit)
     │   ├── BaselineNotFound        no baseline with that digest (or prefix) in the store
     │   ├── DriftError              a stored component no longer matches the digest
     │   └── TransferError           a baseline file (export/import) that is unreadable or lies
@@ -97,6 +98,12 @@ class SpecError(BaselineError):
 
 class BuildError(BaselineError):
     """A step of the baseline build failed."""
+
+
+class ImageError(BuildError):
+    """An image the build refuses: over a limit (bytes, entries, path length, free space of the
+    scratch) or malformed in a way only a hostile image is; the message names the layer and
+    the limit."""
 
 
 class BaselineNotFound(BaselineError):

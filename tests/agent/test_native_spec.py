@@ -19,7 +19,7 @@ import pytest
 from cleanroom.agent import native
 from cleanroom.baseline import spec as spec_module
 from cleanroom.baseline.initramfs import NATIVE_LAUNCH, init_script
-from cleanroom.baseline.rootfs import install_native_agent
+from cleanroom.baseline.rootfs import AGENT_BINARY, stage_agent
 from cleanroom.baseline.spec import INIT_SCRIPT, load_spec, spec_digest
 from cleanroom.errors import BuildError, SpecError
 
@@ -108,11 +108,10 @@ def test_a_function_entrypoint_in_an_image_without_python_is_a_build_error(
     tmp_path: Path,
 ) -> None:
     config = load_spec(write(tmp_path, FUNCTION)).warm_config()
-    tree = tmp_path / "tree"
-    (tree / "bin").mkdir(parents=True)
+    stage = tmp_path / "stage"
     with pytest.raises(BuildError, match="function 'entry:run' needs Python 3 in the image"):
-        install_native_agent(tree, config)
-    assert not (tree / "opt" / "cleanroom" / "entry.json").exists()
+        stage_agent(stage, config, gym=False, python=None)  # the sandbox found no python3
+    assert not (stage / "cleanroom" / "entry.json").exists()
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -120,13 +119,11 @@ def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent
     tmp_path: Path,
 ) -> None:
     config = load_spec(write(tmp_path, FUNCTION)).warm_config()
-    tree = tmp_path / "tree"
-    (tree / "usr" / "bin").mkdir(parents=True)
-    (tree / "usr" / "bin" / "python3.11").write_bytes(b"")
-    (tree / "usr" / "bin" / "python3").symlink_to("python3.11")
-    install_native_agent(tree, config)
-    agent = tree / "opt" / "cleanroom" / "agent"
-    assert sorted(p.name for p in agent.iterdir()) == [native.BINARY, "worker.py"]
+    stage = tmp_path / "stage"
+    stage_agent(stage, config, gym=False, python="3.11")
+    agent = stage / "cleanroom" / "agent"  # /opt/cleanroom/agent, the binary installed last
+    assert sorted(p.name for p in agent.iterdir()) == ["worker.py"]
+    assert (stage / AGENT_BINARY).read_bytes()[:4] == b"\x7fELF"
     assert (agent / "worker.py").read_bytes() == (spec_module.AGENT_DIR / "worker.py").read_bytes()
     assert json.loads((agent.parent / "entry.json").read_text()) == config
 

@@ -18,6 +18,7 @@ import pytest
 from cleanroom.agent import native
 from cleanroom.baseline import store
 from cleanroom.baseline.builder import build, native_agent_version
+from cleanroom.baseline.confine import Workspace
 from cleanroom.baseline.model import AGENT_FILE, Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.baseline.rootfs import scratch_parent
@@ -76,11 +77,11 @@ def test_a_failed_build_leaves_no_scratch(tiny: Baseline, monkeypatch: pytest.Mo
     seen: list[Path] = []
 
     def broken(
-        spec: object, tree: Path, out: Path, progress: object, locked: object = None
+        spec: object, ws: Workspace, out: Path, progress: object, locked: object, image: object
     ) -> None:
-        (tree / "half-done").write_text("x")
+        (ws.tree / "half-done").write_text("x")
         (out.parent / "partial").write_text("x")
-        seen.extend([tree, out.parent])
+        seen.extend([ws.folder, out.parent])
         raise BuildError("rootfs: simulated failure")
 
     monkeypatch.setattr(builder, "build_rootfs", broken)

@@ -19,7 +19,7 @@ import pytest
 
 from cleanroom.baseline.image_user import RUNAS_PATH, RunAs, resolve_user
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.rootfs import install_runas
+from cleanroom.baseline.rootfs import compile_runas
 from cleanroom.errors import BuildError
 
 PASSWD = """root:x:0:0:root:/root:/bin/sh
@@ -110,9 +110,10 @@ def test_wrap_and_baseline_record(tmp_path: Path) -> None:
 def helper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc not installed (make setup installs it)")
-    tree = tmp_path_factory.mktemp("runas")
-    install_runas(tree)
-    return tree / RUNAS_PATH.lstrip("/")
+    helper = tmp_path_factory.mktemp("runas") / RUNAS_PATH.lstrip("/")
+    helper.parent.mkdir(parents=True)
+    compile_runas(helper)
+    return helper
 
 
 def _run(helper: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -126,7 +126,7 @@ def test_oci_layout_and_archive_give_the_same_identity(tmp_path: Path) -> None:
     assert a.config.env == ("PATH=/bin", "GREETING=hi")
     assert a.config.working_dir == "/opt/app" and a.config.command() == ("/bin/tool",)
     tree = tmp_path / "tree"
-    oci.unpack(b, tree)
+    oci.unpack(list(b.layers), tree)
     assert (tree / "opt/app/new").is_file() and not (tree / "etc/gone").exists()
 
 
@@ -176,7 +176,7 @@ def test_docker_archive_written_by_skopeo(tmp_path: Path) -> None:
     assert image.config.env == ("PATH=/bin", "GREETING=hi")
     assert len(image.layers) == 2
     tree = tmp_path / "tree"
-    oci.unpack(image, tree)
+    oci.unpack(list(image.layers), tree)
     assert sorted(p.name for p in (tree / "opt/app").iterdir()) == ["new"]
     again = oci.fetch(f"docker-archive:{archive}", tmp_path / "w2")
     assert again.identity() == image.identity() | {"ref": again.ref}
@@ -201,7 +201,7 @@ def test_pull_from_a_registry_on_loopback(tmp_path: Path, registry: str) -> None
     image = oci.fetch(f"docker://{registry}/tests/img:1", tmp_path / "w")
     assert image.config.working_dir == "/opt/app" and len(image.layers) == 2
     tree = tmp_path / "tree"
-    oci.unpack(image, tree)
+    oci.unpack(list(image.layers), tree)
     assert (tree / "etc/keep").read_bytes() == b"keep\n" and not (tree / "etc/gone").exists()
 
 

@@ -14,9 +14,12 @@
    folder atomically to ``baselines_dir()/<hex>/`` (an intact baseline with the same digest is
    kept as is; a drifted one is replaced).
 
-Scratch work happens in ``cache_dir()/build-*`` (the unpacked root tree in ``/dev/shm`` when it
-has room: ``rootfs.scratch_parent``), removed on success and on failure. Every
-failure is a ``CleanroomError`` (``BuildError`` with the failing command's stderr tail).
+Scratch work happens in ``cache_dir()/build-*`` (the unpacked root tree in a private
+``confine.workspace``, in ``/dev/shm`` when the tree is small and it has room:
+``rootfs.scratch_parent``), removed on success and on failure. Every step that touches the
+image's tree runs in the build sandbox (``confine.py``). Every failure is a ``CleanroomError``
+(``BuildError`` with the failing command's stderr tail; ``ImageError`` for an image over a
+limit).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent import native
-from cleanroom.baseline import lock, store
+from cleanroom.baseline import confine, lock, store
+from cleanroom.baseline.confine import Workspace, run_in_tree
 from cleanroom.baseline.image_user import RunAs
 from cleanroom.baseline.initramfs import build_initramfs
 from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
@@ -49,9 +53,17 @@ from cleanroom.baseline.model import (
     identity,
 )
 from cleanroom.baseline.oci import Image
-from cleanroom.baseline.proc import Progress, quiet, run, tail
-from cleanroom.baseline.pyinstall import AGENT_DEST, CHROOT_ENV
-from cleanroom.baseline.rootfs import RootfsFacts, build_rootfs, scratch_parent
+from cleanroom.baseline.proc import Progress, quiet, tail
+from cleanroom.baseline.pyinstall import AGENT_DEST, GUEST_ENV
+from cleanroom.baseline.rootfs import (
+    AGENT_BINARY,
+    SHM_MAX_TREE,
+    RootfsFacts,
+    build_rootfs,
+    fetch_image,
+    image_estimate,
+    scratch_parent,
+)
 from cleanroom.baseline.spec import (
     BUILDER_VERSION,
     BaselineSpec,
@@ -106,18 +118,19 @@ ENTRY_CHECK = (
 """What ``worker.main`` does before it serves: path, preimports, the function resolved."""
 
 
-def check_function_entry(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> None:
-    """Import a function entrypoint (and its ``preimport``) in the built ``tree`` with the
+def check_function_entry(spec: BaselineSpec, ws: Workspace, progress: Progress = quiet) -> None:
+    """Import a function entrypoint (and its ``preimport``) in the built tree with the
     guest's Python, as the warm worker does; BuildError with the guest's traceback if it fails.
-    This runs the spec's own modules at build time (in a chroot), as every episode would."""
+    This runs the spec's own modules at build time, with the tree as their root and
+    unprivileged (``confine.run_in_tree``), after the erofs is made, as every episode would."""
     config = spec.warm_config()
     if config is None:
         return
-    progress("entry", f"importing {config['function']} with the guest's Python")
+    progress("entry", f"importing {config['function']} with the guest's Python (confined)")
     agent = "/" + AGENT_DEST
     code = ENTRY_CHECK.format(agent=agent, entry=str(Path(agent).parent / "entry.json"))
-    argv: list[str | Path] = ["chroot", tree, "/usr/bin/python3", "-I", "-B", "-c", code]
-    proc = run(argv, "entry", env=CHROOT_ENV, inherit_env=False, ok_codes=tuple(range(256)))
+    argv = ["/usr/bin/python3", "-I", "-B", "-c", code]
+    proc = run_in_tree(ws, argv, "entry", env=GUEST_ENV, ok_codes=tuple(range(256)))
     if proc.returncode != 0:
         preimport = f" (preimport {', '.join(config['preimport'])})" if config["preimport"] else ""
         raise BuildError(
@@ -179,14 +192,13 @@ def _assemble(
     kernel = fetch_kernel(spec.kernel.package, progress)
     out = work / "out"
     out.mkdir()
-    tree = Path(tempfile.mkdtemp(prefix="cleanroom-rootfs-", dir=scratch_parent()))
-    try:
-        facts = build_rootfs(spec, tree, out / ROOTFS_FILE, progress, locked)
-        check_function_entry(spec, tree, progress)
+    image = fetch_image(spec, work / "image", progress) if spec.base.from_image else None
+    need = image_estimate(image) if image is not None else SHM_MAX_TREE // 2
+    with confine.workspace(scratch_parent(need)) as ws:
+        facts = build_rootfs(spec, ws, out / ROOTFS_FILE, progress, locked, image)
+        check_function_entry(spec, ws, progress)
         # the agent: the same bytes as in the image, hashed as a component of its own
-        shutil.copyfile(tree / AGENT_DEST / native.BINARY, out / AGENT_FILE)
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copyfile(ws.stage / AGENT_BINARY, out / AGENT_FILE)
     progress("initramfs", f"{len(kernel.order)} modules")
     build_initramfs(kernel, out / INITRD_FILE)
     shutil.copyfile(kernel.vmlinux, out / KERNEL_FILE)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.layers import resolve_in_root
+from cleanroom.baseline.inroot import resolve_in_root
 from cleanroom.errors import BuildError
 
 RUNAS_SOURCE = Path(__file__).with_name("runas.c")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.layers import apply_layer, resolve_in_root
+from cleanroom.baseline.inroot import resolve_in_root
+from cleanroom.baseline.layers import Blob, Budget, ImageLimits, apply_layer
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.errors import BuildError
 
@@ -344,13 +345,20 @@ def fetch(ref: str, work: Path, progress: Progress = quiet) -> Image:
     return from_docker_archive(folder, ref)
 
 
-def unpack(image: Image, tree: Path, progress: Progress = quiet) -> None:
-    """Apply ``image``'s layers, bottom first, onto the folder ``tree``."""
+def unpack(
+    layers: list[tuple[str, Blob]],
+    tree: Path,
+    progress: Progress = quiet,
+    limits: ImageLimits | None = None,
+) -> None:
+    """Apply the layers ``(digest, blob)``, bottom first, onto the folder ``tree``, within one
+    image's ``limits``. Runs in the build sandbox (``intree``)."""
     tree.mkdir(parents=True, exist_ok=True)
-    for i, (digest, blob) in enumerate(image.layers):
-        stats = apply_layer(tree, blob, digest)
+    budget = Budget.for_tree(tree, limits or ImageLimits())
+    for i, (digest, blob) in enumerate(layers):
+        stats = apply_layer(tree, blob, digest, budget)
         progress(
             "image",
-            f"layer {i + 1}/{len(image.layers)} {digest[7:19]}: {stats.files} entries, "
+            f"layer {i + 1}/{len(layers)} {digest[7:19]}: {stats.files} entries, "
             f"{stats.deleted} whiteouts",
         )

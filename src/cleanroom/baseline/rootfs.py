@@ -1,23 +1,27 @@
-"""The root filesystem image (``rootfs.erofs``) of a baseline.
+"""The root filesystem image (``rootfs.erofs``) of a baseline, built across the build boundary.
 
-Steps, each reported to the progress callback:
+The host fetches and prepares trusted inputs; everything that reads or writes the image's tree
+runs in the build sandbox (``confine.py``: unprivileged, namespaced, with a timeout), where
+every path is resolved inside the tree (``inroot.py``). Steps, each reported to the progress
+callback:
 
 1. ``rootfs``: a Debian tree from ``mmdebstrap`` (suite, variant, packages + python3-minimal),
-   run once per distinct package set and cached as a tarball in
-   ``cache_dir()/rootfs/<key>.tar``; every build extracts that tarball, so builds that share
-   packages share one debootstrap and a rebuild starts from identical bytes.
-2. ``pip``: wheels for the guest's Python (``pyinstall.install_pip``).
-3. ``files``: the spec's files, then the guest agent into ``/opt/cleanroom/agent/``: the
-   static ``agent/native`` binary, compiled here by ``gcc`` (for a function entrypoint, with the
-   warm worker and its config as ``/opt/cleanroom/entry.json``, which needs the image's Python).
-4. ``compile``: for a function entrypoint, byte-compiled by the guest's own Python,
-   reproducibly (``pyinstall.byte_compile``), the worker test-imported.
-5. scrub: host- and time-dependent files are emptied or fixed (hostname, resolv.conf,
-   machine-id, logs, apt lists and caches, ``*-old`` files).
+   run once per distinct package set and cached as a tarball in ``cache_dir()/rootfs/<key>.tar``
+   (host), extracted by ``tar`` in the sandbox; or ``image``: the image's layers, fetched and
+   checked by digest on the host (``oci.fetch``), applied in the sandbox within the image limits
+   (``layers.ImageLimits``).
+2. ``pip``: wheels for the guest's Python, installed by pip into a host staging folder
+   (``pyinstall.stage_pip``).
+3. ``files``: the spec's files, the user ``agent``, the guest agent (the static
+   ``agent/native`` binary compiled here by ``gcc``; for a function entrypoint the warm worker and
+   its ``entry.json``), the image-``User`` helper: staged on the host, copied in by the sandbox.
+4. ``compile``: for a function entrypoint or a gym, byte-compiled by the guest's own Python
+   with the tree as its root, reproducibly (``pyinstall.byte_compile``).
+5. scrub: host- and time-dependent files emptied or fixed (``treefiles.scrub``).
+6. ``erofs``: ``mkfs.erofs`` in the sandbox with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a
+   fixed UUID, the tree read-only. Ownership is kept as the image set it (ids ``0 .. 65535``).
 
-6. ``erofs``: ``mkfs.erofs`` with a fixed timestamp (``SOURCE_DATE_EPOCH``) and a fixed UUID.
-   Ownership is kept as Debian set it (``/etc/shadow`` stays group ``shadow``); the tree is
-   uncompressed (fastest to read under TCG).
+The scratch (``scratch_parent``) is on disk unless the tree is small enough for ``/dev/shm``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -33,21 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent import native
-from cleanroom.baseline import oci, users
+from cleanroom.baseline import oci
+from cleanroom.baseline.confine import Bind, Workspace, run_builder, run_step
 from cleanroom.baseline.dockerfile import build_image
-from cleanroom.baseline.image_user import RUNAS_PATH, RUNAS_SOURCE, RunAs, resolve_user
-from cleanroom.baseline.layers import resolve_in_root
+from cleanroom.baseline.image_user import RUNAS_SOURCE, RunAs
+from cleanroom.baseline.layers import ImageLimits
 from cleanroom.baseline.lock import (
     apt_preferences,
     check_packages,
     check_pinned,
     dpkg_packages,
     spec_pins,
-    tree_packages,
 )
 from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, run
-from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, install_pip
+from cleanroom.baseline.pyinstall import AGENT_DEST, byte_compile, site_folder, stage_pip
 from cleanroom.baseline.spec import (
     AGENT_DIR,
     NATIVE_GYM_FILES,
@@ -61,36 +66,38 @@ from cleanroom.paths import cache_dir
 
 EROFS_UUID = "c1ea4200-0000-4000-8000-000000000001"
 ROOTFS_CACHE_VERSION = "1"
+AGENT_PATH = f"/{AGENT_DEST}/{native.BINARY}"
+SHM_MAX_TREE = 1 << 30
+"""The largest tree (estimated) unpacked in ``/dev/shm`` (RAM); a larger one goes to disk."""
+SHM_HEADROOM = 4
+"""``/dev/shm`` must have this many times the estimate free to be used."""
+COMPRESSED_RATIO = 4
+"""How many bytes a compressed layer byte is estimated to unpack to (for the scratch choice)."""
+TAR_TIMEOUT_S = 600.0
+ERofs_TIMEOUT_S = 900.0
 
 
-def scratch_parent(need_bytes: int = 2 << 30) -> Path:
-    """Where to unpack trees: ``$CLEANROOM_BUILD_TMP``, else ``/dev/shm`` if it has room and
-    allows exec and device nodes (a ~200 MB tar unpacks there in 0.4 s instead of ~10 s on a
-    slow disk), else ``cache_dir()``."""
+def scratch_parent(need_bytes: int = SHM_MAX_TREE) -> Path:
+    """Where to unpack a tree of about ``need_bytes``: ``$CLEANROOM_BUILD_TMP``, else
+    ``/dev/shm`` if the tree is small (``SHM_MAX_TREE``), it has ``SHM_HEADROOM`` times that
+    free and allows exec and device nodes (a ~200 MB tar unpacks there in 0.4 s instead of ~10 s
+    on a slow disk), else ``cache_dir()`` (disk: a large or hostile image cannot fill RAM)."""
     chosen = os.environ.get("CLEANROOM_BUILD_TMP")
     if chosen:
         return Path(chosen)
     shm = Path("/dev/shm")
+    if need_bytes > SHM_MAX_TREE:
+        return cache_dir()
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
         options = [line.split()[3].split(",") for line in mounts if line.split()[1] == str(shm)]
         usable = bool(options) and not {"noexec", "nodev", "ro"} & set(options[-1])
-        if usable and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need_bytes:
+        room = shutil.disk_usage(shm).free >= SHM_HEADROOM * need_bytes
+        if usable and os.access(shm, os.W_OK) and room:
             return shm
     except (OSError, IndexError):
         pass
     return cache_dir()
-
-
-def guest_path(rootfs: Path, path: str) -> Path:
-    """``path`` (absolute, in the guest) inside ``rootfs``, refusing to leave it via symlinks."""
-    target = rootfs / path.lstrip("/")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    real_root = rootfs.resolve()
-    parent = target.parent.resolve()
-    if parent != real_root and real_root not in parent.parents:
-        raise BuildError(f"files: {path} resolves outside the root filesystem (symlink)")
-    return target
 
 
 # -- debootstrap ----------------------------------------------------------------------------------
@@ -176,210 +183,115 @@ def _tarball_packages(tarball: Path) -> dict[str, str]:
         return dpkg_packages(member.read().decode("utf-8", "replace")) if member else {}
 
 
-def extract_base(
-    base: BaseSection, rootfs: Path, progress: Progress = quiet, pins: dict[str, str] | None = None
-) -> list[str]:
-    """Fill the folder ``rootfs`` (created if missing) with the (cached) Debian tree; with
-    ``pins`` (a locked build), exactly those package versions. Returns the Release dates."""
+def base_tarball(base: BaseSection, progress: Progress, pins: dict[str, str] | None) -> Path:
+    """The (cached) Debian tarball; with ``pins`` (a locked build), exactly those versions."""
     tarball = debootstrap_tarball(base, progress)
     if pins and _tarball_packages(tarball) != pins:
         tarball = debootstrap_tarball(base, progress, pins)
-    rootfs.mkdir(parents=True, exist_ok=True)
-    progress("rootfs", "extracting")
-    run(
-        ["tar", "-C", rootfs, "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xpf", tarball],
-        "rootfs",
-    )
-    rootfs.chmod(0o755)
-    got = tree_packages(rootfs)
-    if pins:
-        check_packages(pins, got)
-    check_pinned(spec_pins(base.packages), got)
-    return release_dates(tarball)
+    return tarball
 
 
-# -- files ----------------------------------------------------------------------------------------
+def extract_base(ws: Workspace, tarball: Path, progress: Progress = quiet) -> dict[str, Any]:
+    """Extract the Debian tarball into the tree, in the sandbox; the tree's facts."""
+    progress("rootfs", "extracting (confined)")
+    argv = ["/usr/bin/tar", "-C", "/tree", "--numeric-owner", "--xattrs", "--xattrs-include=*"]
+    argv += ["--exclude=./dev/*", "-xpf", "-"]  # /dev is the guest kernel's devtmpfs
+    run_builder(ws, argv, "rootfs", stdin_input=tarball, timeout_s=TAR_TIMEOUT_S)
+    return run_step(ws, "facts", {}, progress=progress)
 
 
-def _copy_file(src: str, dst: str) -> None:
-    """Copy content only; 0755 if the source is executable, else 0644 (no host umask)."""
-    shutil.copyfile(src, dst, follow_symlinks=False)
-    if not os.path.islink(dst):
-        os.chmod(dst, 0o755 if os.stat(src).st_mode & 0o111 else 0o644)
+# -- images ---------------------------------------------------------------------------------------
 
 
-def _copy_tree(src: Path, dest: Path) -> None:
-    """Copy a folder's contents into ``dest``; new folders get 0755, existing ones keep theirs."""
-    below = (p.relative_to(src) for p in src.rglob("*") if p.is_dir() and not p.is_symlink())
-    folders = [Path("."), *sorted(p for p in below if not SKIP_NAMES.intersection(p.parts))]
-    existing = {r: (dest / r).stat().st_mode & 0o7777 for r in folders if (dest / r).is_dir()}
-    ignore = shutil.ignore_patterns(*SKIP_NAMES, "*.pyc")
-    shutil.copytree(
-        src, dest, symlinks=True, ignore=ignore, copy_function=_copy_file, dirs_exist_ok=True
-    )
-    for rel in folders:
-        (dest / rel).chmod(existing.get(rel, 0o755))
+def fetch_image(spec: BaselineSpec, work: Path, progress: Progress = quiet) -> Image:
+    """The spec's container image (a reference, or a Dockerfile built here) with its blobs
+    under ``work``, checked against their digests."""
+    docker = spec.dockerfile_paths()
+    ref = build_image(*docker, work, progress) if docker else spec.image_ref()
+    if ref is None:
+        raise BuildError(f"{spec.name}: no image to unpack")
+    return oci.fetch(ref, work, progress)
 
 
-def copy_files(spec: BaselineSpec, rootfs: Path, progress: Progress = quiet) -> None:
-    """Copy each ``[[files]]`` entry (a folder's contents, or one file) to its ``dest``."""
-    for src, entry in spec.sources():
-        progress("files", f"{entry.src} -> {entry.dest}")
-        dest = guest_path(rootfs, entry.dest)
-        if src.is_dir() and not src.is_symlink():
-            _copy_tree(src, dest)
-        elif dest.is_dir() and not dest.is_symlink():
-            raise BuildError(f"files: {entry.dest} is a folder in the image; give a file path")
-        else:
-            dest.unlink(missing_ok=True)
-            _copy_file(str(src), str(dest))
+def image_estimate(image: Image) -> int:
+    """About how many bytes the image's tree takes (for the scratch's choice)."""
+    return sum(blob.stat().st_size for _, blob in image.layers) * COMPRESSED_RATIO
+
+
+def unpack_image(
+    ws: Workspace,
+    image: Image,
+    source: str,
+    progress: Progress = quiet,
+    limits: ImageLimits | None = None,
+) -> dict[str, Any]:
+    """Apply the image's layers in the sandbox, each blob passed as an open descriptor (3, 4,
+    ...); the tree's facts."""
+    plan = {
+        "source": f"image {source}",
+        "layers": [[digest, 3 + i] for i, (digest, _) in enumerate(image.layers)],
+        "limits": vars(limits or ImageLimits()),
+    }
+    blobs = [blob for _, blob in image.layers]
+    return run_step(ws, "unpack", plan, inputs=blobs, progress=progress, timeout_s=TAR_TIMEOUT_S)
+
+
+# -- staged inputs --------------------------------------------------------------------------------
 
 
 RUNAS_CFLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
-
-
-def _static_binary(source: Path, binary: Path) -> None:
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    run(["gcc", *RUNAS_CFLAGS, "-o", binary, source], "files")
-    binary.chmod(0o755)
-
-
-def install_runas(rootfs: Path) -> None:
-    """Compile the image-``User`` helper (``runas.c``) to ``RUNAS_PATH``: static, so it runs in
-    an image with any libc or none."""
-    _static_binary(RUNAS_SOURCE, rootfs / RUNAS_PATH.lstrip("/"))
-
-
+AGENT_BINARY = "agent-binary"
 NATIVE_WORKER = "worker.py"
 """The one Python file of a native baseline with a function entrypoint (stdlib only)."""
 
 
-def install_native_agent(
-    rootfs: Path, warm_config: dict[str, Any] | None = None, gym: bool = False
+def _stage_copy(src: Path, dest: Path) -> None:
+    """A spec source copied for the sandbox (skipping host caches), readable by it."""
+    if src.is_dir() and not src.is_symlink():
+        ignore = shutil.ignore_patterns(*SKIP_NAMES, "*.pyc")
+        shutil.copytree(src, dest, symlinks=True, ignore=ignore)
+    else:
+        shutil.copyfile(src, dest, follow_symlinks=False)
+        if not dest.is_symlink():
+            dest.chmod(0o755 if os.stat(src).st_mode & 0o111 else 0o644)
+
+
+def stage_agent(
+    stage: Path, warm_config: dict[str, Any] | None, gym: bool, python: str | None
 ) -> None:
-    """Compile the native agent (``agent/native``, ``native.CFLAGS``: static, hardened,
-    reproducible) to ``/opt/cleanroom/agent/agent``, the only agent file of a command baseline.
-    A function entrypoint adds the warm worker (``worker.py``, which the agent starts at boot)
-    and its ``entry.json``; that needs the image's Python, so without one it is a BuildError.
-    ``gym`` (a gym config in the baseline) adds the gym process's files (``NATIVE_GYM_FILES``;
-    it runs in the image's Python, with gymnasium and numpy from the image)."""
-    dest = rootfs / AGENT_DEST
-    dest.mkdir(parents=True, exist_ok=True)
+    """The guest agent in ``stage``: ``cleanroom/`` as ``/opt/cleanroom`` will hold it (for a
+    function entrypoint the warm worker and its ``entry.json``, which need the image's Python:
+    without one it is a BuildError; for a gym its files) and the native binary
+    ``agent-binary`` (``native.CFLAGS``: static, hardened, reproducible), installed last."""
+    folder = stage / "cleanroom" / "agent"
+    folder.mkdir(parents=True)
     for name in NATIVE_GYM_FILES if gym else ():
-        _copy_file(str(AGENT_DIR / name), str(dest / name))
+        shutil.copyfile(AGENT_DIR / name, folder / name)
     if warm_config is not None:
-        python = resolve_in_root(rootfs, GUEST_PYTHON, "the image", follow_last=True)
-        if not python.is_file():
+        if python is None:
             raise BuildError(
                 f"entrypoint: function {warm_config['function']!r} needs Python 3 in the image "
                 "(/usr/bin/python3): the native agent runs it in the warm Python worker; "
                 "give a command entrypoint, or an image with python3"
             )
-        _copy_file(str(AGENT_DIR / NATIVE_WORKER), str(dest / NATIVE_WORKER))
-        entry = dest.parent / "entry.json"
-        entry.write_text(json.dumps(warm_config, sort_keys=True) + "\n")
-        entry.chmod(0o644)
-    binary = dest / native.BINARY
+        shutil.copyfile(AGENT_DIR / NATIVE_WORKER, folder / NATIVE_WORKER)
+        (folder.parent / "entry.json").write_text(json.dumps(warm_config, sort_keys=True) + "\n")
+    binary = stage / AGENT_BINARY
     run(native.gcc_argv(binary), "files", cwd=native.NATIVE_DIR)
     binary.chmod(0o755)
-    for folder in (dest, dest.parent):
-        folder.chmod(0o755)
 
 
-# -- scrub ----------------------------------------------------------------------------------------
+def compile_runas(binary: Path) -> None:
+    """The image-``User`` helper (``runas.c``): static, so it runs in an image with any libc."""
+    run(["gcc", *RUNAS_CFLAGS, "-o", binary, RUNAS_SOURCE], "files")
+    binary.chmod(0o755)
 
 
-def _user_id(rootfs: Path, name: str) -> int:
-    """The uid of a user in the tree's /etc/passwd (0 if absent)."""
-    passwd = rootfs / "etc" / "passwd"
-    if not passwd.is_file():
-        return 0
-    for line in passwd.read_text(errors="replace").splitlines():
-        fields = line.split(":")
-        if len(fields) > 2 and fields[0] == name and fields[2].isdigit():
-            return int(fields[2])
-    return 0
-
-
-def scrub(rootfs: Path) -> None:
-    """Remove or fix everything host- or time-dependent, and make the folders the guest needs."""
-    (rootfs / "etc").mkdir(mode=0o755, exist_ok=True)  # an image may have none
-    for name, content in (("hostname", b"cleanroom\n"), ("resolv.conf", b""), ("machine-id", b"")):
-        path = rootfs / "etc" / name
-        path.unlink(missing_ok=True)
-        path.write_bytes(content)
-        path.chmod(0o644)
-    if not (rootfs / "etc" / "environment").exists():
-        (rootfs / "etc" / "environment").write_bytes(b"")
-        (rootfs / "etc" / "environment").chmod(0o644)
-    for pattern in (
-        "var/lib/apt/lists/*",
-        "var/cache/apt/*.bin",
-        "var/cache/apt/archives/*.deb",
-        "var/cache/ldconfig/aux-cache",
-        "var/lib/dpkg/*-old",
-        "var/cache/debconf/*-old",
-        "tmp/*",
-        "var/tmp/*",
-        "run/*",
-    ):
-        for path in rootfs.glob(pattern):
-            if path.is_dir() and not path.is_symlink():
-                if path.name != "partial":
-                    shutil.rmtree(path)
-            else:
-                path.unlink()
-    apt_uid = _user_id(rootfs, "_apt")
-    for partial in ("var/cache/apt/archives/partial", "var/lib/apt/lists/partial"):
-        if (rootfs / partial).is_dir():  # apt leaves these root- or _apt-owned, by host
-            os.chown(rootfs / partial, apt_uid, 0)
-            (rootfs / partial).chmod(0o700)
-    for log in (rootfs / "var" / "log").rglob("*"):
-        if log.is_file() and not log.is_symlink():
-            log.write_bytes(b"")  # keep the file (owner, mode), drop what it says
-    for folder, mode in (("root", 0o700), ("tmp", 0o1777), ("var/tmp", 0o1777)):
-        (rootfs / folder).mkdir(parents=True, exist_ok=True)
-        (rootfs / folder).chmod(mode)
-    (rootfs / "run" / "cleanroom").mkdir(parents=True, exist_ok=True)
-    (rootfs / "run" / "cleanroom").chmod(0o755)
-
-
-# -- erofs ----------------------------------------------------------------------------------------
-
-
-def make_erofs(rootfs: Path, out: Path, progress: Progress = quiet) -> None:
-    """Pack ``rootfs`` into a read-only erofs image with fixed timestamps and UUID."""
-    progress("erofs", "mkfs.erofs")
-    run(
-        ["mkfs.erofs", "--quiet", f"-T{SOURCE_DATE_EPOCH}", f"-U{EROFS_UUID}", out, rootfs],
-        "erofs",
-    )
-
-
-BUILDER_WRITES = ("etc", "opt", "opt/cleanroom", "root", "run", "tmp", "var", "var/log", "var/tmp")
-"""Folders the build writes into after an image is unpacked: never through a symlink."""
-GUEST_PYTHON = ("usr", "bin", "python3")
-"""Where the Python guest agent's Python must be (a native-agent baseline needs none)."""
-
-
-def unpack_image(spec: BaselineSpec, tree: Path, progress: Progress = quiet) -> Image:
-    """Fill ``tree`` from the spec's container image (a reference, or a Dockerfile built
-    here), which must hold the agent's Python unless the baseline runs the native agent."""
-    work = Path(tempfile.mkdtemp(prefix="cleanroom-image-", dir=scratch_parent()))
-    docker = spec.dockerfile_paths()
-    try:
-        ref = build_image(*docker, work, progress) if docker else spec.image_ref()
-        if ref is None:
-            raise BuildError(f"{spec.name}: no image to unpack")
-        image = oci.fetch(ref, work, progress)
-        oci.unpack(image, tree, progress)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    source = spec.base.image or spec.base.dockerfile
-    for folder in BUILDER_WRITES:
-        if (tree / folder).is_symlink():
-            raise BuildError(f"image {source}: /{folder} is a symlink; the builder writes there")
-    return image
+def _readable(folder: Path) -> None:
+    """Let namespace root read what the host staged (the user's files may be private)."""
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
 
 
 @dataclass(frozen=True)
@@ -391,45 +303,89 @@ class RootfsFacts:
     packages: dict[str, str] = field(default_factory=dict)
     release: list[str] = field(default_factory=list)
     pip: list[dict[str, str]] = field(default_factory=list)
+    python: str | None = None
+
+
+def _install(
+    spec: BaselineSpec,
+    ws: Workspace,
+    image: Image | None,
+    python: str | None,
+    progress: Progress,
+    locked: dict[str, Any] | None,
+) -> tuple[list[dict[str, str]], RunAs | None]:
+    """Stage pip, files, agent and helper on the host, then copy them in (sandbox)."""
+    stage = ws.stage
+    wheels = stage_pip(
+        spec.pip.packages, python, stage / "pip", progress, locked.get("pip") if locked else None
+    )
+    files = []
+    for i, (src, entry) in enumerate(spec.sources()):
+        _stage_copy(src, stage / "files" / str(i))
+        folder = src.is_dir() and not src.is_symlink()
+        files.append({"src": entry.src, "dest": entry.dest, "folder": folder})
+        files[-1]["staged"] = f"/in/stage/files/{i}"
+    stage_agent(stage, spec.warm_config(), spec.has_gym(), python)
+    if image is not None:
+        compile_runas(stage / "runas")
+    _readable(stage)
+    source = str(spec.base.image or spec.base.dockerfile)
+    plan = {
+        "source": f"image {source}" if image is not None else spec.name,
+        "pip": "/in/stage/pip" if wheels else None,
+        "site": site_folder(python) if python else None,
+        "files": files,
+        "agent": "/in/stage/cleanroom",
+        "agent_dest": "/" + str(Path(AGENT_DEST).parent),
+        "user": image.config.user if image is not None else None,
+        "runas": "/in/stage/runas",
+    }
+    result = run_step(ws, "install", plan, binds=[Bind(stage, "/in/stage")], progress=progress)
+    run_as = RunAs.from_json(result["run_as"]) if result.get("run_as") else None
+    return wheels, run_as
+
+
+def make_erofs(ws: Workspace, out: Path, progress: Progress = quiet) -> None:
+    """Pack the tree into a read-only erofs image with fixed timestamps and UUID (sandbox: the
+    tree read-only, only ``out``'s folder writable); ``out`` must come back a regular file."""
+    progress("erofs", "mkfs.erofs (confined)")
+    argv = ["/usr/bin/mkfs.erofs", "--quiet", f"-T{SOURCE_DATE_EPOCH}", f"-U{EROFS_UUID}"]
+    argv += ["/out/rootfs.erofs", "/tree"]
+    binds = [Bind(ws.out, "/out", writable=True)]
+    run_builder(ws, argv, "erofs", binds=binds, tree_writable=False, timeout_s=ERofs_TIMEOUT_S)
+    made = ws.out / "rootfs.erofs"
+    if not stat.S_ISREG(os.lstat(made).st_mode):
+        raise BuildError("erofs: mkfs.erofs made no regular file")
+    shutil.copyfile(made, out, follow_symlinks=False)
 
 
 def build_rootfs(
     spec: BaselineSpec,
-    tree: Path,
+    ws: Workspace,
     out: Path,
     progress: Progress = quiet,
     locked: dict[str, Any] | None = None,
+    image: Image | None = None,
 ) -> RootfsFacts:
-    """Every step above: an empty folder ``tree`` becomes the image at ``out``. With a
-    ``locked`` lock, exactly its Debian packages and wheels are installed.
-
-    Runs under umask 022 (restored after), so no host umask reaches the image's modes.
-    """
-    previous = os.umask(0o022)
-    image, release, run_as = None, [], None
-    try:
-        if spec.base.from_image:
-            image = unpack_image(spec, tree, progress)
-        else:
-            pins = ((locked or {}).get("debian") or {}).get("packages") if locked else None
-            release = extract_base(spec.base, tree, progress, pins)
-        packages = tree_packages(tree)
-        wheels = install_pip(
-            spec.pip.packages, tree, progress, locked.get("pip") if locked else None
-        )
-        copy_files(spec, tree, progress)
-        users.add_agent_user(tree)
-        install_native_agent(tree, spec.warm_config(), spec.has_gym())
-        if spec.warm_config() is not None or spec.has_gym():
-            byte_compile(tree, spec, progress)
-        if image is not None:
-            source = str(spec.base.image or spec.base.dockerfile)
-            run_as = resolve_user(tree, image.config.user, source)
-            if run_as is not None:
-                progress("files", f"User {run_as.user}: uid {run_as.uid}, gid {run_as.gid}")
-                install_runas(tree)
-        scrub(tree)
-        make_erofs(tree, out, progress)
-    finally:
-        os.umask(previous)
-    return RootfsFacts(image, run_as, packages=packages, release=release, pip=wheels)
+    """Every step above: the empty tree of ``ws`` becomes the image at ``out``. With a
+    ``locked`` lock, exactly its Debian packages and wheels are installed; ``image``: the
+    spec's fetched image (``fetch_image``), for an image baseline."""
+    release: list[str] = []
+    if image is not None:
+        found = unpack_image(ws, image, str(spec.base.image or spec.base.dockerfile), progress)
+    else:
+        pins = ((locked or {}).get("debian") or {}).get("packages") if locked else None
+        tarball = base_tarball(spec.base, progress, pins)
+        found = extract_base(ws, tarball, progress)
+        if pins:
+            check_packages(pins, found["packages"])
+        check_pinned(spec_pins(spec.base.packages), found["packages"])
+        release = release_dates(tarball)
+    python = found.get("python")
+    wheels, run_as = _install(spec, ws, image, python, progress, locked)
+    if spec.warm_config() is not None or spec.has_gym():
+        byte_compile(ws, spec, python, progress)
+    plan = {"source": spec.name, "agent": f"/in/stage/{AGENT_BINARY}", "agent_dest": AGENT_PATH}
+    run_step(ws, "scrub", plan, binds=[Bind(ws.stage, "/in/stage")], progress=progress)
+    make_erofs(ws, out, progress)
+    return RootfsFacts(image, run_as, found["packages"], release, wheels, python)

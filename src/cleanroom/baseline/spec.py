@@ -41,9 +41,12 @@ SOURCE_DATE_EPOCH = 1_700_000_000
 shadow ``lastchg`` of 0 would force a password change."""
 BUILDER_SOURCES = (
     "builder.py",
+    "confine.py",
     "dockerfile.py",
     "image_user.py",
     "initramfs.py",
+    "inroot.py",
+    "intree.py",
     "kernel.py",
     "layers.py",
     "model.py",
@@ -51,7 +54,9 @@ BUILDER_SOURCES = (
     "pyinstall.py",
     "rootfs.py",
     "runas.c",
+    "sandbox_exec.py",
     "spec.py",
+    "treefiles.py",
     "users.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached

@@ -4,63 +4,66 @@ Commands run as root unless asked otherwise (``env.exec(..., user="agent")``); a
 that should not own the guest runs as this user. A tree that already has a user ``agent`` keeps
 it as it is; one whose uid 1000 is taken (an image's own user) gets the next free id. The
 entries are appended to ``/etc/passwd``, ``/etc/group`` and (if present) ``/etc/shadow``, with
-the password locked, so a build stays byte-for-byte repeatable.
+the password locked, so a build stays byte-for-byte repeatable. An image without an
+``/etc/passwd`` gets one with ``root`` and ``agent``. Every path is resolved inside the tree
+(``InRoot``): a table that is a symlink, a FIFO or a folder is the image's mistake, replaced.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from cleanroom.errors import BuildError
+from cleanroom.baseline.inroot import InRoot
 
 NAME = "agent"
 UID = 1000
 HOME = "/home/agent"
+MAX_TABLE = 4 << 20
 
 
-def _entries(path: Path) -> list[list[str]]:
-    if not path.is_file() or path.is_symlink():
-        return []
-    return [line.split(":") for line in path.read_text(errors="replace").splitlines() if line]
+def _text(tree: InRoot, guest: str) -> str:
+    data = tree.read(guest, MAX_TABLE)
+    return data.decode("utf-8", "surrogateescape") if data else ""
 
 
-def _append(path: Path, line: str) -> None:
-    if path.is_symlink():
-        raise BuildError(f"files: /etc/{path.name} is a link; cannot add the user {NAME!r}")
-    text = path.read_text(errors="replace") if path.exists() else ""
+def _entries(text: str) -> list[list[str]]:
+    return [line.split(":") for line in text.splitlines() if line]
+
+
+def _append(tree: InRoot, guest: str, line: str) -> None:
+    text = _text(tree, guest)
+    path = tree.path(guest, follow_last=False)
+    regular = path.is_file() and not path.is_symlink()
+    mode = path.stat().st_mode & 0o7777 if regular else 0o644
+    owner = (path.stat().st_uid, path.stat().st_gid) if regular else (0, 0)
     if text and not text.endswith("\n"):
         text += "\n"
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    path.write_text(text + line + "\n")
-    path.chmod(mode)
+    written = tree.write(guest, (text + line + "\n").encode("utf-8", "surrogateescape"), mode)
+    os.chown(written, *owner)
 
 
-def add_agent_user(rootfs: Path) -> int:
+def add_agent_user(tree: InRoot) -> int:
     """Give the tree the user ``agent`` (see the module docstring); returns its uid."""
-    etc = rootfs / "etc"
-    passwd, group = etc / "passwd", etc / "group"
-    users = _entries(passwd)
+    users = _entries(_text(tree, "etc/passwd"))
+    groups = _entries(_text(tree, "etc/group"))
     for fields in users:
         if fields[0] == NAME and len(fields) > 2 and fields[2].isdigit():
             return int(fields[2])
-    taken = {int(f[2]) for f in users + _entries(group) if len(f) > 2 and f[2].isdigit()}
+    taken = {int(f[2]) for f in users + groups if len(f) > 2 and f[2].isascii() and f[2].isdigit()}
     uid = UID
     while uid in taken:
         uid += 1
     if not users:
-        _append(passwd, "root:x:0:0:root:/root:/bin/sh")
-    shell = "/bin/bash" if (rootfs / "bin" / "bash").exists() else "/bin/sh"
-    _append(passwd, f"{NAME}:x:{uid}:{uid}:cleanroom agent:{HOME}:{shell}")
-    if not any(fields[0] == NAME for fields in _entries(group)):
-        _append(group, f"{NAME}:x:{uid}:")
-    if (etc / "shadow").is_file():
-        _append(etc / "shadow", f"{NAME}:!:::::::")  # locked: no password login
-    homes = rootfs / "home"
-    if homes.is_symlink():
-        raise BuildError(f"files: /home is a link; cannot make {HOME}")
-    homes.mkdir(mode=0o755, exist_ok=True)
-    home = homes / NAME
-    home.mkdir(mode=0o755, exist_ok=True)
+        _append(tree, "etc/passwd", "root:x:0:0:root:/root:/bin/sh")
+    shell = "/bin/bash" if tree.path("bin/bash").exists() else "/bin/sh"
+    _append(tree, "etc/passwd", f"{NAME}:x:{uid}:{uid}:cleanroom agent:{HOME}:{shell}")
+    if not groups:
+        _append(tree, "etc/group", "root:x:0:")
+    if not any(fields[0] == NAME for fields in groups):
+        _append(tree, "etc/group", f"{NAME}:x:{uid}:")
+    if tree.is_file("etc/shadow"):
+        _append(tree, "etc/shadow", f"{NAME}:!:::::::")  # locked: no password login
+    home = tree.folder(HOME)
+    home.chmod(0o755)
     os.chown(home, uid, uid)
     return uid
