@@ -126,6 +126,8 @@ def _system_root(root: str, config: dict[str, object]) -> None:
             os.symlink(os.readlink(host), name)
         elif os.path.isdir(host):
             _bind(host, name, writable=False)
+    os.makedirs("dev", exist_ok=True)  # its own mount: a tool that remounts /dev (buildah) can
+    _mount("tmpfs", "dev", "tmpfs", 0, f"size=64k,mode=0755,{owner}")  # keep its flags
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             _bind("/dev/" + name, "dev/" + name, writable=True)
@@ -135,9 +137,10 @@ def _system_root(root: str, config: dict[str, object]) -> None:
     assert isinstance(mounts, list)
     for mount in mounts:
         _bind(mount["source"], mount["target"].lstrip("/"), bool(mount["writable"]))
-    if config.get("proc"):
+    if config.get("proc"):  # for a tool that needs them (buildah): its own /proc, /sys read-only
         os.makedirs("proc", exist_ok=True)
         _mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _bind("/sys", "sys", writable=False)
 
 
 def _enter() -> None:
