@@ -110,7 +110,7 @@ def test_a_function_entrypoint_in_an_image_without_python_is_a_build_error(
     config = load_spec(write(tmp_path, FUNCTION)).warm_config()
     stage = tmp_path / "stage"
     with pytest.raises(BuildError, match="function 'entry:run' needs Python 3 in the image"):
-        stage_agent(stage, config, gym=False, python=None)  # the sandbox found no python3
+        stage_agent(stage, config, gym=False, has_python=False)  # the sandbox found no python3
     assert not (stage / "cleanroom" / "entry.json").exists()
 
 
@@ -120,7 +120,7 @@ def test_with_python_in_the_image_the_worker_and_its_config_go_next_to_the_agent
 ) -> None:
     config = load_spec(write(tmp_path, FUNCTION)).warm_config()
     stage = tmp_path / "stage"
-    stage_agent(stage, config, gym=False, python="3.11")
+    stage_agent(stage, config, gym=False, has_python=True)
     agent = stage / "cleanroom" / "agent"  # /opt/cleanroom/agent, the binary installed last
     assert sorted(p.name for p in agent.iterdir()) == ["worker.py"]
     assert (stage / AGENT_BINARY).read_bytes()[:4] == b"\x7fELF"

@@ -19,7 +19,7 @@ from typing import Any
 @dataclass
 class Entry:
     name: str
-    kind: str = "file"  # file | dir | symlink | hardlink | chardev
+    kind: str = "file"  # file | dir | symlink | hardlink | chardev | fifo
     data: bytes = b""
     link: str = ""
     mode: int = 0o644
@@ -34,6 +34,7 @@ KINDS = {
     "symlink": tarfile.SYMTYPE,
     "hardlink": tarfile.LNKTYPE,
     "chardev": tarfile.CHRTYPE,
+    "fifo": tarfile.FIFOTYPE,
 }
 
 

@@ -48,7 +48,9 @@ def facts(tree: InRoot) -> dict[str, Any]:
 
     status = tree.read("var/lib/dpkg/status", 64 << 20)
     packages = dpkg_packages(status.decode("utf-8", "replace")) if status else {}
-    return {"python": guest_python(tree), "packages": packages}
+    python3 = tree.path("usr/bin/python3")
+    has_python = python3.is_file() and not python3.is_symlink()
+    return {"python": guest_python(tree), "has_python": has_python, "packages": packages}
 
 
 def unpack(plan: dict[str, Any], tree: InRoot) -> dict[str, Any]:

@@ -18,6 +18,8 @@ Progress = Callable[[str, str], None]
 """A build progress callback: ``(step, detail)``, e.g. ``("rootfs", "running mmdebstrap")``."""
 
 STDERR_TAIL = 2000
+DEFAULT_TIMEOUT_S = 1800.0
+"""The longest any build command may run (mmdebstrap on a slow mirror is the longest)."""
 
 
 def quiet(step: str, detail: str) -> None:
@@ -52,8 +54,10 @@ def run(
     input_bytes: bytes | None = None,
     ok_codes: tuple[int, ...] = (0,),
     inherit_env: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``cmd``; raise BuildError (with the stderr tail) unless it exits with an ok code.
+    """Run ``cmd``; raise BuildError (with the stderr tail) unless it exits with an ok code
+    within ``timeout_s`` (else it is killed: a BuildError saying so).
 
     ``env`` is added to this process's environment, or replaces it if ``inherit_env`` is false.
     """
@@ -73,7 +77,10 @@ def run(
             stdin=None if input_bytes is not None else subprocess.DEVNULL,
             capture_output=True,
             check=False,
+            timeout=timeout_s,
         )
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{step}: {args[0]} timed out after {timeout_s:g} s (killed)") from None
     except OSError as exc:
         raise BuildError(f"{step}: cannot run {args[0]}: {exc}") from exc
     if proc.returncode not in ok_codes:

@@ -257,7 +257,7 @@ def _stage_copy(src: Path, dest: Path) -> None:
 
 
 def stage_agent(
-    stage: Path, warm_config: dict[str, Any] | None, gym: bool, python: str | None
+    stage: Path, warm_config: dict[str, Any] | None, gym: bool, has_python: bool
 ) -> None:
     """The guest agent in ``stage``: ``cleanroom/`` as ``/opt/cleanroom`` will hold it (for a
     function entrypoint the warm worker and its ``entry.json``, which need the image's Python:
@@ -268,7 +268,7 @@ def stage_agent(
     for name in NATIVE_GYM_FILES if gym else ():
         shutil.copyfile(AGENT_DIR / name, folder / name)
     if warm_config is not None:
-        if python is None:
+        if not has_python:
             raise BuildError(
                 f"entrypoint: function {warm_config['function']!r} needs Python 3 in the image "
                 "(/usr/bin/python3): the native agent runs it in the warm Python worker; "
@@ -310,12 +310,12 @@ def _install(
     spec: BaselineSpec,
     ws: Workspace,
     image: Image | None,
-    python: str | None,
+    found: dict[str, Any],
     progress: Progress,
     locked: dict[str, Any] | None,
 ) -> tuple[list[dict[str, str]], RunAs | None]:
     """Stage pip, files, agent and helper on the host, then copy them in (sandbox)."""
-    stage = ws.stage
+    stage, python = ws.stage, found.get("python")
     wheels = stage_pip(
         spec.pip.packages, python, stage / "pip", progress, locked.get("pip") if locked else None
     )
@@ -325,7 +325,7 @@ def _install(
         folder = src.is_dir() and not src.is_symlink()
         files.append({"src": entry.src, "dest": entry.dest, "folder": folder})
         files[-1]["staged"] = f"/in/stage/files/{i}"
-    stage_agent(stage, spec.warm_config(), spec.has_gym(), python)
+    stage_agent(stage, spec.warm_config(), spec.has_gym(), bool(found.get("has_python")))
     if image is not None:
         compile_runas(stage / "runas")
     _readable(stage)
@@ -382,7 +382,7 @@ def build_rootfs(
         check_pinned(spec_pins(spec.base.packages), found["packages"])
         release = release_dates(tarball)
     python = found.get("python")
-    wheels, run_as = _install(spec, ws, image, python, progress, locked)
+    wheels, run_as = _install(spec, ws, image, found, progress, locked)
     if spec.warm_config() is not None or spec.has_gym():
         byte_compile(ws, spec, python, progress)
     plan = {"source": spec.name, "agent": f"/in/stage/{AGENT_BINARY}", "agent_dest": AGENT_PATH}
