@@ -40,6 +40,8 @@ def add_agent_user(rootfs: Path) -> int:
     """Give the tree the user ``agent`` (see the module docstring); returns its uid."""
     etc = rootfs / "etc"
     passwd, group = etc / "passwd", etc / "group"
+    if not etc.is_symlink():  # FROM scratch: no /etc at all (unpack_image refuses a link)
+        etc.mkdir(mode=0o755, exist_ok=True)
     users = _entries(passwd)
     for fields in users:
         if fields[0] == NAME and len(fields) > 2 and fields[2].isdigit():
