@@ -45,6 +45,7 @@ from cleanroom.baseline.initramfs import BUSYBOX, Entry, write_newc
 from cleanroom.baseline.model import INITRD_FILE, METADATA_FILE, Baseline, Component
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.digests import digest_of
+from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.record import Outcome
@@ -166,6 +167,32 @@ async def test_a_bare_distroless_image_runs_as_its_user(
         "cwd": "/home/nonroot",
         "libc": "musl",
     }
+
+
+async def test_gvisor_runs_the_same_baselines(
+    tmp_path: Path,
+    busybox_only: Baseline,
+    scratch: Baseline,
+    distroless: Baseline,
+    gvisor_usable: None,
+) -> None:
+    """Under gVisor too (its bundle mounts /proc, /dev, /run, /tmp over the extracted tree):
+    each baseline's episode completes as on qemu."""
+    driver = GvisorDriver(run_root=tmp_path / "run")
+    ledger, store = Ledger(tmp_path / "ledger.db"), LocalStore(tmp_path / "store")
+    ctl = Controller(driver, ledger, store, options=RunOptions(parallel=1, cleanup_window_s=30))
+    try:
+        for baseline, uid in ((busybox_only, 0), (scratch, 0), (distroless, 65532)):
+            run_id = f"gvisor-{baseline.name}"
+            result = await ctl.run([manifest("ep", 1)], baseline, run_id=run_id)
+            [episode] = result.episodes
+            assert episode.outcome == Outcome.COMPLETED, (baseline.name, episode.error)
+            record = store.get_record(run_id, "ep")
+            assert record is not None and record["info"]["uid"] == uid
+            assert record["provenance"]["isolation"] == "userspace-kernel"
+            assert_nothing_left(driver, ledger, run_id)
+    finally:
+        ledger.close()
 
 
 # -- a guest that does not boot ---------------------------------------------------------------
