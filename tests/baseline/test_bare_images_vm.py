@@ -91,6 +91,13 @@ def busybox_only(images: Path) -> Baseline:
 
 
 @pytest.fixture(scope="module")
+def squatted(images: Path) -> Baseline:
+    config = {"Entrypoint": [B, "sh", "-c", PROBE]}
+    layer = testimages.bare_busybox_layer(squatted=True)
+    return _build(images / "squatted", "busybox-squatted", layer, config)
+
+
+@pytest.fixture(scope="module")
 def scratch(images: Path) -> Baseline:
     layer = testimages.scratch_layer(images)
     return _build(images / "scratch", "scratch", layer, {"Entrypoint": ["/entry"]})
@@ -124,24 +131,35 @@ async def _completed(harness: Harness, baseline: Baseline, run_id: str) -> dict[
     return record
 
 
+PROBED = {
+    "uid": 0,
+    "home": "/root",
+    "cwd": "/",
+    "dev_null": True,
+    "proc": True,
+    "sys": True,
+    "tmp_sticky": True,
+    "tmp_write": True,
+    "shm": True,
+}
+"""What ``PROBE`` finds in a guest that has what it needs."""
+
+
 async def test_a_busybox_only_image_runs(harness: Harness, busybox_only: Baseline) -> None:
     """No folder, no /etc: the episode sees /dev, /proc, /sys, a sticky writable /tmp and
     /dev/shm, runs as root with HOME /root in /, and its artifact and stdout are kept."""
     record = await _completed(harness, busybox_only, "bare-busybox")
-    assert record["info"] == {
-        "uid": 0,
-        "home": "/root",
-        "cwd": "/",
-        "dev_null": True,
-        "proc": True,
-        "sys": True,
-        "tmp_sticky": True,
-        "tmp_write": True,
-        "shm": True,
-    }
+    assert record["info"] == PROBED
     store = harness[2]
     assert evidence_bytes(store, "bare-busybox", "ep", "artifacts", "probe.txt") == b"probed\n"
     assert evidence_bytes(store, "bare-busybox", "ep", "logs", "stdout.log") == b"busybox only\n"
+
+
+async def test_what_the_guest_mounts_on_may_be_taken(harness: Harness, squatted: Baseline) -> None:
+    """A file at /proc, symlinks at /dev and /sys: each is replaced in the overlay (the image
+    is untouched) and the guest has what it needs."""
+    record = await _completed(harness, squatted, "squatted-busybox")
+    assert record["info"] == PROBED
 
 
 async def test_a_from_scratch_image_runs(harness: Harness, scratch: Baseline) -> None:

@@ -131,12 +131,19 @@ def distroless_layer(tmp: Path) -> bytes:
     return layer_bytes(entries, gzip=True)
 
 
-def bare_busybox_layer() -> bytes:
+def bare_busybox_layer(*, squatted: bool = False) -> bytes:
     """``/bin/busybox`` and nothing else: no applet links, no ``/etc``, no folder the guest
-    mounts on (the entrypoint calls ``/bin/busybox APPLET``)."""
+    mounts on (the entrypoint calls ``/bin/busybox APPLET``). ``squatted``: what the guest
+    mounts on taken by other things, as an image may have them: ``/proc`` a regular file,
+    ``/dev`` a dangling symlink, ``/sys`` a symlink to ``/bin``."""
     if not BUSYBOX.is_file():
         pytest.skip(f"{BUSYBOX} not found (install busybox-static)")
-    return layer_bytes([Entry("bin/busybox", data=BUSYBOX.read_bytes(), mode=0o755)])
+    entries = [Entry("bin/busybox", data=BUSYBOX.read_bytes(), mode=0o755)]
+    if squatted:
+        entries.append(Entry("proc", data=b"not a folder\n"))
+        entries.append(Entry("dev", "symlink", link="/nowhere"))
+        entries.append(Entry("sys", "symlink", link="bin"))
+    return layer_bytes(entries)
 
 
 def scratch_layer(tmp: Path) -> bytes:
