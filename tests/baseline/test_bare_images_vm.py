@@ -42,7 +42,13 @@ import pytest
 
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX, Entry, write_newc
-from cleanroom.baseline.model import INITRD_FILE, METADATA_FILE, Baseline, Component
+from cleanroom.baseline.model import (
+    INITRD_FILE,
+    METADATA_FILE,
+    ROOTFS_FILE,
+    Baseline,
+    Component,
+)
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.digests import digest_of
 from cleanroom.drivers.gvisor import GvisorDriver
@@ -232,19 +238,19 @@ def _broken_initrd() -> bytes:
     return buf.getvalue()
 
 
-def _with_initrd(baseline: Baseline, initrd: bytes, home: Path) -> Baseline:
-    """``baseline`` with ``initrd`` as its initramfs: a baseline of its own (its digest covers
-    the new component) in the baseline store of ``home``; the other files copied."""
-    component = Component(INITRD_FILE, len(initrd), hashlib.sha256(initrd).hexdigest())
-    parts = tuple(component if c.name == INITRD_FILE else c for c in baseline.components)
+def _with_file(baseline: Baseline, name: str, data: bytes, home: Path) -> Baseline:
+    """``baseline`` with ``data`` as its component ``name``: a baseline of its own (its digest
+    covers the new component) in the baseline store of ``home``; the other files copied."""
+    component = Component(name, len(data), hashlib.sha256(data).hexdigest())
+    parts = tuple(component if c.name == name else c for c in baseline.components)
     derived = dataclasses.replace(baseline, components=parts)
     derived = dataclasses.replace(derived, digest=digest_of(derived.identity()))
     folder = home / "baselines" / derived.digest.removeprefix("sha256:")
     folder.mkdir(parents=True)
     for c in baseline.components:
-        if c.name != INITRD_FILE:
+        if c.name != name:
             shutil.copy(baseline.path / c.name, folder / c.name)
-    (folder / INITRD_FILE).write_bytes(initrd)
+    (folder / name).write_bytes(data)
     derived = dataclasses.replace(derived, path=folder)
     (folder / METADATA_FILE).write_text(json.dumps(derived.to_json()))
     return derived
@@ -270,7 +276,7 @@ def test_a_guest_that_does_not_boot_keeps_its_console_and_the_hint_names_it(
     ``logs/console.log`` (the panic and what /init said), the hint's file exists and holds
     it; ``cleanroom inspect`` shows the attempt (its error, outcome, that log), exit 2."""
     home = tmp_path / "home"
-    broken = _with_initrd(busybox_only, _broken_initrd(), home)
+    broken = _with_file(busybox_only, INITRD_FILE, _broken_initrd(), home)
     manifests = tmp_path / "m.jsonl"
     manifests.write_text(json.dumps({"episode_id": "ep", "seed": 1, "policy": {"id": "p"}}))
     ran = _cli(
@@ -309,3 +315,20 @@ def test_a_guest_that_does_not_boot_keeps_its_console_and_the_hint_names_it(
     assert attempt["logs"][0]["path"] == "attempts/1/logs/console.log"
     assert Path(unquote(urlparse(attempt["evidence"]).path)) == console.parents[1]
     assert not list((home / "run").glob("qemu/env-*"))  # the env is gone
+
+
+async def test_an_init_step_that_fails_says_so_and_powers_off(
+    tmp_path: Path, harness: Harness, busybox_only: Baseline
+) -> None:
+    """A root image the kernel cannot mount: ``/init`` prints ``cleanroom-init: cannot mount
+    root image`` and powers the VM off (no panic); the attempt keeps that console."""
+    broken = _with_file(busybox_only, ROOTFS_FILE, b"\0" * 8192, tmp_path / "home")
+    ctl, ledger, store, driver = harness
+    result = await ctl.run([manifest("ep", 1)], broken, run_id="no-root")
+    [episode] = result.episodes
+    assert episode.outcome == Outcome.INFRA_ERROR and store.get_record("no-root", "ep") is None
+    assert (episode.error or "").startswith("launch failed")
+    console = store.get_bytes("no-root", "ep", "attempts/1/logs/console.log")
+    assert console is not None and b"cleanroom-init: cannot mount root image" in console
+    assert b"Kernel panic" not in console, console[-2000:]
+    assert_nothing_left(driver, ledger, "no-root")
