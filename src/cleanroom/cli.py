@@ -437,15 +437,28 @@ def inspect(
     run_id: Annotated[str | None, typer.Option(help="the run (default: latest with it)")] = None,
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
-    """Print an episode's durable result record (with its provenance)."""
+    """Print an episode's durable result record (with its provenance). With none (an attempt
+    that ended infra_error, say a guest that did not boot), what its attempts kept, and exit 2."""
+    from cleanroom.failures import attempts_kept
+
     st = open_store(store)
     with Ledger() as ledger:
         candidates = [run_id] if run_id else [r.run_id for r in ledger.list_runs()]
-    for rid in candidates:
-        record: dict[str, Any] | None = st.get_record(rid, episode_id)
-        if record is not None:
-            out.print_json(json.dumps(record))
-            return
+        for rid in candidates:
+            record: dict[str, Any] | None = st.get_record(rid, episode_id)
+            if record is not None:
+                out.print_json(json.dumps(record))
+                return
+        for rid in candidates:
+            kept = attempts_kept(st, ledger, rid, episode_id)
+            if kept:
+                shown = {"run_id": rid, "episode_id": episode_id, "record": None}
+                out.print_json(json.dumps({**shown, "attempts": kept}))
+                err.print(
+                    f"[red]error:[/] no durable record for {episode_id!r} in run {rid!r};"
+                    f" what its {len(kept)} attempt(s) kept is above"
+                )
+                raise typer.Exit(2)
     err.print(f"[red]error:[/] no durable record for {episode_id!r}")
     raise typer.Exit(2)
 

@@ -128,7 +128,12 @@ class DriverError(CleanroomError):
 
 
 class LaunchError(DriverError):
-    """An environment could not be created or never became ready."""
+    """An environment could not be created or never became ready. ``console``: what its guest
+    printed until then, if it had a console (the attempt keeps it as ``logs/console.log``)."""
+
+    def __init__(self, message: str, console: bytes | None = None) -> None:
+        super().__init__(message)
+        self.console = console
 
 
 class EnvCrashed(DriverError):

@@ -7,6 +7,10 @@
   ``musl-gcc`` (``musl-tools``).
 - ``distroless_layer``: one static program, ``/etc/passwd`` and ``/etc/group`` with the user
   ``nonroot`` (65532), and nothing else (no shell, no libc).
+- Bare images, without the folders a guest mounts on (no ``/dev``, ``/proc``, ``/sys``,
+  ``/run``, ``/tmp``): ``bare_busybox_layer`` (the static busybox alone, no applet links, no
+  ``/etc``), ``scratch_layer`` (``FROM scratch``: one program built by ``gcc -static``, and not
+  even a folder entry) and ``bare_distroless_layer`` (``distroless_layer`` without them).
 
 The program (``ENTRY_C``) is a cleanroom entrypoint: it writes ``result.json`` (its uid, gid,
 groups, HOME, cwd and libc) and an artifact. ``save(layers, config, folder, kind)`` writes an
@@ -73,15 +77,18 @@ def _dirs(*names: str, mode: int = 0o755) -> list[Entry]:
     return [Entry(d, "dir", mode=mode) for d in names]
 
 
-def compile_entry(tmp: Path, *, static: bool) -> bytes:
-    """``ENTRY_C`` built by ``musl-gcc`` (dynamic against musl, or fully static)."""
-    if shutil.which("musl-gcc") is None or not MUSL_LOADER.exists():
+def compile_entry(tmp: Path, *, static: bool, cc: str = "musl-gcc") -> bytes:
+    """``ENTRY_C`` built by ``musl-gcc`` (dynamic against musl, or fully static), or by ``cc``
+    ``gcc`` (glibc; ``static`` only: the images here have no libc to link against)."""
+    if cc == "musl-gcc" and (shutil.which("musl-gcc") is None or not MUSL_LOADER.exists()):
         pytest.skip("musl-gcc not installed (make setup installs musl-tools)")
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed")
     source = tmp / "entry.c"
     source.write_text(ENTRY_C)
-    binary = tmp / ("entry-static" if static else "entry")
+    binary = tmp / f"entry-{cc}{'-static' if static else ''}"
     flags = ["-static"] if static else []
-    subprocess.run(["musl-gcc", *flags, "-O2", "-s", "-o", str(binary), str(source)], check=True)
+    subprocess.run([cc, *flags, "-O2", "-s", "-o", str(binary), str(source)], check=True)
     return binary.read_bytes()
 
 
@@ -120,6 +127,38 @@ def distroless_layer(tmp: Path) -> bytes:
         )
     )
     entries.append(Entry("etc/group", data=b"root:x:0:\nnonroot:x:65532:\n"))
+    entries.append(Entry("app/entry", data=compile_entry(tmp, static=True), mode=0o755))
+    return layer_bytes(entries, gzip=True)
+
+
+def bare_busybox_layer(*, squatted: bool = False) -> bytes:
+    """``/bin/busybox`` and nothing else: no applet links, no ``/etc``, no folder the guest
+    mounts on (the entrypoint calls ``/bin/busybox APPLET``). ``squatted``: what the guest
+    mounts on taken by other things, as an image may have them: ``/proc`` a regular file,
+    ``/dev`` a dangling symlink, ``/sys`` a symlink to ``/bin``."""
+    if not BUSYBOX.is_file():
+        pytest.skip(f"{BUSYBOX} not found (install busybox-static)")
+    entries = [Entry("bin/busybox", data=BUSYBOX.read_bytes(), mode=0o755)]
+    if squatted:
+        entries.append(Entry("proc", data=b"not a folder\n"))
+        entries.append(Entry("dev", "symlink", link="/nowhere"))
+        entries.append(Entry("sys", "symlink", link="bin"))
+    return layer_bytes(entries)
+
+
+def scratch_layer(tmp: Path) -> bytes:
+    """``FROM scratch`` + ``COPY entry /``: one program (``ENTRY_C``, ``gcc -static``, glibc),
+    not even a folder entry."""
+    return layer_bytes([Entry("entry", data=compile_entry(tmp, static=True, cc="gcc"), mode=0o755)])
+
+
+def bare_distroless_layer(tmp: Path) -> bytes:
+    """``distroless_layer`` without any of ``GUEST_DIRS``: one static program (musl), the
+    passwd and group of ``nonroot`` and its home; no shell, no /dev, /proc, /sys, /run, /tmp."""
+    entries = _dirs("app", "etc", "home")
+    entries.append(Entry("home/nonroot", "dir", mode=0o700, uid=65532, gid=65532))
+    entries.append(Entry("etc/passwd", data=b"nonroot:x:65532:65532::/home/nonroot:/nologin\n"))
+    entries.append(Entry("etc/group", data=b"nonroot:x:65532:\n"))
     entries.append(Entry("app/entry", data=compile_entry(tmp, static=True), mode=0o755))
     return layer_bytes(entries, gzip=True)
 

@@ -366,8 +366,9 @@ async def fail_launch(
 ) -> NoReturn:
     """A create() went wrong after the env existed: ``destroy`` it (shielded), then raise.
 
-    A timeout or a driver error becomes a ``LaunchError`` carrying the console tail; anything
-    else (cancellation included) propagates unchanged.
+    A timeout or a driver error becomes a ``LaunchError`` carrying the console tail (its last
+    lines in the message, all of it as ``console``: the attempt's evidence); anything else
+    (cancellation included) propagates unchanged.
     """
     from cleanroom.errors import LaunchError
 
@@ -375,10 +376,11 @@ async def fail_launch(
     await asyncio.shield(destroy(env_id))
     if isinstance(exc, TimeoutError):
         raise LaunchError(
-            f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}"
+            f"guest agent not ready within {timeout_s:.0f}s ({what}); console:\n{tail}",
+            console_tail,
         ) from exc
     if isinstance(exc, DriverError):
-        raise LaunchError(f"{exc}; console:\n{tail}") from exc
+        raise LaunchError(f"{exc}; console:\n{tail}", console_tail) from exc
     raise exc
 
 

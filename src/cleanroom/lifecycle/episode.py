@@ -29,7 +29,13 @@ from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import EpisodeState, Failure, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id
-from cleanroom.errors import CleanroomError, DriftError, RecordConflict, StoreError
+from cleanroom.errors import (
+    CleanroomError,
+    DriftError,
+    LaunchError,
+    RecordConflict,
+    StoreError,
+)
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.lifecycle.context import CreateEnv, RunContext
@@ -101,6 +107,7 @@ class Episode:
         self.error: str | None = "not started"
         self.output: EpisodeOutput | None = None
         self.crash: str | None = None  # the traceback of an exception nothing expected
+        self.console: bytes | None = None  # the guest's console, if its launch failed
         self.redactor: Redactor | None = None
         self.egress: Egress | None = None
         self.secret_values: dict[str, str] = {}
@@ -207,6 +214,8 @@ class Episode:
     ) -> bool:
         if exc is not None:
             self._fail(classify(exc))
+            if isinstance(exc, LaunchError):  # no env to ask: the error carries its console
+                self.console = exc.console
             if isinstance(exc, DriftError):
                 self.ctx.emit(
                     "drift_refused",
@@ -253,6 +262,8 @@ class Episode:
             self._move(EpisodeState.COLLECTING)
             env = self.env
             diagnostics.update(env.diagnostics() if env is not None else {})
+            if env is None and self.console is not None:  # a boot that failed: its evidence
+                diagnostics["console.log"] = self.console
             facts = {
                 **self.ctx.driver.describe(),
                 **(_env_facts(env) if env else {}),

@@ -44,7 +44,8 @@ int64_t mux_current_id(void);
 int mux_owns(int pid);
 
 /* /etc/passwd and /etc/group in C: the account `name` (a user name or a uid in digits).
- * 0 and its fields (home into `home`, groups into `groups`), or -1 if there is none. */
+ * 0 and its fields (home into `home`, groups into `groups`), or -1 if there is none. Root
+ * ("root" or "0") is uid 0, gid 0, home /root even where /etc/passwd lacks it or is absent. */
 int mux_lookup_user(const char *name, unsigned *uid, unsigned *gid, char *home, size_t home_cap,
                     char *user, size_t user_cap, unsigned *groups, size_t *ngroups,
                     size_t max_groups);

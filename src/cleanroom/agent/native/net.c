@@ -70,6 +70,7 @@ static int default_route(int sock) {
 
 static int write_resolv_conf(void) {
     static const char tmp[] = "/etc/resolv.conf.cleanroom";
+    mkdir("/etc", 0755); /* an image may have no /etc at all (FROM scratch) */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return -1;
