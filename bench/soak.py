@@ -1,0 +1,455 @@
+"""A seeded soak: a long random mix of episodes with random faults; then nothing may be lost.
+
+    python bench/soak.py --seed 7 --episodes 10000 --driver fake [--out bench/results/soak.txt]
+
+Rounds are drawn from the seed until ``--episodes`` episodes have run, each one of:
+
+- ``batch``: a batch run in this process (``cleanroom.arun``) of guests that behave (``ok``) or
+  misbehave (exit non-zero, no result, kill their agent, write junk into the agent's port, run
+  past their timeout);
+- ``session``: an interactive session in this process: commands, a file round trip, then
+  ``finish`` or an exception in the caller's code, or the guest killing its agent mid-session;
+- ``env-kill``: a batch whose env processes are SIGKILLed from outside at a random moment;
+- ``controller-kill``: ``cleanroom run`` in a subprocess, SIGKILLed at a random moment, then the
+  same command again (the resume);
+- ``store-full``: a batch whose store is a tmpfs too small for its artifacts (ENOSPC), then
+  resumed on a store with room (root only).
+
+After every round, from the ledger, the store and the host alone: each episode's latest attempt
+has a final outcome with exactly one durable record that agrees with the ledger (outcome,
+attempt), every env of the run is confirmed destroyed, nothing of the run is left in staging.
+A round whose episodes are not all final is resumed (at most ``RESUMES`` times). At the end: no
+env process of the driver left, and this process's RSS and open descriptors flat (sampled after
+each round once every kind of round has run once; the mean of the last 10% within 10% of the
+first 10%'s). A guest that kills its agent ends ``env_crashed`` (visible, retryable, no record)
+each attempt; every other episode must end final. A failure prints the seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"
+RESUMES = 3
+GUEST_MODES = (
+    ("ok", 70),
+    ("fail", 8),
+    ("noresult", 6),
+    ("kill-agent", 6),
+    ("garbage", 5),
+    ("timeout", 5),
+)
+ROUNDS = (
+    ("batch", 50),
+    ("session", 25),
+    ("env-kill", 10),
+    ("controller-kill", 10),
+    ("store-full", 5),
+)
+
+
+@dataclass
+class Tally:
+    """What the soak saw, for the report."""
+
+    episodes: int = 0
+    rounds: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)
+    resumes: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    disagreeing: int = 0
+    envs_left: int = 0
+    staging_left: int = 0
+    problems: list[str] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+def pick(rng: random.Random, weighted: tuple[tuple[str, int], ...]) -> str:
+    return rng.choices([k for k, _ in weighted], weights=[w for _, w in weighted])[0]
+
+
+def manifest(episode_id: str, seed: int, mode: str) -> dict[str, Any]:
+    task: dict[str, Any] = {"mode": mode}
+    limits: dict[str, Any] = {"timeout_s": 30}
+    if mode == "timeout":
+        task = {"mode": "sleep", "seconds": 60}
+        limits = {"timeout_s": 1}
+    if mode == "big":
+        task = {"mode": "big", "bytes": 300_000}
+    return {
+        "episode_id": episode_id,
+        "seed": seed,
+        "policy": {"id": "soak", "version": "1"},
+        "task": task,
+        "limits": limits,
+    }
+
+
+def host_baseline() -> Any:
+    """For the fake driver (entrypoints run on the host): the tiny entry script run by this
+    Python, stored in the home like a built baseline (so ``cleanroom run`` finds its digest)."""
+    import shutil
+
+    from cleanroom.baseline.model import Baseline, Component, identity
+    from cleanroom.digests import digest_of, sha256_file
+    from cleanroom.manifest import Limits
+    from cleanroom.paths import baselines_dir, cache_dir
+
+    entry = cache_dir() / "soak" / "entry.py"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TINY.parent / "files" / "entry.py", entry)
+    component = Component("entry.py", entry.stat().st_size, sha256_file(entry))
+    argv = (sys.executable, str(entry))
+    ident = identity(
+        (component,), argv, Limits(timeout_s=30), "host", "0.1.0", "sha256:" + "0" * 64
+    )
+    digest = digest_of(ident)
+    folder = baselines_dir() / digest.removeprefix("sha256:")
+    spec = str(ident["spec_digest"])
+    baseline = Baseline(
+        digest, folder, spec, "soak-host", (component,), argv, Limits(timeout_s=30), "host", "0.1.0"
+    )
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        shutil.copy(entry, folder / "entry.py")
+        (folder / "baseline.json").write_text(json.dumps(baseline.to_json()))
+    return baseline
+
+
+def crashes_itself(item: dict[str, Any]) -> bool:
+    """A guest that kills its own agent takes its env down: ``env_crashed`` every attempt."""
+    return (item.get("task") or {}).get("mode") == "kill-agent"
+
+
+def rss_and_fds() -> tuple[int, int]:
+    rss = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    return rss, len(os.listdir("/proc/self/fd"))
+
+
+class Soak:
+    """One soak: ``run()`` draws rounds from ``seed`` and checks each; ``tally`` says what
+    happened."""
+
+    def __init__(self, seed: int, episodes: int, driver: str, work: Path) -> None:
+        self.rng = random.Random(seed)
+        self.seed, self.target, self.driver_name, self.work = seed, episodes, driver, work
+        self.tally = Tally()
+        self.baseline: Any = None
+        self.store = work / "store"
+        self.round = 0
+
+    # -- the rounds --------------------------------------------------------------------------
+
+    def _manifests(
+        self, run: str, n: int, modes: tuple[tuple[str, int], ...]
+    ) -> list[dict[str, Any]]:
+        return [
+            manifest(f"{run}-e{i}", self.rng.randrange(1000), pick(self.rng, modes))
+            for i in range(n)
+        ]
+
+    async def _batch(
+        self, run: str, items: list[dict[str, Any]], store: Path | None = None
+    ) -> None:
+        import cleanroom
+
+        await cleanroom.arun(
+            items,
+            baseline=self.baseline,
+            parallel=self.rng.choice((2, 4, 8)),
+            store=str(store or self.store),
+            run_id=run,
+            driver=self.driver_name,
+        )
+
+    async def batch(self, run: str) -> list[dict[str, Any]]:
+        items = self._manifests(run, self.rng.randint(4, 24), GUEST_MODES)
+        await self._batch(run, items)
+        return items
+
+    async def session(self, run: str) -> list[dict[str, Any]]:
+        import cleanroom
+
+        ending = self.rng.choice(("finish", "finish", "raise", "kill-agent"))
+        try:
+            async with cleanroom.session(
+                baseline=self.baseline,
+                driver=self.driver_name,
+                run_id=run,
+                episode_id=f"{run}-s",
+                store=str(self.store),
+                timeout_s=60,
+            ) as sb:
+                for _ in range(self.rng.randint(1, 5)):
+                    await sb.commands.run("echo soak; true")
+                data = os.urandom(self.rng.randint(0, 200_000))
+                await sb.files.write("/tmp/soak.bin", data)
+                if await sb.files.read("/tmp/soak.bin") != data:
+                    self.tally.problems.append(f"{run}: a file round trip changed the bytes")
+                if ending == "kill-agent":
+                    self.tally.count(self.tally.faults, "agent killed by its guest (session)")
+                    with contextlib.suppress(Exception):
+                        await sb.commands.run("kill -9 $PPID")
+                if ending == "raise":
+                    raise RuntimeError("the caller's own code failed")
+                sb.finish(reward=1.0)
+        except RuntimeError as exc:
+            if "caller's own code" not in str(exc):
+                raise
+        except cleanroom.CleanroomError:
+            pass  # the session's own outcome says what happened; checked below
+        return [{"episode_id": f"{run}-s", "session": True}]
+
+    async def env_kill(self, run: str) -> list[dict[str, Any]]:
+        from cleanroom.ledger import Ledger
+
+        items = [manifest(f"{run}-e{i}", i, "sleep") for i in range(self.rng.randint(2, 6))]
+        for item in items:
+            item["task"]["seconds"] = 2
+        task = asyncio.create_task(self._batch(run, items))
+        await asyncio.sleep(self.rng.uniform(0.2, 1.5))
+        with Ledger() as ledger:
+            live = [e for e in ledger.envs(run_id=run) if e.pid and e.destroyed_at is None]
+        for env in live[: self.rng.randint(1, max(1, len(live)))]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(env.pid, signal.SIGKILL)
+                self.tally.count(self.tally.faults, "env SIGKILL")
+        await task
+        return items
+
+    def _cli(self, run: str, path: Path, store: Path) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "cleanroom", "run", str(path), "--baseline"]
+        argv += [self.baseline.digest, "--run-id", run, "--driver", self.driver_name]
+        argv += ["--parallel", "4", "--store", str(store)]
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "CI": "true"},
+        )
+
+    async def controller_kill(self, run: str) -> list[dict[str, Any]]:
+        items = self._manifests(run, self.rng.randint(4, 12), GUEST_MODES)
+        path = self.work / f"{run}.jsonl"
+        path.write_text("".join(json.dumps(m) + "\n" for m in items))
+        proc = self._cli(run, path, self.store)
+        await asyncio.sleep(self.rng.uniform(0.3, 3.0))
+        if proc.poll() is None:
+            proc.kill()
+            self.tally.count(self.tally.faults, "controller SIGKILL")
+        proc.wait()
+        again = self._cli(run, path, self.store)
+        await asyncio.to_thread(again.wait, 300)
+        return items
+
+    async def store_full(self, run: str) -> list[dict[str, Any]]:
+        items = [manifest(f"{run}-e{i}", i, "big") for i in range(self.rng.randint(3, 8))]
+        if os.geteuid() != 0:
+            await self._batch(run, items)
+            return items
+        small = self.work / f"{run}-small-store"
+        small.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(small)], check=True)
+        try:
+            await self._batch(run, items, store=small)
+            self.tally.count(self.tally.faults, "store ENOSPC")
+            subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
+            await self._batch(run, items, store=small)  # the resume, once there is room
+            self.check(run, items, store=small)
+        finally:
+            subprocess.run(["umount", "-l", str(small)], check=False)
+        return []  # checked above, on its own store
+
+    # -- the checks --------------------------------------------------------------------------
+
+    def check(self, run: str, items: list[dict[str, Any]], store: Path | None = None) -> list[str]:
+        """The run's problems (empty: every episode final, durable once, agreeing, cleaned)."""
+        from cleanroom.drivers import get_driver
+        from cleanroom.ledger import Ledger
+        from cleanroom.paths import home
+        from cleanroom.record import Outcome
+        from cleanroom.store import open_store
+
+        st = open_store(str(store or self.store))
+        with Ledger() as ledger:
+            rows = {r.episode_id: r for r in ledger.episodes(run)}
+            envs = ledger.envs(run_id=run)
+        problems = []
+        records = st.list_records(run)
+        ids = [r["episode_id"] for r in records]
+        for dup in {i for i in ids if ids.count(i) > 1}:
+            problems.append(f"duplicated: {dup}")
+            self.tally.duplicated += 1
+        by_id = {r["episode_id"]: r for r in records}
+        for item in items:
+            eid = item["episode_id"]
+            row = rows.get(eid)
+            if row is None or row.outcome is None:
+                problems.append(f"not final: {eid} has no outcome")
+                continue
+            if not Outcome(row.outcome).final:
+                if not crashes_itself(item):
+                    problems.append(f"not final: {eid} ({row.outcome})")
+                continue  # visible, retryable, no record by design
+            record = by_id.get(eid)
+            if record is None:
+                problems.append(f"lost: {eid} ended {row.outcome} with no durable record")
+                self.tally.lost += 1
+            elif record["outcome"] != row.outcome or record["attempt"] != row.attempt:
+                problems.append(f"disagrees: {eid} ledger {row.outcome}/{row.attempt}")
+                self.tally.disagreeing += 1
+        driver = get_driver(self.driver_name)
+        for env in envs:
+            if driver.exists(env.env_id) or env.live:
+                problems.append(f"env left: {env.env_id}")
+                self.tally.envs_left += 1
+        staging = home() / "staging" / run
+        if staging.exists() and any(staging.rglob("*")):
+            problems.append(f"staging left: {staging}")
+            self.tally.staging_left += 1
+        return problems
+
+    async def settle(self, run: str, items: list[dict[str, Any]]) -> None:
+        """Resume the run until every episode is final (a non-final outcome is retryable)."""
+        problems = self.check(run, items)
+        resumes = 0
+        batch_items = [i for i in items if not i.get("session")]
+        while (
+            any(p.startswith("not final") for p in problems) and batch_items and resumes < RESUMES
+        ):
+            resumes += 1
+            self.tally.resumes += 1
+            await self._batch(run, batch_items)
+            problems = self.check(run, items)
+        if items and items[0].get("session"):  # a session is not resumed: any outcome it
+            problems = [p for p in problems if "has no outcome" in p or "not final" not in p]
+        self.tally.problems += [f"round {self.round} ({run}): {p}" for p in problems]
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self, progress: bool = True) -> Tally:
+        from cleanroom.api import resolve_baseline
+        from cleanroom.ledger import Ledger
+
+        self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)
+        started = time.monotonic()
+        kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] != "store-full")
+        while self.tally.episodes < self.target:
+            self.round += 1
+            kind = pick(self.rng, kinds)
+            run = f"soak{self.seed}-{self.round}-{kind}"
+            items = await getattr(self, kind.replace("-", "_"))(run)
+            await self.settle(run, items)
+            with Ledger() as ledger:
+                for row in ledger.episodes(run):
+                    self.tally.count(self.tally.outcomes, str(row.outcome))
+            self.tally.episodes += max(1, len(items))
+            self.tally.count(self.tally.rounds, kind)
+            if set(self.tally.rounds) == {k for k, _ in kinds}:  # every kind ran: warmed up
+                rss, fds = rss_and_fds()
+                self.tally.rss.append(rss)
+                self.tally.fds.append(fds)
+            if progress and self.round % 10 == 0:
+                print(
+                    f"soak: round {self.round}, {self.tally.episodes}/{self.target} episodes, "
+                    f"{len(self.tally.problems)} problems",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self.finish()
+        self.tally.seconds = time.monotonic() - started
+        return self.tally
+
+    def finish(self) -> None:
+        from cleanroom.drivers import get_driver
+
+        left = get_driver(self.driver_name).list_owned()
+        if left:
+            self.tally.envs_left += len(left)
+            self.tally.problems.append(f"the driver still owns {left}")
+        for name, series in (("RSS", self.tally.rss), ("open fds", self.tally.fds)):
+            growth = flat_growth(series)
+            if growth is not None and growth > 0.10:
+                self.tally.problems.append(
+                    f"{name} grew {growth:.0%} from the first to the last 10%"
+                )
+
+
+def flat_growth(series: list[int]) -> float | None:
+    """Growth of the mean of the last 10% over the first 10% (None under 20 samples)."""
+    if len(series) < 20:
+        return None
+    tenth = max(2, len(series) // 10)
+    first, last = series[:tenth], series[-tenth:]
+    return (sum(last) / len(last)) / (sum(first) / len(first)) - 1
+
+
+def report(tally: Tally, seed: int, driver: str) -> str:
+    lines = [
+        f"soak: seed {seed}, driver {driver}, {tally.episodes} episodes in "
+        f"{sum(tally.rounds.values())} rounds, {tally.seconds:.0f} s",
+        f"  rounds:   {json.dumps(tally.rounds, sort_keys=True)}",
+        f"  faults:   {json.dumps(tally.faults, sort_keys=True)}",
+        f"  outcomes (every attempt): {json.dumps(tally.outcomes, sort_keys=True)}",
+        f"  resumes:  {tally.resumes}",
+        f"  lost {tally.lost}, duplicated {tally.duplicated}, disagreeing {tally.disagreeing}, "
+        f"envs left {tally.envs_left}, staging left {tally.staging_left}",
+    ]
+    for name, series in (("RSS", tally.rss), ("open fds", tally.fds)):
+        growth = flat_growth(series)
+        if series:
+            lines.append(
+                f"  {name}: first {series[0]}, last {series[-1]}, growth "
+                + (f"{growth:+.1%}" if growth is not None else "n/a (few rounds)")
+            )
+    lines.append(f"  problems: {len(tally.problems)}")
+    lines += [f"    {p}" for p in tally.problems[:40]]
+    if tally.problems:
+        lines.append(f"  reproduce: python bench/soak.py --seed {seed} --driver {driver}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--episodes", type=int, default=10_000)
+    parser.add_argument("--driver", default="fake")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cleanroom-soak-") as tmp:
+        soak = Soak(args.seed, args.episodes, args.driver, Path(tmp))
+        tally = asyncio.run(soak.run())
+    text = report(tally, args.seed, args.driver)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 1 if tally.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
