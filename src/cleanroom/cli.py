@@ -431,6 +431,15 @@ def reap(
         out.print("nothing to reap")
 
 
+def _utf8_safe(value: Any) -> bool:
+    """Whether ``value``'s JSON text can be written as UTF-8 (no lone surrogate in it)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @app.command()
 def inspect(
     episode_id: Annotated[str, typer.Argument(help="episode id")],
@@ -445,9 +454,14 @@ def inspect(
     with Ledger() as ledger:
         candidates = [run_id] if run_id else [r.run_id for r in ledger.list_runs()]
         for rid in candidates:
-            record: dict[str, Any] | None = st.get_record(rid, episode_id)
+            try:
+                record: dict[str, Any] | None = st.get_record(rid, episode_id)
+            except CleanroomError as exc:  # an unreadable record: say so, no traceback
+                raise _fail(exc) from exc
             if record is not None:
-                out.print_json(json.dumps(record))
+                # a string with no UTF-8 form (a lone surrogate, from a record an older version
+                # wrote) is printed as its JSON escape rather than crashing the terminal's encoder
+                out.print_json(json.dumps(record), ensure_ascii=not _utf8_safe(record))
                 return
         for rid in candidates:
             kept = attempts_kept(st, ledger, rid, episode_id)

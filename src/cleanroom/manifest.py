@@ -17,12 +17,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from cleanroom import manifest_json
+from cleanroom import header_budget, manifest_json
 from cleanroom.digests import digest_of
 from cleanroom.errors import ManifestError
 
-EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+EPISODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
+
+
+def _safe_id(value: str) -> str:
+    """``value`` if it is a safe id (a folder name in the store); ValueError if not. The whole
+    string must match: ``"x\\n"`` is refused (``$`` would match before a final newline)."""
+    if not EPISODE_ID_RE.match(value):
+        raise ValueError(
+            "must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
 
 
 class Limits(BaseModel):
@@ -135,8 +146,13 @@ class Group(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(pattern=EPISODE_ID_RE.pattern)
+    id: str
     setup: GroupSetup
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_safe(cls, value: str) -> str:
+        return _safe_id(value)
 
 
 class Manifest(BaseModel):
@@ -165,15 +181,19 @@ class Manifest(BaseModel):
             raise PydanticCustomError("json_value", "{problem}", {"problem": str(found)})
         return data
 
+    @model_validator(mode="after")
+    def _fits_one_header(self) -> Manifest:
+        """A manifest the guest agent cannot take (over ``header_budget.MANIFEST_MAX``) is
+        refused now, not as ``env_crashed`` on every attempt."""
+        found = header_budget.manifest_problem(self.guest_view())
+        if found is not None:
+            raise PydanticCustomError("json_value", "{problem}", {"problem": found})
+        return self
+
     @field_validator("episode_id")
     @classmethod
     def _episode_id_is_safe(cls, value: str) -> str:
-        if not EPISODE_ID_RE.match(value):
-            raise ValueError(
-                "must be 1-128 characters of letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
-            )
-        return value
+        return _safe_id(value)
 
     @field_validator("secrets", mode="before")
     @classmethod

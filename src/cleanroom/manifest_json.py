@@ -1,9 +1,11 @@
 """Operator JSON that a manifest may hold: bounded depth, finite numbers, integers Python can read.
 
 ``json.loads`` accepts ``NaN`` and ``Infinity`` (not JSON: the record export fails later, on every
-attempt), raises ``RecursionError`` on a line nested some thousand levels deep and ``ValueError``
-on an integer over Python's digit limit. ``loads_line`` turns each into a ``JsonProblem`` naming
-the field; ``problem(value)`` checks an already parsed value (a dict from the Python API) without
+attempt), a lone surrogate escape such as ``"\\ud800"`` (no UTF-8 form: the record, the guest and
+``cleanroom inspect`` fail on it later), a key given twice (silently keeping the last value), raises
+``RecursionError`` on a line nested some thousand levels deep and ``ValueError`` on an integer
+over Python's digit limit. ``loads_line`` turns each into a ``JsonProblem`` naming the field;
+``problem(value)`` checks an already parsed value (a dict from the Python API) without
 recursion, so a 100k-deep dict is refused as cleanly as a 100k-deep line.
 """
 
@@ -21,6 +23,7 @@ MAX_DEPTH = 100
 MAX_INT_DIGITS = sys.get_int_max_str_digits() or 4300
 """Python's own limit for reading an integer from text."""
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,32 @@ class JsonProblem(Exception):
         parts = self.path.split(".")
         path = ".".join(parts[:4]) + "..." if len(parts) > 5 else self.path
         return f"{path}: {self.message}" if path else self.message
+
+
+class _Repeated(dict[str, Any]):
+    """A JSON object that gave ``key`` more than once (only the check ever sees one)."""
+
+    key: str = ""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: a dict, or a ``_Repeated`` naming a repeated key."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    repeated = _Repeated(out)
+    for key, _ in pairs:
+        if key in seen:
+            repeated.key = key
+            break
+        seen.add(key)
+    return repeated
+
+
+def printable(text: str) -> str:
+    """``text`` with any lone surrogate written as an escape (safe to print or encode)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -52,13 +81,16 @@ def loads_line(line: str) -> Any:
     """Parse one JSON line, refusing what ``problem`` refuses; ``json.JSONDecodeError`` for
     text that is not JSON at all."""
     try:
-        value = json.loads(line, parse_int=_int)
+        value = json.loads(line, parse_int=_int, object_pairs_hook=_pairs)
     except RecursionError:
         raise JsonProblem(_deep_key(line), f"nested deeper than {MAX_DEPTH} levels") from None
     found = problem(value)
     if found is not None:
         raise found
     return value
+
+
+_NO_UTF8 = "a lone surrogate (such as \\ud800) has no UTF-8 form and is refused"
 
 
 def problem(value: Any) -> JsonProblem | None:
@@ -69,9 +101,18 @@ def problem(value: Any) -> JsonProblem | None:
         if isinstance(item, dict | list):
             if depth >= MAX_DEPTH:
                 return JsonProblem(path, f"nested deeper than {MAX_DEPTH} levels")
+            if isinstance(item, _Repeated):
+                return JsonProblem(path, f"key {printable(item.key)!r} is given more than once")
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in reversed(list(pairs)):
-                stack.append((child, f"{path}.{key}" if path else str(key), depth + 1))
+                name = printable(str(key))
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return JsonProblem(
+                        f"{path}.{name}" if path else name, _NO_UTF8 + " (in its key)"
+                    )
+                stack.append((child, f"{path}.{name}" if path else name, depth + 1))
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            return JsonProblem(path, _NO_UTF8)
         elif isinstance(item, float) and not math.isfinite(item):
             return JsonProblem(path, f"{item} is not a JSON number (NaN and Infinity are refused)")
         elif isinstance(item, _LongInt):

@@ -119,8 +119,10 @@ class Redactor:
 
     It redacts what a reader would decode into the secret, not only its raw bytes: each
     character of a value may also appear as a JSON escape (``\\u0068``, ``\\/``, either case)
-    or URL-encoded (``%68``, per UTF-8 byte), in any mix, and the whole value as base64
-    (standard or URL-safe, at any of the three alignments inside a longer base64 text). Parsed
+    or URL-encoded (``%68``, per UTF-8 byte), in any mix, the whole value as base64
+    (standard or URL-safe, at any of the three alignments inside a longer base64 text), and its
+    bytes as hex, either case (``_hex_forms``: contiguous, ``xxd``, ``xxd -p``, ``od -t x1``,
+    ``hexdump -C`` across their line breaks, and ``od -x``'s little-endian words). Parsed
     JSON is redacted key by key and value by value (``redact_json``); ``counts`` is the number
     of replacements really made.
     """
@@ -133,7 +135,7 @@ class Redactor:
         self.counts: dict[str, int] = dict.fromkeys(values, 0)
         self._forms = [_Forms(value) for _, value in ordered]
         self._compiled: dict[tuple[bytes, ...], re.Pattern[bytes] | None] = {}
-        self._overlap = max((_MAX_FORM * len(v.encode()) for v in values.values()), default=1)
+        self._overlap = max((_MAX_HEX * len(v.encode()) for v in values.values()), default=1)
 
     def __bool__(self) -> bool:
         return bool(self._forms)
@@ -265,6 +267,38 @@ def _char_forms(char: str) -> bytes:
     return b"(?:" + b"|".join(forms) + b")"
 
 
+_HEX_SEP = (
+    rb"(?:[ ]{0,2}|[ ]{0,2}[^\n]{0,18}\n[0-9a-fA-F]{0,16}:?[ ]{0,2})"  # in a line, or across one
+)
+"""What may stand between two bytes of a hex dump: nothing (``xxd -p``), a space or two
+(``xxd``'s groups, ``od -t x1``, ``hexdump -C``'s middle), or a line's end: the rest of the line
+(``xxd``'s or ``hexdump -C``'s text column), a newline, the next line's offset."""
+_MAX_HEX = 2 + 2 + 18 + 1 + 17 + 2  # bytes one byte of a secret can take in a hex dump
+
+
+def _hex_forms(value: bytes) -> list[bytes]:
+    """Regexes of ``value``'s bytes as hex (either case): in order, separated as ``_HEX_SEP``
+    allows; and as ``od -x`` prints them, 16-bit little-endian words, at both alignments (the
+    words made of the value's bytes only: a byte at either end may share its word)."""
+    forms = [_HEX_SEP.join(_hex(byte, 2) for byte in value)]
+    for skip in (0, 1):
+        pairs = [value[i : i + 2] for i in range(skip, len(value) - 1, 2)]
+        if pairs:
+            forms.append(_HEX_SEP.join(_hex(hi, 2) + _hex(lo, 2) for lo, hi in pairs))
+    return forms
+
+
+def _hex_probes(value: bytes) -> set[bytes]:
+    """Literal text one of which any ``_hex_forms`` match holds (a cheap test before the regex):
+    one of the value's first three byte pairs is whole in a group, a word or a line."""
+    probes = set()
+    for i in range(min(3, len(value) - 1)):
+        a, b = value[i : i + 2].hex(), value[i + 1 : i + 2].hex() + value[i : i + 1].hex()
+        for text in (a, a[:2] + " " + a[2:], b):
+            probes |= {text.encode(), text.upper().encode()}
+    return probes
+
+
 def _base64_cores(value: bytes) -> list[bytes]:
     """The base64 text that encodes ``value`` whatever surrounds it: for each alignment, the
     characters whose six bits all come from ``value`` (standard and URL-safe alphabets)."""
@@ -283,9 +317,13 @@ class _Forms:
         self.raw = value.encode()
         self.decoded = b"".join(_char_forms(char) for char in value)  # raw, escaped, mixed
         self.cores = _base64_cores(self.raw)
+        self.hex = b"|".join(_hex_forms(self.raw))
+        self.hex_probes = _hex_probes(self.raw)
 
     def present(self, data: bytes, escapes: bool) -> bytes:
         """The regex of the forms that may match in ``data`` (b"" if none can)."""
         alts = [self.decoded] if escapes or self.raw in data else []
         alts += [re.escape(core) for core in self.cores if core in data]
+        if any(probe in data for probe in self.hex_probes):
+            alts.append(self.hex)
         return b"|".join(alts)

@@ -238,7 +238,11 @@ class Channel:
     ) -> None:
         self.check()
         try:
-            self._writer.write(protocol.encode(kind, header, body))
+            frame = protocol.encode(kind, header, body)
+        except protocol.TooLarge as exc:  # nothing was sent: the channel is intact
+            raise FrameTooLarge(str(exc)) from exc
+        try:
+            self._writer.write(frame)
             await self._writer.drain()
         except (ConnectionError, OSError) as exc:
             raise EnvCrashed(f"agent channel failed: {exc}") from exc

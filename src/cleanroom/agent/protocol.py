@@ -188,6 +188,8 @@ def _unserializable(value: Any) -> Any:
 def encode(kind: int, header: dict[str, Any] | None = None, body: bytes = b"") -> bytes:
     """Serialize one frame."""
     raw_header = dumps(header or {}).encode("utf-8")
+    if len(raw_header) > MAX_HEADER:  # the peer would refuse it and close the channel
+        raise TooLarge(f"header of {len(raw_header)} bytes exceeds {MAX_HEADER}; not sent")
     return PREFIX.pack(MAGIC, int(kind), len(raw_header), len(body)) + raw_header + body
 
 

@@ -35,7 +35,7 @@ from cleanroom.errors import BuildError
 SCHEMES = ("oci-archive:", "docker-archive:", "oci:", "docker://")
 MAX_JSON_BYTES = 4 << 20
 """Most bytes of an index, manifest or config (they are small; a huge one is hostile)."""
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
 DECOMPRESSORS: dict[bytes, Any] = {b"\x1f\x8b": gzip, b"BZ": bz2, b"\xfd7z": lzma}
 """Magic bytes -> the module that opens such a compressed layer."""
 INDEX_TYPES = (

@@ -77,8 +77,8 @@ SKIP_NAMES = frozenset(
 )
 """Names never copied from a spec's files (host caches; they would make builds irreproducible)."""
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-DEB_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}\Z")
+DEB_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?\Z")
 RESERVED_DESTS = ("/proc", "/sys", "/dev", "/run", "/opt/cleanroom")
 MODULE_RE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 FUNCTION_RE = rf"^{MODULE_RE}:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"

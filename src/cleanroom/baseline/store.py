@@ -33,7 +33,7 @@ from cleanroom.errors import BaselineNotFound, DriftError
 from cleanroom.paths import baselines_dir
 
 MIN_PREFIX = 6
-HEX_RE = re.compile(r"^[0-9a-f]+$")
+HEX_RE = re.compile(r"[0-9a-f]+\Z")
 
 
 def by_spec_dir() -> Path:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import Member
-from cleanroom.errors import DriftError
+from cleanroom.errors import DriftError, ManifestError
 from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.run import request_problems
 from cleanroom.manifest import Manifest, check_groups
 from cleanroom.network.egress import check_manifests
 from cleanroom.reaper import reap, reconcile_durable
@@ -32,7 +33,10 @@ async def preflight(
         ctx.emit("drift_refused", digest=exc.digest, drifted=exc.drifted)
         raise
     names = sorted({s.name for m in manifests for s in m.secrets})
-    resolve_secrets(ctx.secret_provider, names)  # a missing secret refuses the whole run
+    values = resolve_secrets(ctx.secret_provider, names)  # a missing secret refuses the run
+    too_large = request_problems(manifests, baseline, values)  # so does a RUN request the
+    if too_large:  # guest agent cannot take (BuildError if the baseline's entry alone is)
+        raise ManifestError(f"{len(too_large)} manifest(s) too large to run", too_large)
     verifiers.prepare(manifests)  # so does a missing or drifted verifier baseline
     check_manifests(manifests, baseline, ctx.driver)  # and network beyond the baseline's
     check_groups(manifests)  # and a group whose episodes disagree on its setup or machine

@@ -5,8 +5,10 @@ the store; each ``GymEpisode`` is ``cleanroom.sessions.session`` held open by a 
 ``end``: on the way out the transcript (with one ``gym_step`` entry per step: the trajectory) is
 exported, then the record (``completed`` with the return as its reward once ended normally),
 then the VM is destroyed and confirmed absent. A failure of the in-VM env (``GymEnvError``) or
-of its answers (``ProtocolError``) ends the episode ``episode_error`` (the guest's fault, said in
-the transcript); a crash, a timeout or a cancellation ends it the way any episode ends.
+of its answers (``ProtocolError``), a step (or make, or reset) with no answer within
+``step_timeout_s`` and an agent that died under the env (both ``GymEnvError``) end the episode
+``episode_error``, final and durable (the guest's fault, said in the transcript); a
+cancellation ends it the way any episode ends.
 
 A reset should only reset: ``GymRun`` keeps the *next* episode opened ahead (``prepare``: its
 session open on a fresh VM, the env made in it, policy ``gym-ahead``), which ``take`` hands out
@@ -32,7 +34,7 @@ from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.core.states import Failure
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner
-from cleanroom.errors import GymEnvError, LedgerError, ProtocolError
+from cleanroom.errors import EnvCrashed, GymEnvError, LedgerError, ProtocolError
 from cleanroom.gym import wire
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
@@ -174,6 +176,14 @@ class GymRun:
                 self.baseline = None
 
 
+def _guest_fault(sb: AsyncSession, exc: BaseException) -> None:
+    """End ``sb`` as the guest's failure (``episode_error``, final), said in its transcript."""
+    error = f"{type(exc).__name__}: {exc}"[-2000:]
+    sb.transcript.add("gym_error", error=error)
+    if sb.guard.failure is None:
+        sb.guard.failure, sb.guard.failed_by = Failure(Outcome.EPISODE_ERROR, error), exc
+
+
 class _Unused(Exception):
     """Ends an episode opened ahead that no reset took (raised and swallowed in ``_hold``)."""
 
@@ -233,8 +243,12 @@ class GymEpisode:
                 hold=run.hold,
             ) as sb:
                 self._sb = sb
-                made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
-                self.made = wire.value(made, Kind.GYM_SPACES)
+                try:
+                    made = await self._ask(Kind.GYM_MAKE, {"env": run.env, "kwargs": run.kwargs})
+                    self.made = wire.value(made, Kind.GYM_SPACES)
+                except GUEST_FAULTS as exc:
+                    _guest_fault(sb, exc)
+                    raise
                 opened.set_result(None)
                 await self._done.wait()
                 if not self.begun and self._fault is None:  # ends ``cancelled``, saying why
@@ -244,9 +258,9 @@ class GymEpisode:
                     sb.guard.failed_by = unused
                     raise unused
                 if isinstance(self._fault, GUEST_FAULTS):
-                    error = f"{type(self._fault).__name__}: {self._fault}"[-2000:]
-                    sb.transcript.add("gym_error", error=error)
-                elif self._fault is not None:
+                    _guest_fault(sb, self._fault)
+                    raise self._fault
+                if self._fault is not None:
                     raise self._fault
                 else:
                     sb.finish(self.total, {"length": self.steps, **self.facts})
@@ -262,8 +276,15 @@ class GymEpisode:
         if env is None:
             raise GymEnvError(f"episode {self.episode_id}: its env is gone")
         env.session.require("gym", "cleanroom.gym")  # the native agent has no gym process
-        async with asyncio.timeout(self.run.step_timeout_s):  # no task of its own, as wait_for
-            return await env.session.request(kind, header, body)
+        try:
+            async with asyncio.timeout(self.run.step_timeout_s):  # no task of its own
+                return await env.session.request(kind, header, body)
+        except TimeoutError:  # the guest's doing: a step that never answers
+            raise GymEnvError(
+                f"in-VM env: no answer within {self.run.step_timeout_s}s (step_timeout_s)"
+            ) from None
+        except EnvCrashed as exc:  # so is an agent (or VM) that died under the env
+            raise GymEnvError(f"in-VM env: its VM's agent is gone: {exc}") from exc
 
     async def ask(self, kind: int, header: dict[str, Any], body: bytes = b"") -> tuple[Frame, Any]:
         """A GYM_RESET/STEP answer (the frame, its decoded tree); any failure ends the

@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from cleanroom import header_budget
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import classify
@@ -35,20 +36,7 @@ async def run_in_env(
     collect_grace_s: float,
 ) -> tuple[Outcome, str | None, EpisodeOutput | None]:
     """RUN the episode, collect its output into ``staging``; classify how it ended."""
-    lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
-    request = {
-        "manifest": manifest.guest_view(),
-        **_entry(baseline),
-        "timeout_s": limits.timeout_s,
-        "env": {
-            **baseline.image_env,
-            "CLEANROOM_EPISODE_ID": manifest.episode_id,
-            "CLEANROOM_SEED": str(manifest.seed),
-            **secret_values,
-        },
-        "secret_files": secret_values,
-        "secret_lifetimes": lifetimes,
-    }
+    request = episode_request(manifest, baseline, limits, secret_values)
     quota = limits.output_quota_mib * 1024 * 1024
     try:
         output = await asyncio.wait_for(
@@ -81,6 +69,47 @@ async def run_in_env(
     if problem is not None:
         return Outcome.EPISODE_ERROR, problem, output
     return Outcome.COMPLETED, None, output
+
+
+def episode_request(
+    manifest: Manifest,
+    baseline: Baseline,
+    limits: ResolvedLimits,
+    secret_values: dict[str, str],
+) -> dict[str, Any]:
+    """The RUN request the agent gets: one frame header (``header_budget`` bounds its size)."""
+    lifetimes = {s.name: s.lifetime_s for s in manifest.secrets if s.lifetime_s}
+    return {
+        "manifest": manifest.guest_view(),
+        **_entry(baseline),
+        "timeout_s": limits.timeout_s,
+        "env": {
+            **baseline.image_env,
+            "CLEANROOM_EPISODE_ID": manifest.episode_id,
+            "CLEANROOM_SEED": str(manifest.seed),
+            **secret_values,
+        },
+        "secret_files": secret_values,
+        "secret_lifetimes": lifetimes,
+    }
+
+
+def request_problems(
+    manifests: list[Manifest], baseline: Baseline, secret_values: dict[str, str]
+) -> list[str]:
+    """Why each manifest's RUN request could not reach the guest (``header_budget``), by
+    episode; ``BuildError`` if the baseline's own entry is too large for any of them."""
+    header_budget.check_entry(
+        f"baseline {baseline.digest[:19]}", _entry(baseline), baseline.image_env
+    )
+    problems = []
+    for manifest in manifests:
+        limits = manifest.limits.merged_over(baseline.limits)
+        mine = {s.name: secret_values[s.name] for s in manifest.secrets if s.name in secret_values}
+        found = header_budget.request_problem(episode_request(manifest, baseline, limits, mine))
+        if found is not None:
+            problems.append(f"episode {manifest.episode_id!r}: {found}")
+    return problems
 
 
 def result_problem(output: EpisodeOutput) -> str | None:

@@ -22,7 +22,7 @@ from typing import Literal
 from cleanroom.errors import NetworkPolicyError
 
 MAX_RULES = 256
-LABEL_RE = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+LABEL_RE = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)\Z")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -140,11 +140,12 @@ class AsyncSession:
     ) -> None:
         """The session's result; ``artifacts`` (guest paths) are fetched when it closes;
         ``error``: the caller's word that the episode failed (``episode_error``)."""
+        names: dict[str, str] = {}  # one path per artifact name: a repeat is listed once
         for path in artifacts or []:
-            _artifact_name(path)  # refused now, not at close
+            names.setdefault(_artifact_name(path), path)  # refused now, not at close
         body = {"reward": reward, "terminated": True, "info": info or {}}
         self._result = json.dumps(body).encode()
-        self._artifacts, self._error = list(artifacts or []), error
+        self._artifacts, self._error = list(names.values()), error
         self.transcript.add("finish", reward=reward, artifacts=self._artifacts, error=error)
 
     def output(self, artifacts: list[Artifact] | None = None) -> EpisodeOutput:

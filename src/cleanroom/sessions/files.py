@@ -57,7 +57,8 @@ class Files:
         code, out = await self._sh('cd "$1" && find . -mindepth 1 -maxdepth 1 -print0', path)
         if code != 0:
             raise SessionPathError(f"files.list: {path!r} is not a folder in the guest")
-        return sorted(str(_name(n)) for n in out.split(b"\0") if n)
+        with self._guard.judged():  # a name the host refuses is the guest's doing
+            return sorted(str(_name(n)) for n in out.split(b"\0") if n)
 
     async def upload_dir(self, local_dir: str | Path, dest: str) -> int:
         """Every file under ``local_dir`` to the same place under ``dest``; how many."""
@@ -83,11 +84,13 @@ class Files:
         root.mkdir(parents=True, exist_ok=True)
         left, count = self._quota, 0
         for raw in sorted(n for n in out.split(b"\0") if n):
-            rel = _name(raw)
+            with self._guard.judged():  # a name the host refuses is the guest's doing
+                rel = _name(raw)
             data = await self.read(f"{src.rstrip('/')}/{rel}")
             left -= len(data)
             if left < 0:
-                raise QuotaExceeded(f"files.download_dir {src!r}: over {self._quota} bytes")
+                with self._guard.judged():  # so is a folder over the output quota
+                    raise QuotaExceeded(f"files.download_dir {src!r}: over {self._quota} bytes")
             _create(root, rel.parts, data)
             count += 1
         return count

@@ -4,15 +4,16 @@ Every guest call runs inside ``Guard.call()``: the session must still be open; t
 stops while the call runs; the call's task is known (an expired session cancels it). A guest
 that breaks the protocol or dies (``ProtocolError``, ``EnvCrashed``) ends the session: the
 failure is kept (the guest's outcome, ``classify(..., in_guest=True)``) and every later call is
-refused with ``SessionClosed``. A ``GuestOperationError`` (a missing file, an unknown user) is
-only that call's failure.
+refused with ``SessionClosed``; so does one raised while the host judges what a guest sent
+(``judged()``: a file name it offered, bytes over the quota). A ``GuestOperationError`` (a
+missing file, an unknown user) is only that call's failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from cleanroom.core.states import EpisodeState, Failure, classify
@@ -55,17 +56,25 @@ class Guard:
         if self.lifetime is not None:
             self.lifetime.busy()
         try:
-            yield env
-        except (ProtocolError, EnvCrashed) as exc:
-            if self.failure is None:
-                self.failure, self.failed_by = classify(exc, in_guest=True), exc
-                self.closed = f"the guest failed: {type(exc).__name__}: {exc}"
-            raise
+            with self.judged():
+                yield env
         finally:
             if task is not None:
                 self.calls.discard(task)
             if self.lifetime is not None:
                 self.lifetime.idle()
+
+    @contextmanager
+    def judged(self) -> Iterator[None]:
+        """Host-side work on what the guest sent (a name it offered, bytes over the quota): a
+        ``ProtocolError`` or ``EnvCrashed`` raised in it is the guest's failure, as in a call."""
+        try:
+            yield
+        except (ProtocolError, EnvCrashed) as exc:
+            if self.failure is None:
+                self.failure, self.failed_by = classify(exc, in_guest=True), exc
+                self.closed = f"the guest failed: {type(exc).__name__}: {exc}"
+            raise
 
     def cancel_calls(self, also: asyncio.Task[Any] | None = None) -> None:
         """Cancel every guest call in flight and ``also`` (each task once)."""

@@ -211,33 +211,48 @@ async def interact(
     conclude it; raise what ended it (after the env is gone: the ``Episode`` block closes
     before anything is raised again)."""
     pending: BaseException | None = None
-    async with episode:
-        await episode.provision()
-        sb = make(episode)
-        sb.start_clocks(episode.limits.timeout_s, idle_timeout_s)
-        try:
-            yield sb
-        except asyncio.CancelledError:
-            sb.stop_clocks()
-            if sb.expired is None or sb.owner is None:
-                episode.output = sb.output()  # the transcript, kept with the attempt
-                raise
-            while sb.owner.uncancel() > 0:  # ours (sent again until it arrived)
-                pass
-            await sb.conclude(Failure(Outcome.TIMEOUT, sb.timeout_error().args[0]))
-            pending = sb.timeout_error()
-        except GeneratorExit as exc:  # dropped without closing: the loop's finalizer closes it
-            warnings.warn(f"session {sb.episode_id}: {ABANDONED}", ResourceWarning, stacklevel=1)
-            await sb.conclude(Failure(Outcome.CANCELLED, ABANDONED))
-            pending = exc
-        except BaseException as exc:
-            sb.stop_clocks()
-            if exc is not sb.guard.failed_by or sb.guard.failure is None:
-                episode.output = sb.output()
-                raise
-            await sb.conclude(sb.guard.failure)  # the guest's outcome, with its transcript
-            pending = exc
-        else:
-            await sb.conclude()
+    try:
+        async with episode:
+            await episode.provision()
+            sb = make(episode)
+            sb.start_clocks(episode.limits.timeout_s, idle_timeout_s)
+            try:
+                yield sb
+            except asyncio.CancelledError:
+                sb.stop_clocks()
+                if sb.expired is None or sb.owner is None:
+                    episode.output = sb.output()  # the transcript, kept with the attempt
+                    raise
+                while sb.owner.uncancel() > 0:  # ours (sent again until it arrived)
+                    pass
+                await sb.conclude(Failure(Outcome.TIMEOUT, sb.timeout_error().args[0]))
+                pending = sb.timeout_error()
+            except GeneratorExit as exc:  # dropped without closing: the loop's finalizer closes it
+                warnings.warn(
+                    f"session {sb.episode_id}: {ABANDONED}", ResourceWarning, stacklevel=1
+                )
+                await sb.conclude(Failure(Outcome.CANCELLED, ABANDONED))
+                pending = exc
+            except BaseException as exc:
+                sb.stop_clocks()
+                if exc is not sb.guard.failed_by or sb.guard.failure is None:
+                    episode.output = sb.output()
+                    raise
+                await sb.conclude(sb.guard.failure)  # the guest's outcome, with its transcript
+                pending = exc
+            else:
+                await sb.conclude()
+    finally:  # the attempt's staging is gone: its empty parents go too
+        _drop_empty_parents(episode.staging)
     if pending is not None:
         raise pending
+
+
+def _drop_empty_parents(staging: Path) -> None:
+    """Remove ``staging/<run>/<episode>`` and ``staging/<run>`` if the attempt's folder was
+    their last entry (a session is its run's only episode; a branch's run is its own)."""
+    for folder in (staging.parent, staging.parent.parent):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another attempt or episode), or gone already
+            return
