@@ -251,12 +251,23 @@ class Soak:
             env={**os.environ, "CI": "true"},
         )
 
+    async def _until_an_env_is_ready(self, run: str, proc: subprocess.Popen[bytes]) -> None:
+        from cleanroom.ledger import Ledger
+
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with Ledger() as ledger:
+                if any(e.ready_at for e in ledger.envs(run_id=run)):
+                    return
+            await asyncio.sleep(0.05)
+
     async def controller_kill(self, run: str) -> list[dict[str, Any]]:
         items = self._manifests(run, self.rng.randint(4, 12), GUEST_MODES)
         path = self.work / f"{run}.jsonl"
         path.write_text("".join(json.dumps(m) + "\n" for m in items))
         proc = self._cli(run, path, self.store)
-        await asyncio.sleep(self.rng.uniform(0.3, 3.0))
+        await self._until_an_env_is_ready(run, proc)
+        await asyncio.sleep(self.rng.uniform(0.0, 0.5))
         if proc.poll() is None:
             proc.kill()
             self.tally.count(self.tally.faults, "controller SIGKILL")
