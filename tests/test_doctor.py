@@ -18,13 +18,25 @@ def bare(tmp_path: Path, **kw: object) -> Host:
         "cgroup_root": tmp_path / "cg",
         "kvm": lambda: False,
         "home": lambda: tmp_path / "home",
+        "sandbox": lambda: "no user namespaces",
     }
     return Host(**{**args, **kw})  # type: ignore[arg-type]
 
 
 def test_a_bare_host_gets_a_fix_for_every_gap(tmp_path: Path) -> None:
     found = {f.part: f for f in diagnose(bare(tmp_path))}
-    assert list(found) == ["qemu", "kvm", "runsc", "cgroups", "builder", "disk", "home"]
+    assert list(found) == [
+        "qemu",
+        "kvm",
+        "runsc",
+        "cgroups",
+        "builder",
+        "sandbox",
+        "disk",
+        "home",
+    ]
+    assert found["sandbox"].status == "fail"
+    assert "no user namespaces" in found["sandbox"].detail
     assert found["qemu"].status == "fail" and "apt-get install qemu-system-x86" in str(
         found["qemu"].fix
     )
@@ -77,6 +89,7 @@ def test_the_command_runs_on_this_host_and_once_stays_quiet_after_a_pass(tmp_pat
         "runsc",
         "cgroups",
         "builder",
+        "sandbox",
         "disk",
         "home",
     ]
@@ -86,3 +99,13 @@ def test_the_command_runs_on_this_host_and_once_stays_quiet_after_a_pass(tmp_pat
         assert "qemu" in doctor().stdout  # without --once it always reports
     else:
         assert "doctor: missing" in first.stderr
+
+
+def test_the_build_sandbox_is_probed_for_real_on_this_host(tmp_path: Path) -> None:
+    """As root (how the suite runs the builder) the real probe runs ``true`` confined."""
+    from cleanroom.doctor import _sandbox_probe
+
+    if os.geteuid() != 0:
+        assert "not root" in str(_sandbox_probe())
+    else:
+        assert _sandbox_probe() is None

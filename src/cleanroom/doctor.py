@@ -1,7 +1,8 @@
 """``cleanroom doctor``: what this host has and lacks for cleanroom, each gap with its fix.
 
 One ``Finding`` per part: QEMU (and its version), whether KVM is usable (the cached probe; else
-TCG and what it costs), runsc, the cgroup layout, the baseline builder's tools, free disk under
+TCG and what it costs), runsc, the cgroup layout, the baseline builder's tools and its sandbox
+(a ``true`` run confined, ``baseline.confine``), free disk under
 the home, and the home's ownership and modes. ``fail`` is something ``make demo`` cannot do
 without; ``warn`` works, slower or with less; ``ok`` is fine. Nothing here starts a VM: the KVM
 verdict is the one the first qemu env recorded (``drivers.accel``).
@@ -27,7 +28,7 @@ BUILD_TOOLS = {  # tool -> the Debian package that has it
     "cpio": "cpio",
     "busybox": "busybox-static",
     "gcc": "gcc",
-    "chroot": "coreutils",
+    "tar": "tar",
 }
 TCG_COST = (
     "TCG will be used: the guest CPU is emulated (cold boot ~7 s, snapshot clone ~0.35 s, "
@@ -51,6 +52,7 @@ class Host:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     kvm: Callable[[], bool | None] = field(default=lambda: _kvm_verdict())
     home: Callable[[], Path] = paths.home
+    sandbox: Callable[[], str | None] = field(default=lambda: _sandbox_probe())
 
 
 def _kvm_verdict() -> bool | None:
@@ -153,6 +155,33 @@ def build_tools(host: Host) -> Finding:
     )
 
 
+def _sandbox_probe() -> str | None:
+    """Run ``true`` in the build sandbox (``baseline.confine``); None if it ran, else why not."""
+    from cleanroom.baseline import confine
+    from cleanroom.errors import CleanroomError
+
+    if os.geteuid() != 0:
+        return "not root: the build sandbox maps an id range, which needs root"
+    try:
+        with confine.workspace(paths.cache_dir()) as ws:
+            confine.run_builder(ws, ["/bin/true"], "doctor", timeout_s=30)
+    except (CleanroomError, OSError) as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def build_sandbox(host: Host) -> Finding:
+    problem = host.sandbox()
+    if problem is None:
+        return Finding("sandbox", "ok", "image builds run confined (user namespaces, own id range)")
+    return Finding(
+        "sandbox",
+        "fail",
+        f"baselines cannot be built here: {problem}",
+        "run as root on a kernel with user namespaces (sysctl user.max_user_namespaces > 0)",
+    )
+
+
 def _existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -194,7 +223,7 @@ def home_modes(host: Host) -> Finding:
     return Finding("home", "ok", f"{home} (yours, mode {stat.filemode(info.st_mode)})")
 
 
-CHECKS = (qemu, kvm, runsc, cgroups, build_tools, disk, home_modes)
+CHECKS = (qemu, kvm, runsc, cgroups, build_tools, build_sandbox, disk, home_modes)
 
 
 def diagnose(host: Host | None = None) -> list[Finding]:
