@@ -76,7 +76,8 @@ class AgentSession:
     An agent whose HELLO lists "mux" in ``features`` serves several requests at once (``exec``,
     ``spawn``, the streams of ``transfers``), each numbered, through the channel's reader task;
     the rest (``ping``, ``snapshot_prepare``, ``run_episode``, and every request to an agent
-    that does not multiplex, such as the native one) run one at a time under a lock.
+    that does not multiplex; the native agent, the only one built, does) run one at a time under
+    a lock.
     """
 
     def __init__(

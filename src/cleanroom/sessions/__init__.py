@@ -12,10 +12,12 @@
 
 A session keeps every lifecycle guarantee of a batch episode (``opening``): intent row first,
 the transcript (``transcript``) and the artifacts durable before the VM is destroyed and
-confirmed absent, one outcome on every path. Modules: ``opening`` (``session()``), ``core``
-(``AsyncSession``), ``commands``, ``files``, ``transcript``, ``lifetime`` (the two clocks),
-``guard`` (the gate every guest call passes), ``sync`` (``Session``), ``abandon`` (a session
-dropped or left open at exit is destroyed, with a ``ResourceWarning``).
+confirmed absent, one outcome on every path. Modules, bottom first: ``transcript``, ``guard``
+(the gate every guest call passes), ``commands``, ``files``, ``lifetime`` (the two clocks),
+``core`` (``AsyncSession``; it forks through a ``Forker`` it is given, never importing
+``fork``), ``interact`` (a session's block: whatever ends it, it concludes, is exported and
+destroyed; a session dropped or left open at exit too, with a ``ResourceWarning``), ``fork``
+(branches of a live session), ``opening`` (``session()``), ``sync`` (``Session``).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
@@ -26,6 +26,7 @@ from cleanroom.errors import (
     QuotaExceeded,
     SessionTimeout,
     UnsafePath,
+    Unsupported,
 )
 from cleanroom.lifecycle.episode import Episode
 from cleanroom.lifecycle.run import result_problem
@@ -38,11 +39,19 @@ from cleanroom.sessions.run_hold import RunHold
 from cleanroom.sessions.transcript import Transcript, digest
 
 
+class Forker(Protocol):
+    """What ``AsyncSession.fork`` calls (``sessions.fork.fork_session``, given by whoever opens
+    the session: this module never imports the fork's)."""
+
+    async def __call__(self, sb: AsyncSession, n: int) -> Sequence[AsyncSession]: ...
+
+
 class AsyncSession:
     """Commands and files in one live episode's env, each kept in its transcript."""
 
-    def __init__(self, episode: Episode) -> None:
+    def __init__(self, episode: Episode, forker: Forker | None = None) -> None:
         self.episode = episode
+        self.forker = forker
         self.quota_bytes = episode.limits.output_quota_mib * 1024 * 1024
         self.transcript = Transcript(episode.staging / "logs", self.quota_bytes)
         self.transcript.redactor = episode.redactor
@@ -123,10 +132,11 @@ class AsyncSession:
     async def get(self, path: str) -> bytes:
         return await self.files.read(path)
 
-    async def fork(self, n: int) -> list[Any]:
+    async def fork(self, n: int) -> list[AsyncSession]:
         """``n`` new sessions from this one's state now (``sessions.fork``)."""
-        fork = importlib.import_module("cleanroom.sessions.fork")
-        return await fork.fork_session(self, n)  # type: ignore[no-any-return]
+        if self.forker is None:
+            raise Unsupported(f"session {self.episode_id}: opened without a way to fork")
+        return list(await self.forker(self, n))
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Manifest
 from cleanroom.sessions.core import AsyncSession
-from cleanroom.sessions.opening import interact
+from cleanroom.sessions.interact import interact
 
 __all__ = ["MAX_BRANCHES", "Branch", "fork_session"]
 
@@ -50,7 +50,7 @@ class Branch(AsyncSession):
     ends it like a session's block: evidence exported, VM destroyed and confirmed absent."""
 
     def __init__(self, episode: Episode) -> None:
-        super().__init__(episode)
+        super().__init__(episode, forker=fork_session)
         self._stack: AsyncExitStack | None = None  # the branch's ``interact`` block
 
     async def __aenter__(self) -> Branch:

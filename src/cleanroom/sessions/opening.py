@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from secrets import token_hex
@@ -29,7 +28,6 @@ from pydantic import ValidationError
 
 from cleanroom import private
 from cleanroom.baseline.model import Baseline
-from cleanroom.core.states import Failure
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner, new_snapshot_id
 from cleanroom.errors import ManifestError, Unsupported
@@ -40,13 +38,12 @@ from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
 from cleanroom.manifest import Manifest, describe
 from cleanroom.network.egress import episode_policy
-from cleanroom.record import Outcome
 from cleanroom.secrets import provider_from
 from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.fork import fork_session
+from cleanroom.sessions.interact import interact
 from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store
-
-ABANDONED = "the session was garbage-collected or left open at exit; destroyed"
 
 
 def _manifest(
@@ -133,7 +130,11 @@ async def session(
         if forkable:
             refuse_fork(ctx.driver, resolved, manifest)
         opened = _episode(ctx, resolved, manifest, run_id, forkable, hold)
-        async with opened as (episode, hold, fork_ram), interact(episode, idle_timeout_s) as sb:
+        make = functools.partial(AsyncSession, forker=fork_session)
+        async with (
+            opened as (episode, hold, fork_ram),
+            interact(episode, idle_timeout_s, make) as sb,
+        ):
             sb.hold, sb.fork_ram = hold, fork_ram
             yield sb
 
@@ -199,60 +200,3 @@ def ram_intent(ctx: RunContext, run_id: str, episode_id: str, baseline: Baseline
         **ctx.owner.ledger_fields(),
     )
     return snapshot_id
-
-
-@asynccontextmanager
-async def interact(
-    episode: Episode,
-    idle_timeout_s: float | None,
-    make: Callable[[Episode], AsyncSession] = AsyncSession,
-) -> AsyncIterator[AsyncSession]:
-    """Provision, yield the session once (``make``: a fork's branches are ``Branch``es),
-    conclude it; raise what ended it (after the env is gone: the ``Episode`` block closes
-    before anything is raised again)."""
-    pending: BaseException | None = None
-    try:
-        async with episode:
-            await episode.provision()
-            sb = make(episode)
-            sb.start_clocks(episode.limits.timeout_s, idle_timeout_s)
-            try:
-                yield sb
-            except asyncio.CancelledError:
-                sb.stop_clocks()
-                if sb.expired is None or sb.owner is None:
-                    episode.output = sb.output()  # the transcript, kept with the attempt
-                    raise
-                while sb.owner.uncancel() > 0:  # ours (sent again until it arrived)
-                    pass
-                await sb.conclude(Failure(Outcome.TIMEOUT, sb.timeout_error().args[0]))
-                pending = sb.timeout_error()
-            except GeneratorExit as exc:  # dropped without closing: the loop's finalizer closes it
-                warnings.warn(
-                    f"session {sb.episode_id}: {ABANDONED}", ResourceWarning, stacklevel=1
-                )
-                await sb.conclude(Failure(Outcome.CANCELLED, ABANDONED))
-                pending = exc
-            except BaseException as exc:
-                sb.stop_clocks()
-                if exc is not sb.guard.failed_by or sb.guard.failure is None:
-                    episode.output = sb.output()
-                    raise
-                await sb.conclude(sb.guard.failure)  # the guest's outcome, with its transcript
-                pending = exc
-            else:
-                await sb.conclude()
-    finally:  # the attempt's staging is gone: its empty parents go too
-        _drop_empty_parents(episode.staging)
-    if pending is not None:
-        raise pending
-
-
-def _drop_empty_parents(staging: Path) -> None:
-    """Remove ``staging/<run>/<episode>`` and ``staging/<run>`` if the attempt's folder was
-    their last entry (a session is its run's only episode; a branch's run is its own)."""
-    for folder in (staging.parent, staging.parent.parent):
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (another attempt or episode), or gone already
-            return

@@ -28,7 +28,8 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.errors import SessionClosed
 from cleanroom.sessions.commands import CommandHandle
 from cleanroom.sessions.core import AsyncSession
-from cleanroom.sessions.opening import ABANDONED, session
+from cleanroom.sessions.interact import ABANDONED
+from cleanroom.sessions.opening import session
 
 
 class _Holder:
