@@ -21,7 +21,7 @@ from cleanroom.errors import DriverError, LaunchError
 
 
 class ForkingFake(FakeDriver):
-    capabilities = FakeDriver.capabilities | {"fork"}
+    capabilities = FakeDriver.capabilities.with_(fork=True)
 
     def __init__(self, root: Path) -> None:
         super().__init__(run_root=root / "run")

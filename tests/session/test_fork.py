@@ -57,7 +57,7 @@ def _transcript(store: LocalStore, run_id: str, episode_id: str) -> list[dict[st
 class _LiveForkingFake(ForkingFake):
     """Says it can fork a live env (its ``fork_live`` is the base's: Unsupported)."""
 
-    capabilities = ForkingFake.capabilities | {"fork-live"}
+    capabilities = ForkingFake.capabilities.with_(fork_live=True)
 
 
 class _PretendLiveFork(_LiveForkingFake):

@@ -83,7 +83,7 @@ async def run_group(
     own setup; ``reports`` gets the group's report, ``ended`` the episodes it ends itself."""
     group = members[0][0].group
     assert group is not None
-    fork = "fork" in ctx.driver.capabilities
+    fork = ctx.driver.capabilities.fork
     report = GroupReport(
         group.id,
         "fork" if fork else "per-episode",

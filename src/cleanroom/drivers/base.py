@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import os
 import secrets
 import socket
@@ -244,11 +245,31 @@ class Env:
         await self.aclose()
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a driver offers beyond creating and destroying envs, declared once (as Harbor's
+    ``EnvironmentCapabilities``), checked by attribute: a misspelt one fails type-checking
+    instead of silently reading as absent."""
+
+    exec: bool = True  # commands in the env
+    files: bool = True  # files in and out
+    console: bool = False  # a console log kept as evidence
+    snapshot: bool = False  # envs restored from a template's snapshot
+    egress: bool = False  # an egress allowlist enforced (networked envs)
+    fork: bool = False  # a warm env saved and restored many times (groups: ``fork_parent``)
+    fork_live: bool = False  # a live session branched (``sessions.fork``)
+    spares: bool = False  # envs started ahead and handed out by id
+
+    def with_(self, **changes: bool) -> Capabilities:
+        """These capabilities with ``changes`` (a test driver that adds one)."""
+        return dataclasses.replace(self, **changes)
+
+
 class Driver(abc.ABC):
     """A backend that creates and destroys environments."""
 
     name: str = "abstract"
-    capabilities: frozenset[str] = frozenset()
+    capabilities: Capabilities = Capabilities(exec=False, files=False)
 
     @abc.abstractmethod
     async def create(self, request: EnvRequest) -> Env:
@@ -386,7 +407,7 @@ async def fail_launch(
 
 def refuse_network(driver: Driver, request: EnvRequest) -> None:
     """Refuse a request with egress from a driver that cannot enforce an allowlist."""
-    if request.network is not None and "egress" not in driver.capabilities:
+    if request.network is not None and not driver.capabilities.egress:
         from cleanroom.errors import NetworkPolicyError
 
         raise NetworkPolicyError(f"the {driver.name} driver cannot enforce an egress allowlist")

@@ -23,6 +23,7 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import cgroups, hostproc, sockets
 from cleanroom.drivers.base import (
+    Capabilities,
     DestroyReport,
     Env,
     EnvInfo,
@@ -41,7 +42,7 @@ def agent_argv(baseline: Baseline, marker: str) -> list[str]:
 
 class FakeDriver(RunFolderDriver):
     name = "fake"
-    capabilities = frozenset({"exec", "files"})
+    capabilities = Capabilities()
 
     def __init__(self, *, run_root: Path | None = None, ready_timeout_s: float = 10.0) -> None:
         self.run_root = run_root or paths.run_dir() / self.name

@@ -40,6 +40,7 @@ from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import cgroups, hostproc, jail, sockets
 from cleanroom.drivers import gvisor_bundle as bundle_mod
 from cleanroom.drivers.base import (
+    Capabilities,
     DestroyReport,
     Env,
     EnvInfo,
@@ -90,7 +91,7 @@ class GvisorDriver(RunFolderDriver):
     """Fresh gVisor sandboxes from a baseline's root tree."""
 
     name = "gvisor"
-    capabilities = frozenset({"exec", "files", "console"})
+    capabilities = Capabilities(console=True)
 
     def __init__(
         self,

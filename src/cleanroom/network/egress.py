@@ -55,7 +55,7 @@ def check_manifests(manifests: list[Manifest], baseline: Baseline, driver: Drive
                 f"{manifest.episode_id}: a group's episodes fork from a snapshot without a NIC; "
                 'give them "network": {"allow": []}'
             )
-    if networked and "egress" not in driver.capabilities:
+    if networked and not driver.capabilities.egress:
         problems.append(f"the {driver.name} driver cannot enforce an egress allowlist")
     if problems:
         raise NetworkPolicyError("network: nothing was run", problems)

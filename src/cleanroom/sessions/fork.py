@@ -88,7 +88,7 @@ async def fork_session(sb: AsyncSession, n: int) -> list[Branch]:
     parent = sb.episode
     ctx, key = parent.ctx, parent.key
     sb.live_env()  # SessionClosed once it has ended
-    if "fork-live" not in ctx.driver.capabilities:
+    if not ctx.driver.capabilities.fork_live:
         raise Unsupported(f"the {ctx.driver.name} driver cannot fork a live session")
     if sb.fork_ram is None or sb.hold is None:
         raise Unsupported(f"session {key.episode_id} was not created with forkable=True")

@@ -182,7 +182,7 @@ async def _episode(
 
 def refuse_fork(driver: Driver, baseline: Baseline, manifest: Manifest) -> None:
     """``Unsupported`` unless a session of ``manifest`` on ``driver`` could be forked."""
-    if "fork-live" not in driver.capabilities:
+    if not driver.capabilities.fork_live:
         raise Unsupported(f"the {driver.name} driver cannot fork a live session")
     if episode_policy(baseline, manifest):
         raise Unsupported("a session with egress cannot fork (its NIC has no snapshot template)")

@@ -48,6 +48,7 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import cgroups, hostproc, jail, snapshot
 from cleanroom.drivers.base import (
+    Capabilities,
     DestroyReport,
     Env,
     EnvInfo,
@@ -74,8 +75,8 @@ class QemuDriver(RunFolderDriver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
-    capabilities = frozenset(
-        {"exec", "files", "console", "snapshot", "egress", "fork", "fork-live", "spares"}
+    capabilities = Capabilities(
+        console=True, snapshot=True, egress=True, fork=True, fork_live=True, spares=True
     )
 
     def __init__(
