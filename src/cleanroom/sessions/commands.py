@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from cleanroom.agent.commands import GuestProcess
 from cleanroom.agent.session import ExecResult
@@ -83,6 +83,51 @@ class Commands:
             given["env"] = {**self._secret_env, **(env or {})}
         return {k: v for k, v in given.items() if v is not None}
 
+    @overload
+    async def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: Literal[False] = False,
+        stdin: bytes | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: Literal[True],
+        stdin: bytes | None = None,
+    ) -> CommandHandle: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: bool,
+        stdin: bytes | None = None,
+    ) -> CommandResult | CommandHandle: ...
+
     async def run(
         self,
         cmd: str | list[str],
@@ -95,7 +140,7 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         background: bool = False,
         stdin: bytes | None = None,
-    ) -> Any:
+    ) -> CommandResult | CommandHandle:
         """Run ``cmd``; a ``CommandResult``, or with ``background`` a ``CommandHandle``
         (``stdin`` is then its first input; more with ``send_stdin``)."""
         argv = argv_of(cmd)
@@ -132,7 +177,7 @@ class Commands:
 
     async def _spawn(
         self, ask: dict[str, Any], kw: dict[str, Any], stdin: bytes | None, argv: list[str]
-    ) -> Any:
+    ) -> CommandHandle:
         async with self._guard.call() as e:
             process = await e.spawn(argv, **kw)
             if stdin is not None:

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import threading
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.errors import SessionClosed
-from cleanroom.sessions.commands import CommandHandle
+from cleanroom.sessions.commands import CommandHandle, CommandResult, Commands, OutputCallback
 from cleanroom.sessions.core import AsyncSession
+from cleanroom.sessions.files import Files
 from cleanroom.sessions.interact import ABANDONED
 from cleanroom.sessions.opening import session
 
@@ -122,23 +122,127 @@ def _abandon(holder: _Holder, episode_id: str) -> None:
     holder.close(cancel=True)
 
 
-class _Blocking:
-    """A blocking view of an async part (``commands``, ``files``, a ``CommandHandle``): each
-    coroutine method runs on the session's loop; a handle comes back blocking too."""
+class SyncCommandHandle:
+    """``CommandHandle``'s blocking twin (a background command)."""
 
-    def __init__(self, target: Any, holder: _Holder) -> None:
-        self._target, self._holder = target, holder
+    def __init__(self, handle: CommandHandle, holder: _Holder) -> None:
+        self._handle, self._holder = handle, holder
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
+    @property
+    def id(self) -> int:
+        return self._handle.id
 
-        def blocking(*args: Any, **kwargs: Any) -> Any:
-            answer = self._holder.call(attr(*args, **kwargs))
-            return _Blocking(answer, self._holder) if isinstance(answer, CommandHandle) else answer
+    @property
+    def result(self) -> CommandResult | None:
+        return self._handle.result
 
-        return blocking
+    def send_stdin(self, data: bytes) -> None:
+        self._holder.call(self._handle.send_stdin(data))
+
+    def close_stdin(self) -> None:
+        self._holder.call(self._handle.close_stdin())
+
+    def kill(self) -> None:
+        self._holder.call(self._handle.kill())
+
+    def wait(self) -> CommandResult:
+        result: CommandResult = self._holder.call(self._handle.wait())
+        return result
+
+
+class SyncCommands:
+    """``Commands``' blocking twin: ``run`` with the same arguments, on the session's loop."""
+
+    def __init__(self, commands: Commands, holder: _Holder) -> None:
+        self._commands, self._holder = commands, holder
+
+    @overload
+    def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: Literal[False] = False,
+        stdin: bytes | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: Literal[True],
+        stdin: bytes | None = None,
+    ) -> SyncCommandHandle: ...
+
+    def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: bool = False,
+        stdin: bytes | None = None,
+    ) -> CommandResult | SyncCommandHandle:
+        answer = self._holder.call(
+            self._commands.run(
+                cmd,
+                cwd=cwd,
+                timeout=timeout,
+                user=user,
+                env=env,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                background=background,
+                stdin=stdin,
+            )
+        )
+        if isinstance(answer, CommandHandle):
+            return SyncCommandHandle(answer, self._holder)
+        assert isinstance(answer, CommandResult)
+        return answer
+
+
+class SyncFiles:
+    """``Files``' blocking twin: the same methods, on the session's loop."""
+
+    def __init__(self, files: Files, holder: _Holder) -> None:
+        self._files, self._holder = files, holder
+
+    def write(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._holder.call(self._files.write(path, data, mode))
+
+    def read(self, path: str) -> bytes:
+        data: bytes = self._holder.call(self._files.read(path))
+        return data
+
+    def exists(self, path: str) -> bool:
+        return bool(self._holder.call(self._files.exists(path)))
+
+    def list(self, path: str) -> list[str]:
+        names: list[str] = self._holder.call(self._files.list(path))
+        return names
+
+    def upload_dir(self, local_dir: str | Path, dest: str) -> int:
+        return int(self._holder.call(self._files.upload_dir(local_dir, dest)))
+
+    def download_dir(self, src: str, local_dir: str | Path) -> int:
+        return int(self._holder.call(self._files.download_dir(src, local_dir)))
 
 
 class Session:
@@ -161,8 +265,8 @@ class Session:
             holder.close()
             raise
         self.episode = sb.episode
-        self.commands: Any = _Blocking(sb.commands, holder)
-        self.files: Any = _Blocking(sb.files, holder)
+        self.commands = SyncCommands(sb.commands, holder)
+        self.files = SyncFiles(sb.files, holder)
         self._finalizer = weakref.finalize(self, _abandon, holder, sb.episode_id)
         return self
 
@@ -180,11 +284,13 @@ class Session:
         assert holder is not None
         holder.call(_now(sb.finish, reward, info, **kw))
 
-    def fork(self, n: int) -> Any:
-        """``n`` new sessions from this one's state now (``AsyncSession.fork``)."""
+    def fork(self, n: int) -> list[AsyncSession]:
+        """``n`` new sessions from this one's state now (``AsyncSession.fork``); they live on
+        this session's loop (drive them with ``asyncio.run_coroutine_threadsafe``)."""
         sb, holder = self._sb(), self._holder
         assert holder is not None
-        return holder.call(sb.fork(n))
+        branches: list[AsyncSession] = holder.call(sb.fork(n))
+        return branches
 
     def close(self, error: BaseException | None = None) -> None:
         """Export, destroy, confirm; idempotent. ``error``: end it as that exception would."""
