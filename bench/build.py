@@ -30,7 +30,7 @@ from cleanroom.baseline.builder import build
 from cleanroom.baseline.proc import quiet
 from cleanroom.baseline.rootfs import base_tarball, extract_base, scratch_parent
 from cleanroom.baseline.spec import BaseSection
-from cleanroom.paths import cache_dir
+from cleanroom.host.paths import cache_dir
 
 TINY = Path(__file__).resolve().parents[1] / "tests" / "baselines" / "tiny" / "baseline.toml"
 

@@ -28,10 +28,10 @@ from stats import Table, write
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.report import percentile
+from cleanroom.host import hostproc
+from cleanroom.observe.report import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

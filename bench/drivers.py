@@ -30,7 +30,7 @@ from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

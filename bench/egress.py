@@ -25,12 +25,12 @@ from pathlib import Path
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host import hostproc
 from cleanroom.network.policy import Policy
 from cleanroom.network.proxy import EgressProxy
-from cleanroom.report import percentile
+from cleanroom.observe.report import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "egress.txt"

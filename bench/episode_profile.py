@@ -41,7 +41,7 @@ PHASES = ("ready_ms", "ready_cpu_ms", "run_ms", "run_cpu_ms")
 async def one(driver: Any, baseline: Any, staging: Path) -> dict[str, float]:
     """One fresh clone: create -> ready, then one trivial episode; wall and CPU ms."""
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
-    from cleanroom.manifest import Manifest
+    from cleanroom.evidence.manifest import Manifest
 
     manifest = Manifest.model_validate(
         {"episode_id": "profile", "seed": 1, "policy": {"id": "bench"}, "task": {"mode": "ok"}}

@@ -37,7 +37,7 @@ from stats import Table, write
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver

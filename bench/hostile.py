@@ -30,9 +30,9 @@ from stats import write
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host import hostproc
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

@@ -26,9 +26,9 @@ from stats import Table, p50_p95, write
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.drivers import jail
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host import jail
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

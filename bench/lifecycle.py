@@ -25,11 +25,11 @@ from pathlib import Path
 from stats import Table, write
 
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -57,9 +57,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 from cleanroom.api import arun  # noqa: E402
 from cleanroom.baseline.resolve import resolve_or_build  # noqa: E402
+from cleanroom.evidence.manifest import Manifest  # noqa: E402
 from cleanroom.integrations.ray import RayCluster  # noqa: E402
 from cleanroom.lifecycle.context import RunOptions  # noqa: E402
-from cleanroom.manifest import Manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"

@@ -111,9 +111,9 @@ def host_baseline() -> Any:
     import shutil
 
     from cleanroom.baseline.model import Baseline, Component, identity
-    from cleanroom.digests import digest_of, sha256_file
-    from cleanroom.manifest import Limits
-    from cleanroom.paths import baselines_dir, cache_dir
+    from cleanroom.evidence.manifest import Limits
+    from cleanroom.host.digests import digest_of, sha256_file
+    from cleanroom.host.paths import baselines_dir, cache_dir
 
     entry = cache_dir() / "soak" / "entry.py"
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -298,10 +298,10 @@ class Soak:
 
     def check(self, run: str, items: list[dict[str, Any]], store: Path | None = None) -> list[str]:
         """The run's problems (empty: every episode final, durable once, agreeing, cleaned)."""
+        from cleanroom.core.states import Outcome
         from cleanroom.drivers import get_driver
+        from cleanroom.host.paths import home
         from cleanroom.ledger import Ledger
-        from cleanroom.paths import home
-        from cleanroom.record import Outcome
         from cleanroom.store import open_store
 
         st = open_store(str(store or self.store))
@@ -362,7 +362,7 @@ class Soak:
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self, progress: bool = True) -> Tally:
-        from cleanroom.api import resolve_baseline
+        from cleanroom.baseline.resolve import resolve_baseline
         from cleanroom.ledger import Ledger
 
         self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)

@@ -44,12 +44,13 @@ from stats import Table, p50_p95, write
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent

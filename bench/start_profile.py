@@ -83,7 +83,7 @@ async def one(driver: Any, baseline: Any, request: Any) -> dict[str, Any]:
 
 def qemu_cpu_ms(env_id: str) -> float:
     """CPU time the env's QEMU process used so far (all threads; less load-sensitive)."""
-    from cleanroom.drivers import hostproc
+    from cleanroom.host import hostproc
 
     total = 0
     for pid in hostproc.pids_with_marker(env_id):
@@ -100,7 +100,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
-    from cleanroom.manifest import Limits
+    from cleanroom.evidence.manifest import Limits
 
     def request(baseline: Any) -> EnvRequest:
         limits = Limits().merged_over(baseline.limits)
@@ -202,7 +202,7 @@ def floor(boots: int) -> list[str]:
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu.cmdline import machine_args
-    from cleanroom.manifest import Limits
+    from cleanroom.evidence.manifest import Limits
 
     baseline = resolve_or_build(str(TINY))
     limits = Limits().merged_over(baseline.limits)

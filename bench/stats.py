@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cleanroom.report import percentile
+from cleanroom.observe.report import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -110,7 +110,7 @@ async def profile_ready(baseline_spec: Path, log: Path) -> tuple[list[tuple[int,
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver, clone
-    from cleanroom.manifest import Manifest
+    from cleanroom.evidence.manifest import Manifest
 
     baseline = resolve_or_build(str(baseline_spec))
     limits = Manifest.model_validate(
@@ -148,7 +148,7 @@ async def profile(baseline_spec: Path, log: Path) -> tuple[list[tuple[int, int]]
     from cleanroom.baseline.resolve import resolve_or_build
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
-    from cleanroom.manifest import Manifest
+    from cleanroom.evidence.manifest import Manifest
 
     baseline = resolve_or_build(str(baseline_spec))
     manifest = Manifest.model_validate(

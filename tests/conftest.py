@@ -83,8 +83,8 @@ def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # n
     Python. The script is a component (hard-linked into the baseline folder), so drift tests
     work."""
     from cleanroom.baseline.model import Baseline, Component, identity
-    from cleanroom.digests import digest_of, sha256_file
-    from cleanroom.manifest import Limits
+    from cleanroom.evidence.manifest import Limits
+    from cleanroom.host.digests import digest_of, sha256_file
 
     entry = tmp / "entry" / "entry.py"
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def with_network(baseline: "Baseline", allow: list[str], tmp: Path) -> "Baseline
     list) whose components are hard links to the original's, so nothing is rebuilt."""
     import dataclasses
 
-    from cleanroom.digests import digest_of
+    from cleanroom.host.digests import digest_of
 
     spec = {**baseline.spec, "network": {"allow": list(allow)}}
     derived = dataclasses.replace(baseline, network=tuple(allow), spec=spec)

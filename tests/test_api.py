@@ -15,7 +15,7 @@ import pytest
 
 import cleanroom
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import RunOptions
+from cleanroom.batch.runner import RunOptions
 from cleanroom.errors import ManifestError, StoreError
 
 from .conftest import make_fake_baseline
@@ -55,7 +55,7 @@ def test_dicts_run_in_input_order_with_options_events_and_helpers(baseline: Base
 
 
 def result_store() -> str:
-    from cleanroom import paths
+    from cleanroom.host import paths
 
     return str(paths.store_dir())
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.drivers import hostproc
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
 
 from .conftest import TINY_ENTRY, make_fake_baseline

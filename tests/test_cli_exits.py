@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc
+from cleanroom.host import hostproc, paths
 from cleanroom.ledger import Ledger
 
 from .conftest import make_fake_baseline

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cleanroom.batch.runner import Controller, RunOptions
-from cleanroom.drivers import hostproc
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import (
@@ -28,9 +28,9 @@ from cleanroom.errors import (
     LedgerError,
     RunLocked,
 )
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 from tests.stored import evidence_bytes
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cleanroom.doctor import Host, diagnose
+from cleanroom.checks.doctor import Host, diagnose
 
 
 def bare(tmp_path: Path, **kw: object) -> Host:
@@ -103,7 +103,7 @@ def test_the_command_runs_on_this_host_and_once_stays_quiet_after_a_pass(tmp_pat
 
 def test_the_build_sandbox_is_probed_for_real_on_this_host(tmp_path: Path) -> None:
     """As root (how the suite runs the builder) the real probe runs ``true`` confined."""
-    from cleanroom.doctor import _sandbox_probe
+    from cleanroom.checks.doctor import _sandbox_probe
 
     if os.geteuid() != 0:
         assert "not root" in str(_sandbox_probe())

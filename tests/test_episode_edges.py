@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.core.states import EpisodeState
+from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.drivers.base import Env, EnvRequest, Owner
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
-from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.record import Outcome
 
 from .test_controller import Harness, manifest
 

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
-from cleanroom.digests import sha256_file
-from cleanroom.export import _redact_result, _unique, export_attempt, redact_output
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
-from cleanroom.secrets import Redactor
+from cleanroom.core.states import Outcome
+from cleanroom.evidence.export import _redact_result, _unique, export_attempt, redact_output
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.secrets import Redactor
+from cleanroom.host.digests import sha256_file
 from cleanroom.store import LocalStore
 
 SECRET = "tok-Very-Secret-42"

@@ -11,8 +11,8 @@ import hashlib
 from pathlib import Path
 
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
-from cleanroom.export import redact_output
-from cleanroom.secrets import Redactor
+from cleanroom.evidence.export import redact_output
+from cleanroom.evidence.secrets import Redactor
 
 SECRET = "tok_FolderNameSecret9"
 

@@ -20,12 +20,12 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import LaunchError
-from cleanroom.failures import Failure, attempts_kept, failures, report_lines
 from cleanroom.ledger import Ledger
-from cleanroom.record import Outcome
+from cleanroom.observe.failures import Failure, attempts_kept, failures, report_lines
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline

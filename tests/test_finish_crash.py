@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Owner
 from cleanroom.errors import ExportError
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 
 from .test_controller import Harness
 

@@ -18,14 +18,14 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.checks.repro import differences
 from cleanroom.drivers.base import Owner, new_snapshot_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ManifestError
+from cleanroom.evidence.manifest import Manifest, parse_manifests
+from cleanroom.evidence.provenance import missing
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, parse_manifests
-from cleanroom.provenance import missing
-from cleanroom.reaper import reap
-from cleanroom.repro import differences
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline

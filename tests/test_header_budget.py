@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 import cleanroom
-from cleanroom import header_budget
 from cleanroom.agent import protocol
 from cleanroom.baseline.model import Baseline
-from cleanroom.digests import digest_of
 from cleanroom.errors import BuildError, ManifestError
+from cleanroom.evidence import header_budget
+from cleanroom.evidence.manifest import coerce_manifests, parse_manifests
+from cleanroom.host.digests import digest_of
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import coerce_manifests, parse_manifests
 
 from .conftest import make_fake_baseline
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom import paths
 from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
+from cleanroom.host import paths
 from cleanroom.ledger import SCHEMA_VERSION, Ledger
 
 from .test_reaper import dead_pid

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_snapshot_id
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.host import paths
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.store import LocalStore
 
 from . import vmkit

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from cleanroom.errors import ManifestError
-from cleanroom.manifest import (
+from cleanroom.evidence.manifest import (
     Limits,
     Manifest,
     NetworkRequest,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.errors import ManifestError
-from cleanroom.manifest import coerce_manifests, parse_manifests
+from cleanroom.evidence.manifest import coerce_manifests, parse_manifests
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "cleanroom"
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cleanroom import paths, private
 from cleanroom.cli import app
 from cleanroom.drivers import sockets
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ConfigError, PrivacyError
+from cleanroom.host import paths, private
 from cleanroom.ledger import Ledger
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
 
 from .conftest import make_fake_baseline
 from .vmkit import request
@@ -44,7 +44,7 @@ import asyncio, json, sys
 from pathlib import Path
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
-from cleanroom.manifest import Manifest
+from cleanroom.evidence.manifest import Manifest
 cfg = json.loads(sys.argv[1])
 folder = Path(cfg["baseline"])
 baseline = Baseline.from_json(folder, json.loads((folder / "baseline.json").read_text()))

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cleanroom import provenance
 from cleanroom.agent import native
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.manifest import Manifest
+from cleanroom.evidence import provenance
+from cleanroom.evidence.manifest import Manifest
 
 from .test_controller import Harness
 
@@ -82,7 +82,7 @@ def test_missing_names_what_is_absent() -> None:
 async def test_cli_checks_a_run(h: Harness) -> None:
     from typer.testing import CliRunner
 
-    from cleanroom.check_cli import check_app
+    from cleanroom.checks.check_cli import check_app
 
     await h.ctl.run(
         [Manifest.model_validate({"episode_id": "a", "seed": 1, "policy": {"id": "p"}})],

@@ -11,9 +11,9 @@ import pytest
 
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import ResolvedLimits
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline
@@ -81,7 +81,7 @@ async def test_reused_pid_does_not_count_as_the_owner(tmp_path: Path, ledger: Le
     import os
     import time
 
-    from cleanroom.reaper import owner_alive
+    from cleanroom.lifecycle.reaper import owner_alive
 
     assert owner_alive(None, os.getpid(), time.time())
     # this process started before now, so a record claiming it was written a day ago means the
@@ -105,7 +105,7 @@ def test_reconcile_durable_gives_the_ledger_the_records_outcome(ledger: Ledger) 
     """A controller killed after the record was durable but before the ledger heard: the ledger
     takes the record's outcome, reward and error once, with an event; a known outcome, another
     attempt or an unknown attempt are left as they are (issue 21 §2)."""
-    from cleanroom.reaper import reconcile_durable
+    from cleanroom.lifecycle.reaper import reconcile_durable
 
     ledger.start_run("r", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
     for eid in ("open", "closed"):
@@ -156,7 +156,7 @@ async def test_reap_marks_exactly_the_attempt_whose_controller_died(
     """The lost attempt is found by episode id *and* attempt among every attempt: another
     episode's finished attempt 1, or a later attempt of the same episode, does not hide it, and
     only it gets ``infra_error`` with the 'controller lost' error."""
-    from cleanroom.reaper import CONTROLLER_LOST
+    from cleanroom.lifecycle.reaper import CONTROLLER_LOST
 
     driver = FakeDriver(run_root=tmp_path / "run")
     dead = Owner("dead-controller", pid=dead_pid())

@@ -17,9 +17,9 @@ import pytest
 
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import ResolvedLimits
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
 
 from .conftest import make_fake_baseline
 from .test_reaper import dead_pid

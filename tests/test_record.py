@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.core.states import Outcome
+from cleanroom.evidence.record import parse_guest_result
 
 
 def test_valid_result() -> None:

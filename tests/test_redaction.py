@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom import secrets
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
-from cleanroom.digests import sha256_file
-from cleanroom.export import redact_output
-from cleanroom.record import parse_guest_result
-from cleanroom.secrets import Redactor
+from cleanroom.evidence import secrets
+from cleanroom.evidence.export import redact_output
+from cleanroom.evidence.record import parse_guest_result
+from cleanroom.evidence.secrets import Redactor
+from cleanroom.host.digests import sha256_file
 
 SECRET = "hf_Sup3r/Secret+Tok"
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanroom.secrets import Redactor
+from cleanroom.evidence.secrets import Redactor
 
 MARK = b"[REDACTED:S]"
 ALPHABET = st.sampled_from(

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cleanroom.ledger import Ledger
-from cleanroom.report import episodes_table, percentile, run_report_json, summary_table
+from cleanroom.observe.report import episodes_table, percentile, run_report_json, summary_table
 from cleanroom.store import LocalStore
 
 RUN = "run-r"
@@ -186,7 +186,7 @@ def test_unknown_run_is_an_empty_report(tmp_path: Path) -> None:
 def test_a_parameter_sweep_is_not_merged_into_one_policy(tmp_path: Path) -> None:
     """Rewards used to be grouped by ``id@version`` only, so two settings of a sweep merged:
     where ``params`` differ within one ``id@version`` each setting gets its own row."""
-    from cleanroom.digests import digest_of
+    from cleanroom.host.digests import digest_of
 
     store = LocalStore(tmp_path / "store")
     with Ledger(tmp_path / "ledger.db") as led:

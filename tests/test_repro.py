@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cleanroom.baseline.model import Baseline, Component, identity
-from cleanroom.check_cli import check_app
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.digests import digest_of, sha256_file
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.checks.check_cli import check_app
+from cleanroom.checks.repro import Fields, comparable, differences, fields, flatten, run_repro
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import CheckError
+from cleanroom.evidence.manifest import Limits, Manifest
+from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Limits, Manifest
-from cleanroom.repro import Fields, comparable, differences, fields, flatten, run_repro
 from cleanroom.store import LocalStore
 
 from .conftest import make_fake_baseline

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.run import run_in_env
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 
 from .conftest import make_fake_baseline
 from .vmkit import request

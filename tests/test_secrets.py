@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom import secrets
 from cleanroom.errors import ConfigError
-from cleanroom.secrets import Redactor, provider_from, resolve
+from cleanroom.evidence import secrets
+from cleanroom.evidence.secrets import Redactor, provider_from, resolve
 
 
 def test_env_file_and_command_providers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

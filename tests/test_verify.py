@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from cleanroom.core.states import Outcome
 from cleanroom.errors import BaselineNotFound, VerifierError
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
-from cleanroom.verify import parse_verdict, verdict_label
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.lifecycle.verify import parse_verdict, verdict_label
 
 from .test_controller import Harness
 

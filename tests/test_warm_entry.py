@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline, Component, FunctionEntry, identity
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.digests import digest_of, sha256_file
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import Limits, Manifest
+from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Limits, Manifest
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 from tests.stored import evidence
 

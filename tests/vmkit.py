@@ -11,12 +11,12 @@ from typing import Any
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
-from cleanroom.drivers import hostproc
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner, RunFolderDriver, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore, Store
 
 CANARIES = ["/canary-root", "/tmp/canary-tmp", "/root/canary-home", "/var/tmp/canary-vartmp"]

@@ -34,7 +34,7 @@ _LAZY = {
     "arun": "cleanroom.api",
     "group": "cleanroom.api",
     "open_env": "cleanroom.api",
-    "Manifest": "cleanroom.manifest",
+    "Manifest": "cleanroom.evidence.manifest",
     "RunOptions": "cleanroom.lifecycle.context",
     "RunResult": "cleanroom.batch.result",
     "session": "cleanroom.sessions",

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
-from cleanroom import events, private
 from cleanroom.baseline.model import Baseline
-from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, EventHook, RunOptions, RunResult
+from cleanroom.baseline.resolve import resolve_baseline
+from cleanroom.batch.result import RunResult
+from cleanroom.batch.runner import Controller, EventHook, RunOptions
+from cleanroom.core import events
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import ManifestError
-from cleanroom.ledger import Ledger
-from cleanroom.manifest import (
+from cleanroom.evidence.manifest import (
     Group,
     GroupSetup,
     Limits,
@@ -41,19 +41,15 @@ from cleanroom.manifest import (
     describe,
     load_manifests,
 )
-from cleanroom.secrets import provider_from
+from cleanroom.evidence.secrets import provider_from
+from cleanroom.host import private
+from cleanroom.ledger import Ledger
 from cleanroom.store import open_store
 
 Manifests = Iterable[Manifest | dict[str, Any]] | str | Path
 """A JSON Lines file, or manifests as ``Manifest`` objects and/or plain dicts."""
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def resolve_baseline(baseline: Baseline | str | Path) -> Baseline:
-    """A ``Baseline`` as given, or the one a path names (a baseline.toml or its folder,
-    built first if its digest is not in the home's store yet)."""
-    return baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))
 
 
 def manifests_of(manifests: Manifests) -> list[Manifest]:
@@ -84,7 +80,7 @@ async def arun(
     environments of ``baseline``; the result lists its episodes in the input order.
 
     ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
-    ``secrets_from`` picks the secret provider (see ``cleanroom.secrets.provider_from``).
+    ``secrets_from`` picks the secret provider (see ``cleanroom.evidence.secrets.provider_from``).
     ``cluster``: run across the nodes of a Ray cluster (``cleanroom[ray]``) instead of here.
     """
     private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
@@ -124,7 +120,7 @@ async def arun(
 
 class _RunEvents:
     """The run's event hook: every event to ``on_event``; those of parts below the controller
-    (``template_*``, see ``cleanroom.events``) also to the ledger, so the report can mark the
+    (``template_*``, see ``cleanroom.core.events``) also to the ledger, so the report can mark the
     envs that waited for a template build."""
 
     def __init__(self, ledger: Ledger, run_id: str | None, on_event: EventHook | None) -> None:

@@ -24,13 +24,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from cleanroom import logs, paths, private
 from cleanroom.baseline.cli import baseline_app
-from cleanroom.check_cli import check_app
-from cleanroom.controller import EventHook, RunOptions, RunResult
+from cleanroom.batch.result import RunResult
+from cleanroom.batch.runner import EventHook, RunOptions
+from cleanroom.checks.check_cli import check_app
 from cleanroom.errors import CleanroomError, ConfigError
+from cleanroom.host import paths, private
 from cleanroom.ledger import Ledger
-from cleanroom.progress import RunProgress
+from cleanroom.observe import logs
+from cleanroom.observe.progress import RunProgress
 from cleanroom.store import open_store
 
 app = typer.Typer(
@@ -107,8 +109,8 @@ def run(
     """Run every manifest in a fresh environment; print a summary."""
     from cleanroom.api import arun
     from cleanroom.baseline.resolve import resolve_or_build
-    from cleanroom.failures import parse_fail_on
-    from cleanroom.manifest import load_manifests
+    from cleanroom.evidence.manifest import load_manifests
+    from cleanroom.observe.failures import parse_fail_on
 
     try:
         failing = parse_fail_on(fail_on)
@@ -211,7 +213,7 @@ class _Observer:
     """The run's observers besides progress: logs always, metrics when asked for."""
 
     def __init__(self, port: int | None, textfile: Path | None) -> None:
-        from cleanroom.metrics import MetricsServer, RunMetrics, TextfileWriter
+        from cleanroom.observe.metrics import MetricsServer, RunMetrics, TextfileWriter
 
         self.events = logs.EventLogger()
         self.metrics = RunMetrics() if port is not None or textfile is not None else None
@@ -228,7 +230,7 @@ class _Observer:
             raise
 
     def hook(self, *more: EventHook) -> EventHook:
-        from cleanroom.metrics import compose
+        from cleanroom.observe.metrics import compose
 
         metrics = self.metrics.on_event if self.metrics is not None else None
         return compose(*more, self.events.on_event, metrics)
@@ -243,8 +245,8 @@ class _Observer:
 def _print_run(run_id: str, store: str | None, *, failures: bool = False) -> dict[str, int]:
     """The episodes and summary tables (and, with ``failures``, why each failed episode did);
     returns the run's outcome counts."""
-    from cleanroom import failures as why
-    from cleanroom.report import episodes_table, summary_table
+    from cleanroom.observe import failures as why
+    from cleanroom.observe.report import episodes_table, summary_table
 
     with Ledger() as ledger:
         st = open_store(store)
@@ -287,8 +289,8 @@ def report(
     store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
 ) -> None:
     """A run's report: tables on the terminal, or --html / --json files."""
-    from cleanroom.htmlreport import write_html
-    from cleanroom.report import run_report_json
+    from cleanroom.observe.htmlreport import write_html
+    from cleanroom.observe.report import run_report_json
 
     with Ledger() as ledger:
         _require_run(ledger, run_id)
@@ -342,7 +344,7 @@ def ps(
     from rich.table import Table
 
     from cleanroom.drivers import get_driver
-    from cleanroom.live_envs import LiveEnv, live_envs
+    from cleanroom.observe.live_envs import LiveEnv, live_envs
 
     table = Table(*(["node"] if ray else []), "env id", "age", "episode", "run", "owner pid")
     table.add_column("on host")
@@ -414,7 +416,7 @@ def reap(
     """Destroy every env (and group snapshot) whose controller is gone; mark its unfinished
     episode infra_error."""
     from cleanroom.drivers import get_driver
-    from cleanroom.reaper import reap as reap_orphans
+    from cleanroom.lifecycle.reaper import reap as reap_orphans
 
     with Ledger() as ledger:
         report = asyncio.run(reap_orphans(get_driver(driver), ledger, open_store(store)))
@@ -448,7 +450,7 @@ def inspect(
 ) -> None:
     """Print an episode's durable result record (with its provenance). With none (an attempt
     that ended infra_error, say a guest that did not boot), what its attempts kept, and exit 2."""
-    from cleanroom.failures import attempts_kept
+    from cleanroom.observe.failures import attempts_kept
 
     st = open_store(store)
     with Ledger() as ledger:
@@ -535,7 +537,7 @@ def doctor(
 ) -> None:
     """What this host has and lacks (QEMU, KVM or TCG, runsc, cgroups, build tools, disk,
     the home's modes), each gap with the command that fixes it; exit 1 if something is missing."""
-    from cleanroom.doctor import diagnose
+    from cleanroom.checks.doctor import diagnose
 
     stamp = paths.home() / "doctor-passed"
     if once and stamp.exists():

@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import make_fake_baseline
 from tests.vmkit import assert_nothing_left
 
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 HOSTILE_ENTRY = Path(__file__).resolve().parents[1] / "baselines" / "hostile" / "files" / "entry.py"

@@ -18,9 +18,9 @@ from tests import vmkit
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
+from cleanroom.evidence.manifest import Manifest
 
 pytestmark = pytest.mark.vm
 

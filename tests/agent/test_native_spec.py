@@ -153,8 +153,8 @@ def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) 
 
     from tests.conftest import make_fake_baseline
 
-    from cleanroom import provenance
     from cleanroom.baseline.model import AGENT_FILE, Component
+    from cleanroom.evidence import provenance
 
     python = make_fake_baseline(tmp_path)
     agent = Component(AGENT_FILE, 3, "ab" * 32)

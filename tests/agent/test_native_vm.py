@@ -29,14 +29,14 @@ from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
 from cleanroom.baseline.model import AGENT_FILE, Baseline
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.digests import sha256_file
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import GuestUnsafePath
+from cleanroom.host.digests import sha256_file
 from cleanroom.ledger import Ledger
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 pytestmark = [pytest.mark.vm, pytest.mark.build]

@@ -16,7 +16,7 @@ import pytest
 from cleanroom.agent import protocol
 from cleanroom.agent.session import AgentSession
 from cleanroom.errors import ProtocolError
-from cleanroom.record import parse_guest_result
+from cleanroom.evidence.record import parse_guest_result
 
 pytestmark = pytest.mark.timeout(60)  # on the old code a multi-chunk PUT hung the agent
 

@@ -16,7 +16,7 @@ from cleanroom.agent import protocol, wire
 from cleanroom.agent.protocol import Kind, encode
 from cleanroom.agent.session import AgentSession
 from cleanroom.errors import FrameTooLarge, ProtocolError, UnsafePath
-from cleanroom.record import parse_guest_result
+from cleanroom.evidence.record import parse_guest_result
 
 
 def nested(depth: int) -> bytes:
@@ -267,7 +267,7 @@ def test_a_verifiers_verdict_crosses_the_same_boundary(raw: bytes) -> None:
     """A verifier runs in a guest too: a deep or NaN verdict.json raised RecursionError (or
     reached export) before; now it is the VerifierError the verifier path handles."""
     from cleanroom.errors import VerifierError
-    from cleanroom.verify import parse_verdict
+    from cleanroom.lifecycle.verify import parse_verdict
 
     with pytest.raises(VerifierError):
         parse_verdict(raw)

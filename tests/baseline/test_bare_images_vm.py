@@ -50,11 +50,11 @@ from cleanroom.baseline.model import (
     Component,
 )
 from cleanroom.batch.runner import Controller, RunOptions
-from cleanroom.digests import digest_of
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host.digests import digest_of
 from cleanroom.ledger import Ledger
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 from tests.baseline import testimages
 from tests.baseline.conftest import needs_root_tools

@@ -22,8 +22,8 @@ import pytest
 
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.record import Outcome
 from cleanroom.sessions import AsyncSession, session
 from tests import vmkit
 from tests.baseline import testimages

@@ -18,9 +18,9 @@ import pytest
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.rootfs import debootstrap_tarball
 from cleanroom.baseline.spec import BaseSection
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import BuildError
-from cleanroom.record import Outcome
 from tests import vmkit
 from tests.baseline.conftest import free_port, needs_root_tools
 from tests.baseline.ociutil import Entry, layer_bytes, layout, tar_folder

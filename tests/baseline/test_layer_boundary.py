@@ -25,7 +25,7 @@ from cleanroom.baseline.confine import Bind
 from cleanroom.baseline.layers import Budget, ImageLimits, apply_layer
 from cleanroom.baseline.rootfs import SHM_MAX_TREE, scratch_parent
 from cleanroom.errors import BuildError, ImageError
-from cleanroom.paths import cache_dir
+from cleanroom.host.paths import cache_dir
 from tests.baseline.ociutil import Entry, layer_bytes
 
 NAMES = st.sampled_from(["a", "b", "c", "etc", "..", ".", "ring", "x" * 200])

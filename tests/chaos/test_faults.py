@@ -20,15 +20,14 @@ from typing import Any
 
 import pytest
 
-from cleanroom import paths
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import ExportError
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc, paths
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
 from ..drivers.spoof import spoofer

@@ -20,7 +20,7 @@ from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
 
 from ..conftest import make_fake_baseline
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cleanroom.drivers import hostproc
+from cleanroom.host import hostproc
 
 
 def spoofer(env_id: str, *extra: str, user: str = "nobody") -> subprocess.Popen[bytes]:

@@ -19,12 +19,12 @@ import pytest
 
 from cleanroom.agent import native
 from cleanroom.agent.session import safe_relpath
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.errors import CommandFailed, EnvCrashed, FrameTooLarge, QuotaExceeded
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 from .conftest import ISOLATION, Kit
@@ -176,7 +176,7 @@ from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
 
 async def main():
     name, folder, run_root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host import hostproc
 
 from ..vmkit import request
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import QuotaExceeded
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc
 
 from ..agent import test_hostile_vm
 from ..vmkit import Harness, assert_nothing_left, harness, manifest

@@ -18,8 +18,8 @@ from cleanroom.agent import native
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ConfigError
-from cleanroom.hostbuild import source_key
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
+from cleanroom.host.hostbuild import source_key
 
 from ..conftest import make_fake_baseline
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.drivers import cgroups
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.host import cgroups
 
 from ..conftest import make_fake_baseline
 from ..vmkit import request

@@ -12,11 +12,11 @@ import pytest
 
 from cleanroom.baseline.model import AGENT_FILE, ROOTFS_FILE, Baseline, Component
 from cleanroom.drivers import gvisor_bundle as gb
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.errors import DriftError, LaunchError
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
+from cleanroom.host import hostproc
 
 from ..conftest import make_fake_baseline
 

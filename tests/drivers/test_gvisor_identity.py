@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import cgroups, hostproc, jail
 from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.gvisor import GvisorDriver
+from cleanroom.host import cgroups, hostproc, jail
 
 from ..vmkit import request
 from .spoof import spoofer

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import cgroups
 from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.host import cgroups
 
 from ..vmkit import request
 from .spoof import spoofer

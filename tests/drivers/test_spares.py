@@ -16,7 +16,7 @@ from cleanroom.drivers.base import DestroyReport, EnvRequest, Owner
 from cleanroom.drivers.qemu.config import QemuConfig
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.spares import MAX_AGE_S, Spare, Spares
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
 
 BASELINE: Any = SimpleNamespace(digest="sha256:base")
 LIMITS = ResolvedLimits()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from cleanroom.drivers import hostproc
+from cleanroom.host import hostproc
 
 
 def test_the_chain_starts_only_while_its_parent_is_the_one_that_forked_it(tmp_path: Path) -> None:

@@ -196,7 +196,7 @@ def test_manifests_file_shape() -> None:
         assert m["task"] == {"env": "CartPole-v1"}
         policies.make_policy(m["policy"]["id"], m["policy"]["params"], m["seed"])
 
-    from cleanroom.manifest import parse_manifests
+    from cleanroom.evidence.manifest import parse_manifests
 
     assert len(parse_manifests((EXAMPLE / "manifests.jsonl").read_text())) == 16
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.manifest import load_manifests
+from cleanroom.evidence.manifest import load_manifests
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "code-repair"
 EXPECTED = {0: (True, 1.0), 1: (False, 5 / 7), 2: (True, 1.0), 3: (False, 5 / 7)}

@@ -48,9 +48,9 @@ from cleanroom.errors import (
     SpecError,
     UnsafePath,
 )
-from cleanroom.manifest import parse_manifests
-from cleanroom.record import parse_guest_result
-from cleanroom.secrets import Redactor
+from cleanroom.evidence.manifest import parse_manifests
+from cleanroom.evidence.record import parse_guest_result
+from cleanroom.evidence.secrets import Redactor
 
 KNOWN: dict[str, tuple[type[BaseException], ...]] = {}
 """Untyped errors of a target that are known and owned elsewhere: tolerated by ``fuzz.py`` (so

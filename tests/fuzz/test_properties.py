@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cleanroom.agent import wire  # noqa: E402
 from cleanroom.errors import ProtocolError  # noqa: E402
-from cleanroom.secrets import Redactor  # noqa: E402
+from cleanroom.evidence.secrets import Redactor  # noqa: E402
 
 from . import targets  # noqa: E402
 

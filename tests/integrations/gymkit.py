@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.gym import CleanroomEnv
+from cleanroom.host import paths
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 from tests.stored import evidence

@@ -20,9 +20,9 @@ pytest.importorskip("gymnasium", reason="gymnasium not installed (cleanroom[gym]
 
 import cleanroom.gym as cgym
 from cleanroom.agent import native
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import GymEnvError
+from cleanroom.host import hostproc
 from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline

@@ -275,7 +275,7 @@ def test_a_trial_cancelled_in_the_agent_step_leaves_no_vm(
 def _wait_for_agent_step(ledger: Ledger, before: set[str], proc: subprocess.Popen[str]) -> str:
     """The run of the one trial, once its VM runs the oracle's ``solve.sh`` (the command after
     ``chmod +x``: a command enters the transcript when it ends)."""
-    from cleanroom import paths
+    from cleanroom.host import paths
 
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

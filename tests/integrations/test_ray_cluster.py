@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from cleanroom.batch.result import RunResult
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.integrations.ray import RayCluster
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.scheduler import run_on_cluster
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.reaper import reap
-from cleanroom.record import Outcome
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import open_store
 
 from ..conftest import make_fake_baseline, seed_agent_cache

@@ -14,13 +14,13 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.errors import BaselineError, BaselineNotFound, ConfigError, TransferError
 from cleanroom.integrations.ray import baseline_ref, baseline_share, shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.integrations.ray.node import NodeController
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 
 from ..conftest import ROOT, TINY_ENTRY, make_fake_baseline
@@ -95,7 +95,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
 import cleanroom
 from tests.conftest import make_fake_baseline
-from cleanroom.manifest import Manifest
+from cleanroom.evidence.manifest import Manifest
 b = make_fake_baseline(Path({str(tmp_path)!r}))
 m = Manifest.model_validate({{"episode_id": "a", "seed": 2, "policy": {{"id": "p"}}}})
 r = cleanroom.run([m], baseline=b, driver="fake", store={str(tmp_path / "store")!r})

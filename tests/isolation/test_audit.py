@@ -10,10 +10,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from cleanroom.drivers import hostproc
+from cleanroom.checks.isolation.audit import audit, ours
 from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.isolation.audit import audit, ours
+from cleanroom.host import hostproc
 
 from ..drivers.spoof import spoofer
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cleanroom.drivers import cgroups, hostproc
+from cleanroom.checks.isolation import CLEANUP, IsolationCheck, IsolationReport, evaluate
+from cleanroom.checks.isolation import canary as guest
+from cleanroom.checks.isolation.audit import token_processes
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.isolation import CLEANUP, IsolationCheck, IsolationReport, evaluate
-from cleanroom.isolation import canary as guest
-from cleanroom.isolation.audit import token_processes
+from cleanroom.host import cgroups, hostproc
 from cleanroom.ledger import Ledger
 
 from ..conftest import make_fake_baseline
@@ -103,7 +103,7 @@ def test_blind_canaries_do_not_pass() -> None:
 
 
 def test_cli_reports_and_exits_nonzero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cleanroom.check_cli import check_app
+    from cleanroom.checks.check_cli import check_app
 
     monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
     baseline = make_fake_baseline(tmp_path / "home")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.builder import build
+from cleanroom.checks.isolation import IsolationCheck
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.isolation import IsolationCheck
 from cleanroom.ledger import Ledger
 from tests.baseline import testimages
 from tests.baseline.conftest import needs_root_tools

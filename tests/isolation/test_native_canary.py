@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from cleanroom.agent import wire
+from cleanroom.checks.isolation import CLEANUP, IsolationCheck, plant
+from cleanroom.checks.isolation import canary as guest
+from cleanroom.checks.isolation.audit import token_processes
+from cleanroom.checks.isolation.native_canary import canary_binary
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.isolation import CLEANUP, IsolationCheck, plant
-from cleanroom.isolation import canary as guest
-from cleanroom.isolation.audit import token_processes
-from cleanroom.isolation.native_canary import canary_binary
 from cleanroom.ledger import Ledger
 
 from ..conftest import make_fake_baseline

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import LaunchError, NetworkPolicyError
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.secrets import Redactor
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
 from cleanroom.network.egress import Egress, check_manifests, episode_policy
 from cleanroom.network.policy import Policy
-from cleanroom.secrets import Redactor
 from cleanroom.store import LocalStore
 from tests.conftest import make_fake_baseline, with_network
 from tests.network.test_dns import query

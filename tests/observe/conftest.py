@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.controller import Controller, EventHook, RunOptions
+from cleanroom.batch.runner import Controller, EventHook, RunOptions
 
 from ..test_controller import Harness
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cleanroom.controller import RunResult
-from cleanroom.htmlreport import render_html, write_html
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
+from cleanroom.batch.result import RunResult
+from cleanroom.core.states import Outcome
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.observe.htmlreport import render_html, write_html
 
 from .conftest import Observed
 from .test_metrics import NeverGone

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom import logs
 from cleanroom.errors import ConfigError
+from cleanroom.observe import logs
 
 from ..test_controller import manifest
 from .conftest import Observed

@@ -11,7 +11,7 @@ import pytest
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import DestroyError, DriftError, ExportError
-from cleanroom.metrics import BUCKETS, RunMetrics, TextfileWriter, compose
+from cleanroom.observe.metrics import BUCKETS, RunMetrics, TextfileWriter, compose
 
 from ..test_controller import manifest
 from .conftest import Observed

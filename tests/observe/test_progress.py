@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from cleanroom.progress import RunProgress
+from cleanroom.observe.progress import RunProgress
 
 
 def feed(progress: RunProgress) -> None:

@@ -14,17 +14,17 @@ from typing import Any
 
 from rich.console import Console
 
-from cleanroom import events
+from cleanroom.core import events
 from cleanroom.ledger import Ledger
-from cleanroom.progress import RunProgress
-from cleanroom.report import run_report_json, summary_table
+from cleanroom.observe.progress import RunProgress
+from cleanroom.observe.report import run_report_json, summary_table
 from cleanroom.store import LocalStore
 
 BUILT = {"key": "k", "baseline": "tiny", "digest": "sha256:" + "ab" * 32}
 
 
 def test_emit_reaches_the_hook_of_the_run_in_tasks_and_threads() -> None:
-    """``cleanroom.events`` carries a driver's events to the run's hook through asyncio tasks
+    """``cleanroom.core.events`` carries a driver's events to the run's hook through asyncio tasks
     and ``to_thread`` (where a driver works), and to nothing outside a run."""
     seen: list[tuple[str, dict[str, Any]]] = []
     events.emit("template_building", **BUILT)  # no run: dropped

@@ -24,7 +24,7 @@ from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import CleanroomError, ProtocolError
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.sessions import session
 from cleanroom.store import LocalStore
 from tests.stored import evidence

@@ -23,9 +23,9 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu import fork as qemu_fork
 from cleanroom.errors import ConfigError, LaunchError, Unsupported
+from cleanroom.evidence.provenance import missing
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.provenance import missing
 from cleanroom.sessions import AsyncSession, session
 from cleanroom.sessions.fork import Branch, fork_session
 from cleanroom.store import LocalStore

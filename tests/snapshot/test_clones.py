@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.core.states import Outcome
+from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import DriftError, DriverError
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import hostproc
 
 from .. import vmkit
 from ..vmkit import Harness, assert_gone, request

@@ -23,14 +23,14 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu import fork as qemu_fork
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.provenance import missing
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.provenance import missing
-from cleanroom.reaper import reap
-from cleanroom.record import Outcome
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
 from .. import vmkit
@@ -175,7 +175,7 @@ import asyncio, json, sys
 from pathlib import Path
 import cleanroom.api as cr
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore

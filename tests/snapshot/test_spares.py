@@ -9,11 +9,11 @@ import signal
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.record import Outcome
-from cleanroom.report import run_report_json
+from cleanroom.host import hostproc
+from cleanroom.observe.report import run_report_json
 
 from .. import vmkit
 from ..vmkit import Harness, assert_gone, request

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 from cleanroom.store import LocalStore
 from tests.stored import evidence_bytes
 

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from tests import vmkit
 
-from cleanroom import provenance
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.checks.isolation import IsolationCheck
+from cleanroom.checks.repro import run_repro
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.isolation import IsolationCheck
+from cleanroom.evidence import provenance
+from cleanroom.evidence.manifest import Manifest, load_manifests
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest, load_manifests
-from cleanroom.repro import run_repro
 from cleanroom.store import LocalStore
 
 pytestmark = pytest.mark.vm

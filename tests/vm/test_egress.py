@@ -16,12 +16,12 @@ from tests.conftest import with_network
 from tests.stored import evidence
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
-from cleanroom.drivers import hostproc
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.secrets import FileSecrets
+from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
-from cleanroom.secrets import FileSecrets
 from cleanroom.store import LocalStore
 
 pytestmark = pytest.mark.vm

@@ -15,7 +15,7 @@ from tests.baseline.conftest import clone_baseline
 import cleanroom
 from cleanroom.baseline.model import Baseline
 from cleanroom.ledger import Ledger
-from cleanroom.report import run_report_json
+from cleanroom.observe.report import run_report_json
 from cleanroom.store import open_store
 
 pytestmark = pytest.mark.vm

@@ -15,10 +15,10 @@ from tests.stored import evidence, evidence_bytes
 from tests.vmkit import CANARIES, Harness, assert_nothing_left, manifest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import DriftError
 from cleanroom.ledger import Ledger
-from cleanroom.record import Outcome
 
 pytestmark = pytest.mark.vm
 

@@ -8,10 +8,10 @@ import pytest
 from tests.vmkit import request
 
 from cleanroom.baseline.model import Baseline
-from cleanroom.controller import Controller, RunOptions
+from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger
-from cleanroom.manifest import Manifest
 from cleanroom.store import LocalStore
 
 pytestmark = pytest.mark.vm

@@ -71,9 +71,9 @@ from cleanroom.baseline.spec import (
     load_spec,
     spec_digest,
 )
-from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
-from cleanroom.paths import baselines_dir, cache_dir
+from cleanroom.host.digests import digest_of, sha256_file
+from cleanroom.host.paths import baselines_dir, cache_dir
 
 
 def native_agent_version() -> str:

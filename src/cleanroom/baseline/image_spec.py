@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cleanroom.baseline.oci import check_ref
 from cleanroom.errors import SpecError
-from cleanroom.paths import cache_dir
+from cleanroom.host.paths import cache_dir
 
 LOCAL = ("oci-archive:", "docker-archive:", "oci:")
 

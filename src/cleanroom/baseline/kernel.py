@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cleanroom.baseline.proc import Progress, quiet, run
 from cleanroom.errors import BuildError
-from cleanroom.paths import cache_dir
+from cleanroom.host.paths import cache_dir
 
 MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "erofs", "overlay")
 """What the initramfs may load (their dependencies are added)."""

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cleanroom.digests import digest_of
 from cleanroom.errors import BuildError
+from cleanroom.host.digests import digest_of
 
 LOCK_FILE = "baseline.lock"
 FORMAT = 1

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.baseline.image_user import RunAs
-from cleanroom.digests import digest_of
-from cleanroom.manifest import Limits
+from cleanroom.evidence.manifest import Limits
+from cleanroom.host.digests import digest_of
 
 FORMAT_VERSION = 1
 METADATA_FILE = "baseline.json"

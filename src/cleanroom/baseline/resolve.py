@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.proc import Progress, quiet
@@ -14,3 +16,9 @@ def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:
     if spec is not None and spec.is_file():
         return build(spec, progress=progress)
     return resolve(ref)
+
+
+def resolve_baseline(baseline: Baseline | str | Path) -> Baseline:
+    """A ``Baseline`` as given, or the one a path names (a baseline.toml or its folder,
+    built first if its digest is not in the home's store yet)."""
+    return baseline if isinstance(baseline, Baseline) else resolve_or_build(str(baseline))

@@ -62,7 +62,7 @@ from cleanroom.baseline.spec import (
     BaseSection,
 )
 from cleanroom.errors import BuildError
-from cleanroom.paths import cache_dir
+from cleanroom.host.paths import cache_dir
 
 EROFS_UUID = "c1ea4200-0000-4000-8000-000000000001"
 ROOTFS_CACHE_VERSION = "1"

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import digests
 from cleanroom.baseline.model import METADATA_FILE, Baseline
-from cleanroom.digests import digest_of, sha256_file
 from cleanroom.errors import BaselineNotFound, DriftError
-from cleanroom.paths import baselines_dir
+from cleanroom.host import digests
+from cleanroom.host.digests import digest_of, sha256_file
+from cleanroom.host.paths import baselines_dir
 
 MIN_PREFIX = 6
 HEX_RE = re.compile(r"[0-9a-f]+\Z")

@@ -30,9 +30,9 @@ from typing import IO, Any
 from cleanroom.baseline import store
 from cleanroom.baseline.model import METADATA_FILE, Baseline
 from cleanroom.baseline.spec import SOURCE_DATE_EPOCH
-from cleanroom.digests import digest_of
 from cleanroom.errors import BaselineNotFound, DriftError, TransferError
-from cleanroom.paths import baselines_dir
+from cleanroom.host.digests import digest_of
+from cleanroom.host.paths import baselines_dir
 
 _CHUNK = 1 << 20
 MAX_METADATA = 4 * 1024 * 1024

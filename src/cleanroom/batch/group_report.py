@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleanroom.manifest import Manifest
+from cleanroom.evidence.manifest import Manifest
 
 Member = tuple[Manifest, int]  # a manifest and the attempt it runs as
 

@@ -29,12 +29,12 @@ from typing import Any
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport, Member
 from cleanroom.batch.warm_parent import WarmParent, run_setup
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.errors import SetupError
+from cleanroom.evidence.manifest import Group, Manifest
 from cleanroom.lifecycle.context import CreateEnv, RunContext
 from cleanroom.lifecycle.episode import EpisodeResult
-from cleanroom.manifest import Group, Manifest
-from cleanroom.record import Outcome
 
 # run one episode of the batch (its gate, its Episode), its env made by ``create``
 Schedule = Callable[[Manifest, int, CreateEnv | None], Coroutine[Any, Any, None]]

@@ -12,13 +12,13 @@ from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import Member
 from cleanroom.errors import DriftError, ManifestError
+from cleanroom.evidence.manifest import Manifest, check_groups
+from cleanroom.evidence.secrets import resolve as resolve_secrets
 from cleanroom.lifecycle.context import RunContext
+from cleanroom.lifecycle.reaper import reap, reconcile_durable
 from cleanroom.lifecycle.run import request_problems
-from cleanroom.manifest import Manifest, check_groups
+from cleanroom.lifecycle.verify import Verifiers
 from cleanroom.network.egress import check_manifests
-from cleanroom.reaper import reap, reconcile_durable
-from cleanroom.secrets import resolve as resolve_secrets
-from cleanroom.verify import Verifiers
 
 
 async def preflight(

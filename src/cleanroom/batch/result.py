@@ -8,9 +8,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from cleanroom.batch.group_report import GroupReport
+from cleanroom.core.states import Outcome
 from cleanroom.errors import StoreError
 from cleanroom.lifecycle.episode import EpisodeResult
-from cleanroom.record import Outcome
 from cleanroom.store import Store, layout
 
 __all__ = ["EpisodeResult", "RunResult"]

@@ -21,17 +21,17 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.batch.groups import plan, run_group
 from cleanroom.batch.preflight import preflight, queue_pending
 from cleanroom.batch.result import EpisodeResult, RunResult
+from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Driver, Owner
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.secrets import EnvSecrets, SecretProvider
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import CreateEnv, RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.lease import release_spares
 from cleanroom.lifecycle.shield import until_done
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
-from cleanroom.secrets import EnvSecrets, SecretProvider
+from cleanroom.lifecycle.verify import Verifiers
 from cleanroom.store import Store
-from cleanroom.verify import Verifiers
 
 __all__ = [
     "Controller",

@@ -21,17 +21,16 @@ import time
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport, Member
-from cleanroom.core.states import EpisodeState
+from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
 from cleanroom.errors import CleanroomError, LaunchError, SetupError, StoreError
-from cleanroom.export import export_attempt
+from cleanroom.evidence.export import export_attempt
+from cleanroom.evidence.manifest import Group
 from cleanroom.lifecycle.context import RunContext
 from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
-from cleanroom.manifest import Group
-from cleanroom.record import Outcome
 
 OUTPUT_TAIL = 64 * 1024  # of the setup's stdout/stderr, kept as a failed episode's diagnostics
 

@@ -1,6 +1,6 @@
 """An episode's states, its ``Outcome`` and the one map from an exception to an outcome.
 
-``Outcome`` is defined in ``record.py`` (which writes it into records) and re-exported here;
+``Outcome`` is defined here, at the bottom (records, the ledger and the drivers all name it);
 everything that decides an outcome from an exception calls ``classify``. ``Outcome.SUPERSEDED``
 is the one outcome no exception maps to: an attempt whose export found another attempt's durable
 record (``RecordConflict``: a retry on another node of a cluster run won the race) ends so, never
@@ -16,7 +16,25 @@ import traceback
 from dataclasses import dataclass
 
 from cleanroom.errors import CleanroomError, EnvCrashed, LaunchError, ProtocolError
-from cleanroom.record import Outcome
+
+
+class Outcome(enum.StrEnum):
+    """How an episode attempt ended (one per attempt); the verdict is separate."""
+
+    COMPLETED = "completed"
+    EPISODE_ERROR = "episode_error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    ENV_CRASHED = "env_crashed"
+    INFRA_ERROR = "infra_error"
+    EXPORT_FAILED = "export_failed"
+    SUPERSEDED = "superseded"  # lost the race to another attempt's durable record (a cluster)
+
+    @property
+    def final(self) -> bool:
+        """Does this outcome end the episode for good (a durable record is written)?"""
+        return self in (Outcome.COMPLETED, Outcome.EPISODE_ERROR, Outcome.TIMEOUT)
+
 
 __all__ = ["EpisodeState", "Failure", "Outcome", "classify"]
 

@@ -16,10 +16,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cleanroom import paths
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.loops import loop_lock
 from cleanroom.errors import ConfigError
+from cleanroom.host import paths
 
 QEMU = "qemu-system-x86_64"
 PROBE_TIMEOUT_S = 15.0

@@ -26,9 +26,9 @@ from typing import Any, NoReturn, Unpack
 from cleanroom.agent.commands import CommandOptions, SpawnOptions
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult, GuestProcess
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import hostproc
 from cleanroom.errors import DriverError, Unsupported
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
+from cleanroom.host import hostproc
 from cleanroom.network.qemu_args import Attachment
 
 

@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from cleanroom import paths
 from cleanroom.agent import native
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers import cgroups, hostproc, sockets
+from cleanroom.drivers import sockets
 from cleanroom.drivers.base import (
     Capabilities,
     DestroyReport,
@@ -33,6 +32,7 @@ from cleanroom.drivers.base import (
     write_owner,
 )
 from cleanroom.errors import LaunchError
+from cleanroom.host import cgroups, hostproc, paths
 
 
 def agent_argv(baseline: Baseline, marker: str) -> list[str]:

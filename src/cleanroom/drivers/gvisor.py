@@ -35,10 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.agent.session import AgentSession
-from cleanroom.drivers import cgroups, hostproc, jail, sockets
 from cleanroom.drivers import gvisor_bundle as bundle_mod
+from cleanroom.drivers import sockets
 from cleanroom.drivers.base import (
     Capabilities,
     DestroyReport,
@@ -51,6 +50,7 @@ from cleanroom.drivers.base import (
     write_owner,
 )
 from cleanroom.errors import ConfigError, LaunchError
+from cleanroom.host import cgroups, hostproc, jail, paths
 
 RUNSC = "runsc"
 ISOLATION = "userspace-kernel"

@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.agent import native
 from cleanroom.baseline.model import ROOTFS_FILE, Baseline
 from cleanroom.baseline.pyinstall import AGENT_DEST
-from cleanroom.digests import sha256_file
 from cleanroom.drivers.base import EnvRequest
 from cleanroom.errors import DriftError, LaunchError
+from cleanroom.host import paths
+from cleanroom.host.digests import sha256_file
 
 GUEST_CTL_DIR = "/run/cleanroom-ctl"
 SOCKET_NAME = "ctl.sock"

@@ -31,13 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cleanroom import digests, paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.digests import digest_of, sha256_file
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.drivers.qmp import script as qmp_script
 from cleanroom.errors import CleanroomError, DriftError, DriverError
+from cleanroom.host import digests, hostproc, paths
+from cleanroom.host.digests import digest_of, sha256_file
 
 if TYPE_CHECKING:
     from cleanroom.agent.session import AgentSession

@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from cleanroom import paths, private
-from cleanroom.drivers import hostproc
 from cleanroom.errors import LaunchError
+from cleanroom.host import hostproc, paths, private
 
 
 def env_dir(env_id: str) -> Path:

@@ -31,16 +31,15 @@ from typing import Any
 from cleanroom.agent.protocol import Frame, Kind
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
-from cleanroom.core.states import Failure
+from cleanroom.core.states import Failure, Outcome
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner
 from cleanroom.errors import EnvCrashed, GymEnvError, LedgerError, ProtocolError
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.gym import wire
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.lease import release_spares
-from cleanroom.manifest import Manifest
-from cleanroom.record import Outcome
 from cleanroom.sessions import AsyncSession, session
 from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store

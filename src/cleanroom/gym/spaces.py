@@ -17,10 +17,10 @@ from typing import Any
 
 from gymnasium import Space
 
-from cleanroom import paths
 from cleanroom.agent import gym_codec
 from cleanroom.errors import ProtocolError
 from cleanroom.gym import wire
+from cleanroom.host import paths
 
 Spaces = tuple[Space[Any], Space[Any]]
 

@@ -45,12 +45,12 @@ from harbor.environments.base import (
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 
-from cleanroom import paths
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.core.loops import loop_lock
 from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError
+from cleanroom.host import paths
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.sessions import AsyncSession, session

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
+from cleanroom.host import paths
 from cleanroom.ledger.liveness import owner_alive
 from cleanroom.ledger.rows import (
     MIGRATIONS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-from cleanroom.drivers import hostproc
+from cleanroom.host import hostproc
 
 
 def _start_time(pid: int) -> float | None:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner
+from cleanroom.evidence.secrets import EnvSecrets, SecretProvider
+from cleanroom.host import paths
 from cleanroom.ledger import Ledger
-from cleanroom.secrets import EnvSecrets, SecretProvider
 from cleanroom.store import Store
 
 Emit = Callable[..., None]  # emit(kind, **data): the run's event hook

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
-from cleanroom.core.states import EpisodeState, Failure, classify
+from cleanroom.core.states import EpisodeState, Failure, Outcome, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id
 from cleanroom.errors import (
     CleanroomError,
@@ -36,23 +36,22 @@ from cleanroom.errors import (
     RecordConflict,
     StoreError,
 )
-from cleanroom.export import export_attempt, export_episode
+from cleanroom.evidence.export import export_attempt, export_episode
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.secrets import Redactor
+from cleanroom.evidence.secrets import resolve as resolve_secrets
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.lifecycle.context import CreateEnv, RunContext
 from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.lifecycle.run import run_in_env
 from cleanroom.lifecycle.shield import until_done
-from cleanroom.manifest import Manifest
+from cleanroom.lifecycle.verify import verdict_label
 from cleanroom.network.egress import Egress, episode_policy
 from cleanroom.network.qemu_args import Attachment
-from cleanroom.record import Outcome
-from cleanroom.secrets import Redactor
-from cleanroom.secrets import resolve as resolve_secrets
 from cleanroom.store import Store
-from cleanroom.verify import verdict_label
 
 if TYPE_CHECKING:
-    from cleanroom.verify import Verifiers
+    from cleanroom.lifecycle.verify import Verifiers
 
 
 @dataclass(frozen=True)

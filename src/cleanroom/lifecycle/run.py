@@ -14,15 +14,15 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cleanroom import header_budget
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
-from cleanroom.core.states import classify
-from cleanroom.digests import sha256_file
+from cleanroom.core.states import Outcome, classify
 from cleanroom.drivers.base import Env
 from cleanroom.errors import EnvCrashed, ProtocolError
-from cleanroom.manifest import Manifest, ResolvedLimits
-from cleanroom.record import Outcome, parse_guest_result
+from cleanroom.evidence import header_budget
+from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.record import parse_guest_result
+from cleanroom.host.digests import sha256_file
 
 
 async def run_in_env(

@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cleanroom.drivers.hostproc import marker
 from cleanroom.errors import LaunchError, NetworkPolicyError
+from cleanroom.host.hostproc import marker
 from cleanroom.network.events import NetEvent
 from cleanroom.network.policy import Policy
 from cleanroom.network.proxy import EgressProxy
@@ -23,9 +23,9 @@ from cleanroom.network.qemu_args import Attachment
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline
     from cleanroom.drivers.base import Driver
+    from cleanroom.evidence.manifest import Manifest
+    from cleanroom.evidence.secrets import Redactor
     from cleanroom.ledger import Ledger
-    from cleanroom.manifest import Manifest
-    from cleanroom.secrets import Redactor
 
 LOG_NAME = "network.jsonl"
 REDACTED_FIELDS = ("dest", "reason", "address", "error")  # guest-influenced text

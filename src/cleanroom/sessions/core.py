@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
-from cleanroom.core.states import Failure
+from cleanroom.core.states import Failure, Outcome
 from cleanroom.drivers.base import Env
 from cleanroom.errors import (
     CleanroomError,
@@ -30,7 +30,6 @@ from cleanroom.errors import (
 )
 from cleanroom.lifecycle.episode import Episode
 from cleanroom.lifecycle.run import result_problem
-from cleanroom.record import Outcome
 from cleanroom.sessions.commands import Commands
 from cleanroom.sessions.files import Files
 from cleanroom.sessions.guard import Guard

@@ -32,11 +32,11 @@ from typing import Any
 
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_snapshot_id
 from cleanroom.errors import ConfigError, LaunchError, Unsupported
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.context import CreateEnv
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
-from cleanroom.manifest import Manifest
 from cleanroom.sessions.core import AsyncSession
 from cleanroom.sessions.interact import interact
 

@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from cleanroom.core.states import Failure
+from cleanroom.core.states import Failure, Outcome
 from cleanroom.lifecycle.episode import Episode
-from cleanroom.record import Outcome
 from cleanroom.sessions.core import AsyncSession
 
 ABANDONED = "the session was garbage-collected or left open at exit; destroyed"

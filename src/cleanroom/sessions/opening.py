@@ -26,19 +26,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cleanroom import private
 from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.resolve import resolve_baseline
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner, new_snapshot_id
 from cleanroom.errors import ManifestError, Unsupported
+from cleanroom.evidence.manifest import Manifest, describe
+from cleanroom.evidence.secrets import provider_from
+from cleanroom.host import private
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import CreateEnv, RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.lifecycle.snapshots import delete_snapshot
-from cleanroom.manifest import Manifest, describe
 from cleanroom.network.egress import episode_policy
-from cleanroom.secrets import provider_from
 from cleanroom.sessions.core import AsyncSession
 from cleanroom.sessions.fork import fork_session
 from cleanroom.sessions.interact import interact
@@ -112,8 +113,6 @@ async def session(
             private.check_home()  # the home is private (0700, ours); else PrivacyError
         if ledger is None:
             ledger = stack.enter_context(Ledger())
-        from cleanroom.api import resolve_baseline  # the API's resolution, shared
-
         ctx = RunContext(
             get_driver(driver) if isinstance(driver, str) else driver,
             ledger,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom.secrets import Redactor
+from cleanroom.evidence.secrets import Redactor
 
 TRANSCRIPT = "transcript.jsonl"
 COMMANDS_LOG = "commands.log"

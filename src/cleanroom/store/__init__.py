@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cleanroom import paths
+from cleanroom.host import paths
 from cleanroom.store.base import RECORD, Store, StoredFile, canonical_json, safe_parts
 from cleanroom.store.local import LocalStore
 from cleanroom.store.remote import FsspecStore

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cleanroom import hostbuild
 from cleanroom.errors import ConfigError
+from cleanroom.host import hostbuild
 
 NATIVE_DIR = Path(__file__).resolve().parent
 SOURCES = (

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from cleanroom.agent import bulk
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import EnvRequest
+from cleanroom.host import hostproc
 from cleanroom.network import qemu_args as net_args
 
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"

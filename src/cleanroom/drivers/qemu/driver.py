@@ -42,11 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import cgroups, hostproc, jail, snapshot
+from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import (
     Capabilities,
     DestroyReport,
@@ -66,7 +65,8 @@ from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.spares import Spares
 from cleanroom.drivers.qemu.templates import Templates
 from cleanroom.errors import CleanroomError, LaunchError
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
+from cleanroom.host import cgroups, hostproc, jail, paths
 
 __all__ = ["STARTS", "START_ENV", "QemuDriver"]
 

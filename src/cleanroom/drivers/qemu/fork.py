@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, read_owner, write_owner
 from cleanroom.drivers.qemu import seal
 from cleanroom.drivers.qemu.clone import Cloner
@@ -39,6 +38,7 @@ from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live
 from cleanroom.drivers.qemu.templates import Templates
 from cleanroom.errors import CleanroomError, DriverError, LaunchError
+from cleanroom.host import hostproc, paths
 
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleanroom.drivers import jail as uids
 from cleanroom.drivers.base import EnvRequest
-from cleanroom.drivers.cgroup_limits import EnvLimits
-from cleanroom.drivers.hostproc import JAIL_BOUNDING_SET
 from cleanroom.drivers.qemu.cmdline import JailArgs, sandbox
+from cleanroom.host import jail as uids
+from cleanroom.host.cgroup_limits import EnvLimits
+from cleanroom.host.hostproc import JAIL_BOUNDING_SET
 
 MIB = 1024 * 1024
 VMM_OVERHEAD_MIB = 384  # QEMU's own memory beside the guest's (TCG's code cache, devices)

@@ -19,14 +19,14 @@ from typing import Any
 from cleanroom.agent import bulk
 from cleanroom.agent.session import AgentSession
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, fail_launch, write_owner
-from cleanroom.drivers.cgroups import EnvGroups
 from cleanroom.drivers.qemu import cmdline
 from cleanroom.drivers.qemu.config import QemuConfig
 from cleanroom.drivers.qemu.jail import Jail, env_limits
 from cleanroom.drivers.qemu.live import Live
 from cleanroom.errors import ConfigError, LaunchError
+from cleanroom.host import hostproc
+from cleanroom.host.cgroups import EnvGroups
 
 MakeEnv = Callable[[EnvInfo, AgentSession], Env]  # the driver's Env around a ready session
 

@@ -18,9 +18,9 @@ from typing import Any
 from cleanroom.agent import bulk
 from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.session import AgentSession
-from cleanroom.drivers import hostproc
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import DriverError, LaunchError
+from cleanroom.host import hostproc
 
 
 class Live(hostproc.ConsoleProcess):

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom import digests
-from cleanroom.digests import digest_of, sha256_file
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import ForkSnapshot
 from cleanroom.errors import DriverError, LaunchError
+from cleanroom.host import digests
+from cleanroom.host.digests import digest_of, sha256_file
 
 META_FILE = "snapshot.json"
 CHUNK = 1 << 20

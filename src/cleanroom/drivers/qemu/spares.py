@@ -38,7 +38,7 @@ from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed, reseed_a
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.touch import touch_guest_paths
-from cleanroom.manifest import ResolvedLimits
+from cleanroom.evidence.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline

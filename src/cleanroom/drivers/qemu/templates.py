@@ -20,17 +20,18 @@ import os
 import time
 from typing import Any, Protocol
 
-from cleanroom import events
 from cleanroom.agent import bulk
 from cleanroom.agent.session import AgentSession
+from cleanroom.core import events
 from cleanroom.drivers import accel as accel_mod
-from cleanroom.drivers import hostproc, snapshot
+from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import EnvRequest, new_env_id
 from cleanroom.drivers.qemu import cmdline
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.touch import touch_guest_paths
 from cleanroom.errors import CleanroomError, DriftError, DriverError, LaunchError
+from cleanroom.host import hostproc
 
 MAX_RESTORE_FAILURES = 3  # clones of one template failing in a row: treat it as failed
 TEMPLATE_RETRY_S = 300.0  # after a failed template build, cold boots until then (auto)

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from cleanroom.batch.result import EpisodeResult
+from cleanroom.core.states import Outcome
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.integrations.ray.pool import Node
 from cleanroom.ledger import Ledger
-from cleanroom.record import Outcome
+from cleanroom.lifecycle.verify import verdict_label
 from cleanroom.store import Store
-from cleanroom.verify import verdict_label
 
 NODE_LOST = "node {node} lost: {error}"
 Emit = Callable[..., None]

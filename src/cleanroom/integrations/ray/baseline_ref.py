@@ -19,8 +19,8 @@ from cleanroom.baseline.model import METADATA_FILE as METADATA
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.errors import BaselineError, BaselineNotFound, DriftError
+from cleanroom.host.paths import baselines_dir
 from cleanroom.integrations.ray import baseline_share
-from cleanroom.paths import baselines_dir
 from cleanroom.store import Store
 
 

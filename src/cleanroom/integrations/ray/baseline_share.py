@@ -18,7 +18,7 @@ from pathlib import Path
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.transfer import export_baseline, import_baseline
 from cleanroom.errors import BaselineError, TransferError
-from cleanroom.paths import baselines_dir
+from cleanroom.host.paths import baselines_dir
 from cleanroom.store import FsspecStore, LocalStore, Store
 
 FOLDER = "baselines"

@@ -21,7 +21,6 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from cleanroom import paths
 from cleanroom.batch.group_report import GroupReport
 from cleanroom.batch.groups import run_group
 from cleanroom.batch.preflight import preflight
@@ -29,16 +28,17 @@ from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import Batch, Controller
 from cleanroom.drivers import get_driver
 from cleanroom.errors import ConfigError
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.host import paths
 from cleanroom.integrations.ray import shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.lifecycle.episode import EpisodeResult
 from cleanroom.lifecycle.lease import release_spares
-from cleanroom.manifest import Manifest
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
+from cleanroom.lifecycle.verify import Verifiers
 from cleanroom.store import open_store
-from cleanroom.verify import Verifiers
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cleanroom.integrations.ray.config import RayCluster
 from cleanroom.integrations.ray.connect import connected
-from cleanroom.live_envs import LiveEnv, live_envs
+from cleanroom.observe.live_envs import LiveEnv, live_envs
 
 TIMEOUT_S = 30.0
 

@@ -15,7 +15,7 @@ from typing import Any
 from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError
 from cleanroom.ledger import Ledger
-from cleanroom.reaper import reap
+from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import open_store
 
 PERIOD_S = 30.0

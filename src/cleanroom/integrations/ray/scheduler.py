@@ -25,8 +25,9 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport
 from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.batch.runner import new_run_id
-from cleanroom.core.states import EpisodeState
+from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.errors import BaselineNotFound, ConfigError
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.integrations.ray import actor, baseline_share, reaper, shared_store
 from cleanroom.integrations.ray.aggregate import Aggregate, cause_of, from_record, refusal
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
@@ -35,9 +36,7 @@ from cleanroom.integrations.ray.connect import connected
 from cleanroom.integrations.ray.pool import Node, NodePool
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
-from cleanroom.manifest import Manifest
-from cleanroom.reaper import reconcile_durable
-from cleanroom.record import Outcome
+from cleanroom.lifecycle.reaper import reconcile_durable
 from cleanroom.store import LocalStore, Store, open_store
 
 EventHook = Callable[[str, dict[str, Any]], None]

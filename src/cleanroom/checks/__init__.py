@@ -1,0 +1,1 @@
+"""Checks a person runs: isolation, repro, doctor (and the evidence audit)."""

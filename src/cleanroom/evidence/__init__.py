@@ -1,0 +1,1 @@
+"""What an episode leaves: manifests, result records, provenance, export, secrets."""

@@ -1,0 +1,1 @@
+"""The floor: host paths, private files, digests, host builds, processes, jails, cgroups."""

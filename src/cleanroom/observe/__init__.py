@@ -1,0 +1,1 @@
+"""Looking at runs: reports, charts, the HTML report, failures, metrics, logs, progress."""
