@@ -12,7 +12,6 @@ On the fake driver (the real C agent as a host process):
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,6 @@ async def test_a_session_leaves_no_staging_folder(
     assert left == []
 
 
-@pytest.mark.skipif(shutil.which("xxd") is None, reason="xxd missing")
 async def test_a_secret_printed_as_hex_is_not_in_the_transcript(
     tmp_path: Path, parts: tuple[FakeDriver, Ledger, LocalStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
