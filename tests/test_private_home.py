@@ -9,12 +9,15 @@ controller is SIGKILLed ``reap`` removes it and records that it did. No VM: the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -106,21 +109,70 @@ def test_the_cli_refuses_an_unsafe_home_with_exit_2(home: Path) -> None:
     assert str(home) in result.output and "writable by group or others" in result.output
 
 
-def test_the_runtime_folder_is_short_per_home_and_refused_if_someone_else_made_it(
+def test_the_runtime_folder_is_short_per_home_and_unpredictable(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 30: the name was ``/tmp/cleanroom-<uid>-<hash of the home>``, so another user
+    could make it first and fail every fake and gvisor episode of that home. Now it is random,
+    kept in the (private) home, and differs between two homes of the same path."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     first = paths.runtime_dir()
+    assert first.parent == paths.RUNTIME_BASE
     assert len(str(first / "env-0123456789abcdef" / "ctl.sock")) < 80
+    assert paths.runtime_dir() == first  # kept
+    assert (home / paths.RUNTIME_NAME).read_text().strip() == first.name
+    assert hashlib.sha256(os.fsencode(home)).hexdigest()[:16] not in first.name
     monkeypatch.setenv("CLEANROOM_HOME", str(home / ("x" * 200)))
     second = paths.runtime_dir()
     assert second != first and len(str(second)) == len(str(first))
-    squatted = private.runtime_dir()
-    squatted.chmod(0o777)  # as if another user had made it first, open to all
+    (home / paths.RUNTIME_NAME).unlink()  # the same home made again: a new name
+    monkeypatch.setenv("CLEANROOM_HOME", str(home))
+    assert paths.runtime_dir() != first
+
+
+@pytest.mark.parametrize("squat", ["other_owner", "open_to_all", "link"])
+def test_a_runtime_folder_someone_else_made_is_left_alone_for_a_new_name(
+    home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, squat: str
+) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    taken = paths.runtime_dir()
+    if squat == "link":
+        taken.symlink_to(tmp_path)
+    else:
+        taken.mkdir()
+        if squat == "other_owner":
+            os.chown(taken, 65534, 65534)  # as if user nobody had made it first
+        taken.chmod(0o777 if squat == "open_to_all" else 0o700)
     try:
-        with pytest.raises(PrivacyError, match=str(squatted)):
-            sockets.make_env_dir("env-0123456789abcdef")
+        folder = sockets.make_env_dir("env-0123456789abcdef")
+        assert folder.parent != taken and folder.parent == paths.runtime_dir()
+        assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+        assert folder.parent.stat().st_uid == os.geteuid()
+        sockets.remove_env_dir("env-0123456789abcdef")
+        assert not folder.parent.exists()
     finally:
-        squatted.rmdir()
+        taken.unlink() if squat == "link" else taken.rmdir()
+
+
+def test_a_private_xdg_runtime_dir_is_used(
+    home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    xdg = Path(tempfile.mkdtemp(prefix="xdg-"))  # short, like /run/user/<uid>; 0700
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+        assert paths.runtime_dir().parent == xdg
+        folder = sockets.make_env_dir("env-0123456789abcdef")
+        assert folder.parent.parent == xdg
+        sockets.remove_env_dir("env-0123456789abcdef")
+        assert not (home / paths.RUNTIME_NAME).exists()  # no /tmp name needed
+        xdg.chmod(0o755)  # others could read it: not private, not used
+        assert paths.runtime_dir().parent == paths.RUNTIME_BASE
+        xdg.chmod(0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / ("r" * 80)))  # too long
+        (tmp_path / ("r" * 80)).mkdir(mode=0o700)
+        assert paths.runtime_dir().parent == paths.RUNTIME_BASE
+    finally:
+        shutil.rmtree(xdg)
 
 
 async def test_the_fake_driver_works_under_a_200_character_home(

@@ -81,10 +81,12 @@ async def arun(
 
     ``options`` wins over ``parallel``; ``on_event(kind, data)`` sees every run event;
     ``secrets_from`` picks the secret provider (see ``cleanroom.evidence.secrets.provider_from``).
-    ``cluster``: run across the nodes of a Ray cluster (``cleanroom[ray]``) instead of here.
+    ``cluster``: run across the nodes of a Ray cluster (``cleanroom[ray]``) instead of here;
+    each node resolves the secrets with ``secrets_from`` on its own host (no value travels).
     """
     private.check_home()  # the home is private (0700, ours), umask 077; else PrivacyError
     items = manifests_of(manifests)
+    provider = provider_from(secrets_from)  # a malformed spec is refused before anything runs
     resolved = resolve_baseline(baseline)
     opts = options or RunOptions(parallel=parallel)
     if cluster is not None:
@@ -101,6 +103,7 @@ async def arun(
             driver=driver,
             options=opts,
             on_event=on_event,
+            secrets_from=secrets_from,
         )
     st = open_store(store)
     with Ledger() as ledger:
@@ -111,7 +114,7 @@ async def arun(
             st,
             options=opts,
             on_event=hook,
-            secret_provider=provider_from(secrets_from),
+            secret_provider=provider,
         )
         with events.hooked(hook):  # a driver building a template reports through it
             result = await controller.run(items, resolved, run_id=run_id)

@@ -136,25 +136,16 @@ def run(
         assert task is not None
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        with progress:
-            if ray is not None:  # scale out: the same manifests and records, on every node
-                from cleanroom.integrations.ray import RayCluster
-                from cleanroom.integrations.ray.scheduler import run_on_cluster
+        cluster = None
+        if ray is not None:  # scale out: the same manifests and records, on every node
+            from cleanroom.integrations.ray import RayCluster
 
-                return await run_on_cluster(
-                    RayCluster(address=ray, parallel_per_node=parallel_per_node),
-                    items,
-                    resolved,
-                    source=baseline,
-                    store=store,
-                    run_id=run_id,
-                    driver=driver,
-                    options=options,
-                    on_event=observer.hook(progress.on_event),
-                )
-            return await arun(
+            cluster = RayCluster(address=ray, parallel_per_node=parallel_per_node)
+        with progress:
+            return await arun(  # one path: arun runs here or, with a cluster, on its nodes
                 items,
-                baseline=resolved,
+                baseline=resolved if cluster is None else baseline,  # (a spec: nodes build it)
+                cluster=cluster,
                 store=store,
                 run_id=run_id,
                 driver=driver,

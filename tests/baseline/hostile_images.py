@@ -31,6 +31,8 @@ The cases (the attack, and what was hit before the boundary):
 - ``uid-over-range``: a file owned by uid 4000000000: not representable in the build's ids.
 - ``hardlink-out``: a hard link whose target climbs out with ``..``.
 - ``long-name``: a member name of 5000 bytes.
+- ``env-over-header``: an image config whose ``Env`` is 300 KB (under the 4 MiB config cap): it
+  built, then every attempt ended ``env_crashed`` (the guest refuses a header that large).
 """
 
 from __future__ import annotations
@@ -180,4 +182,11 @@ CASES = [
         "hardlink-out", _one(Entry("h", "hardlink", link="../../etc/passwd")), "refused", "escapes"
     ),
     Case("long-name", _one(Entry("a/" * 2500 + "x", data=b"x")), "refused", "over 4096 bytes"),
+    Case(
+        "env-over-header",
+        _one(Entry("x", data=b"x")),
+        "refused",
+        "Env are .* bytes as JSON",
+        config={"Env": ["HUGE=" + "a" * 300_000]},
+    ),
 ]

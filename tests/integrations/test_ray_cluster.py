@@ -433,7 +433,9 @@ def test_cli_run_on_the_cluster_then_status_report_inspect(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """``cleanroom run --ray ADDRESS``: the same manifests file and records as a local run, and
-    ``status``, ``report`` and ``inspect`` read the cluster run from the driver's ledger."""
+    ``status``, ``report`` and ``inspect`` read the cluster run from the driver's ledger.
+    ``--secrets-from`` reaches the nodes (issue 30: the CLI repeated ``arun``'s cluster branch
+    and the nodes were built without a provider): each node resolves it on its host."""
     import json
 
     from typer.testing import CliRunner
@@ -442,14 +444,21 @@ def test_cli_run_on_the_cluster_then_status_report_inspect(
 
     baseline = make_fake_baseline(tmp_path / "driver")  # in the driver's baseline store
     lines = [manifest(f"c{i}", seed=i).model_dump_json() for i in range(3)]
+    leak = manifest("c3", mode="leak", secret="CLUSTER_TOKEN").model_dump(mode="json")
+    lines.append(json.dumps({**leak, "secrets": ["CLUSTER_TOKEN"]}))
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "secrets.json").write_text(json.dumps({"CLUSTER_TOKEN": "cl-T0ken-from-a-file"}))
     store = str(tmp_path / "store")
     cli = CliRunner()
     args = ["run", str(tmp_path / "m.jsonl"), "--baseline", baseline.digest, "--driver", "fake"]
     args += ["--ray", cluster.cluster.address, "--parallel-per-node", "1", "--store", store]
+    args += ["--secrets-from", f"file:{tmp_path / 'secrets.json'}"]
     done = cli.invoke(app, [*args, "--run-id", "cli", "--cleanup-window", "5"])
     assert done.exit_code == 0, done.output
-    assert len(open_store(store).list_records("cli")) == 3
+    assert len(open_store(store).list_records("cli")) == 4
+    leaked = open_store(store).get_record("cli", "c3")
+    assert leaked is not None and leaked["outcome"] == "completed"
+    assert leaked["info"] == {"leak": "[REDACTED:CLUSTER_TOKEN]", "file_matches": True}
     status = cli.invoke(app, ["status", "cli", "--store", store])
     assert status.exit_code == 0 and "c2" in status.output, status.output
     report = cli.invoke(app, ["report", "cli", "--store", store, "--json", str(tmp_path / "r")])

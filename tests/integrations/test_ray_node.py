@@ -241,3 +241,29 @@ def test_a_superseded_attempt_leaves_the_episode_to_the_record_it_lost_to(tmp_pa
         attempts = {r.attempt: r.outcome for r in ledger.episodes("r1", all_attempts=True)}
         assert attempts == {1: "completed", 2: "superseded"}
     assert [e["outcome"] for e in events if e["kind"] == "episode_finished"] == ["superseded"]
+
+
+async def test_a_node_resolves_the_runs_secrets_with_its_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: ``--secrets-from`` never reached the nodes (their controllers were built
+    without a provider: the node's environment was read, and the secret was missing). The run's
+    provider goes with ``open_run`` and each node resolves it on its host; no value travels."""
+    import json
+
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NODE_TOKEN", raising=False)
+    baseline = make_fake_baseline(tmp_path)
+    (tmp_path / "secrets.json").write_text(json.dumps({"NODE_TOKEN": "n0de-secret-value"}))
+    node = _node(tmp_path, tmp_path / "store")
+    leak = manifest("s1", mode="leak", secret="NODE_TOKEN").model_dump(mode="json")
+    leak["secrets"] = ["NODE_TOKEN"]
+    with pytest.raises(ConfigError, match="NODE_TOKEN not found in the controller's env"):
+        await node.open_run("r0", BaselineRef.of(baseline), [leak])  # no provider: its env
+    spec = f"file:{tmp_path / 'secrets.json'}"
+    await node.open_run("r1", BaselineRef.of(baseline), [leak], spec)
+    done = await node.episode("r1", leak, attempt=1)
+    assert done.outcome is Outcome.COMPLETED, done.error
+    assert done.record is not None
+    assert done.record["info"] == {"leak": "[REDACTED:NODE_TOKEN]", "file_matches": True}
+    await node.close_run("r1")

@@ -12,7 +12,6 @@ On the fake driver (the real C agent as a host process):
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,6 @@ async def test_a_session_leaves_no_staging_folder(
     assert left == []
 
 
-@pytest.mark.skipif(shutil.which("xxd") is None, reason="xxd missing")
 async def test_a_secret_printed_as_hex_is_not_in_the_transcript(
     tmp_path: Path, parts: tuple[FakeDriver, Ledger, LocalStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,3 +128,50 @@ async def test_a_secret_printed_as_hex_is_not_in_the_transcript(
             assert not any(p in flat for p in probes), path
     said = [json.dumps(s) for s in steps(store, "hx") if s["op"] == "exec"]
     assert all("[REDACTED:HEX_TOKEN]" in s for s in said)
+
+
+@pytest.mark.vm
+async def test_on_a_real_vm_hex_is_redacted_and_a_refused_name_is_the_guests(
+    tiny_baseline: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same two on QEMU (TCG here): the guest's own ``od`` prints the secret as hex, and
+    a file name with a newline in ``download_dir`` ends the session ``episode_error``."""
+    from cleanroom.drivers.qemu import QemuDriver
+
+    monkeypatch.setenv("HEX_TOKEN", SECRET)
+    driver = QemuDriver()
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        store = LocalStore(tmp_path / "store")
+        options = RunOptions(cleanup_window_s=30, staging_dir=tmp_path / "staging")
+        with pytest.raises(UnsafePath):
+            async with session(
+                tiny_baseline,
+                driver=driver,
+                ledger=ledger,
+                store=store,
+                run_id="vm",
+                options=options,
+                secrets=["HEX_TOKEN"],
+            ) as sb:
+                for dump in ("od -v -An -tx1", "od -v -x"):
+                    r = await sb.commands.run(f'printf "%s" "$HEX_TOKEN" | {dump}')
+                    assert r.exit_code == 0 and r.stdout.strip()
+                made = await sb.commands.run(["sh", "-c", "mkdir -p /tmp/o && touch '/tmp/o/a\nb'"])
+                assert made.exit_code == 0
+                await sb.files.download_dir("/tmp/o", tmp_path / "here")
+        assert ended(driver, ledger, store, "vm") == "episode_error"
+    rec = record(store, "vm")
+    assert rec["outcome"] == "episode_error" and "UnsafePath" in rec["error"]["message"]
+    words = SECRET.encode()
+    probes = {words[i : i + 4].hex() for i in range(0, len(words) - 4)}
+    probes |= {
+        bytes([b, a]).hex() + bytes([d, c]).hex()
+        for a, b, c, d in zip(words, words[1:], words[2:], words[3:], strict=False)
+    }
+    for path in folder(store, "vm").rglob("*"):
+        if path.is_file():
+            flat = path.read_bytes().decode(errors="replace").lower()
+            flat = flat.replace(" ", "").replace("\n", "")
+            assert not any(p in flat for p in probes), path
+    said = [json.dumps(s) for s in steps(store, "vm") if s["op"] == "exec"]
+    assert sum("[REDACTED:HEX_TOKEN]" in s for s in said) == 2

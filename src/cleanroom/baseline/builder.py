@@ -72,6 +72,7 @@ from cleanroom.baseline.spec import (
     spec_digest,
 )
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
+from cleanroom.evidence import header_budget
 from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.host.paths import baselines_dir, cache_dir
 
@@ -246,6 +247,12 @@ def _assemble(
         network=network,
         image=image_record(image, facts.run_as),
         lock=the_lock,
+    )
+    header_budget.check_entry(  # the guest agent refuses a RUN header over its limit
+        f"baseline {spec.name}",
+        baseline.function.to_json() if baseline.function else list(baseline.entrypoint),
+        baseline.image_env,
+        baseline.workdir,
     )
     data = baseline.to_json()
     data["built"] = {

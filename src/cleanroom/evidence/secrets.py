@@ -144,7 +144,8 @@ class Redactor:
         """The pattern for the forms that can occur in ``data`` (a regex of every form costs
         ~75x a plain search: most text holds no escape, no ``%`` and no base64 core)."""
         escapes = b"\\" in data or b"%" in data or b"+" in data
-        wanted = tuple(forms.present(data, escapes) for forms in self._forms)
+        lowered = data.lower()  # for the hex probes: a dump may be in either case
+        wanted = tuple(forms.present(data, escapes, lowered) for forms in self._forms)
         if wanted not in self._compiled:
             groups = [b"(" + (alts or b"(?!)") + b")" for alts in wanted]  # one group per secret
             self._compiled[wanted] = (
@@ -289,13 +290,13 @@ def _hex_forms(value: bytes) -> list[bytes]:
 
 
 def _hex_probes(value: bytes) -> set[bytes]:
-    """Literal text one of which any ``_hex_forms`` match holds (a cheap test before the regex):
-    one of the value's first three byte pairs is whole in a group, a word or a line."""
+    """Lower-case text one of which any ``_hex_forms`` match holds, lowered (a cheap test
+    before the regex): of the value's first two byte pairs, one starts at an even offset, so is
+    whole in a dump's group, word or line (groups, words and lines start at even offsets)."""
     probes = set()
-    for i in range(min(3, len(value) - 1)):
+    for i in range(min(2, len(value) - 1)):
         a, b = value[i : i + 2].hex(), value[i + 1 : i + 2].hex() + value[i : i + 1].hex()
-        for text in (a, a[:2] + " " + a[2:], b):
-            probes |= {text.encode(), text.upper().encode()}
+        probes |= {a.encode(), (a[:2] + " " + a[2:]).encode(), b.encode()}
     return probes
 
 
@@ -320,10 +321,11 @@ class _Forms:
         self.hex = b"|".join(_hex_forms(self.raw))
         self.hex_probes = _hex_probes(self.raw)
 
-    def present(self, data: bytes, escapes: bool) -> bytes:
-        """The regex of the forms that may match in ``data`` (b"" if none can)."""
+    def present(self, data: bytes, escapes: bool, lowered: bytes) -> bytes:
+        """The regex of the forms that may match in ``data`` (b"" if none can; ``lowered``:
+        ``data.lower()``)."""
         alts = [self.decoded] if escapes or self.raw in data else []
         alts += [re.escape(core) for core in self.cores if core in data]
-        if any(probe in data for probe in self.hex_probes):
+        if any(probe in lowered for probe in self.hex_probes):
             alts.append(self.hex)
         return b"|".join(alts)

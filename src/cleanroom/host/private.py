@@ -67,5 +67,15 @@ def check_home_or_exit() -> None:
 
 
 def runtime_dir() -> Path:
-    """The runtime folder of this home's sockets, made or checked private."""
-    return private_dir(paths.runtime_dir())
+    """The runtime folder of this home's sockets, made or checked private. One under
+    ``/tmp`` that is not ours to use (another user made a folder or link of that name) is left
+    alone and a new random name is drawn (``paths.renew_runtime_name``)."""
+    path = paths.runtime_dir()
+    for _ in range(3):
+        try:
+            return private_dir(path)
+        except PrivacyError:
+            if path.parent != paths.RUNTIME_BASE:  # under $XDG_RUNTIME_DIR: only ours to make
+                raise
+            path = paths.RUNTIME_BASE / paths.renew_runtime_name(path.name)
+    return private_dir(path)

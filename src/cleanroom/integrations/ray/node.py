@@ -16,6 +16,7 @@ Ray here): ``actor`` makes it a Ray actor, and tests can drive it directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from cleanroom.batch.runner import Batch, Controller
 from cleanroom.drivers import get_driver
 from cleanroom.errors import ConfigError
 from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.secrets import provider_from
 from cleanroom.host import paths
 from cleanroom.integrations.ray import shared_store
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
@@ -85,16 +87,25 @@ class NodeController:
             tuple(report.destroyed),
         )
 
-    async def open_run(self, run_id: str, ref: BaselineRef, manifests: list[dict[str, Any]]) -> str:
-        """Resolve and verify the run's baseline here, run the local preflight; its digest."""
+    async def open_run(
+        self,
+        run_id: str,
+        ref: BaselineRef,
+        manifests: list[dict[str, Any]],
+        secrets_from: str | None = None,
+    ) -> str:
+        """Resolve and verify the run's baseline here, run the local preflight; its digest.
+        ``secrets_from``: the run's secret provider (``secrets.provider_from``), resolved on
+        this node (its environment, its file, its command): no value travels through Ray."""
         if run_id in self._runs:
             return self._runs[run_id].baseline.digest
-        baseline = await asyncio.to_thread(resolve_on_node, ref, self.node, self.ctx.store)
+        ctx = dataclasses.replace(self.ctx, secret_provider=provider_from(secrets_from))
+        baseline = await asyncio.to_thread(resolve_on_node, ref, self.node, ctx.store)
         items = [Manifest.model_validate(m) for m in manifests]
-        verifiers = Verifiers(self.ctx)
-        await preflight(self.ctx, verifiers, items, baseline)
-        self.ctx.driver.keep_spares(self.ctx.options.spare_count())
-        self._runs[run_id] = Batch(self.ctx, verifiers, run_id, baseline, RunResult(run_id))
+        verifiers = Verifiers(ctx)
+        await preflight(ctx, verifiers, items, baseline)
+        ctx.driver.keep_spares(ctx.options.spare_count())
+        self._runs[run_id] = Batch(ctx, verifiers, run_id, baseline, RunResult(run_id))
         return baseline.digest
 
     async def episode(self, run_id: str, manifest: dict[str, Any], attempt: int) -> EpisodeResult:
@@ -117,7 +128,7 @@ class NodeController:
         reports: list[GroupReport] = []
         ended: list[EpisodeResult] = []
         await run_group(
-            self.ctx, batch.gate, run_id, items, batch.baseline, batch.episode, reports, ended
+            batch.ctx, batch.gate, run_id, items, batch.baseline, batch.episode, reports, ended
         )
         keys = [(item.episode_id, attempt) for item, attempt in items]
         return self._take(batch, ended, keys), reports[0]

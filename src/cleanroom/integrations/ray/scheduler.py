@@ -53,14 +53,17 @@ async def run_on_cluster(
     driver: str = "qemu",
     options: RunOptions | None = None,
     on_event: EventHook | None = None,
+    secrets_from: str | None = None,
 ) -> RunResult:
-    """Run ``manifests`` across the cluster's nodes; the same records as a local run."""
+    """Run ``manifests`` across the cluster's nodes; the same records as a local run.
+    ``secrets_from``: the secret provider each node resolves the run's secrets with."""
     with connected(cluster, "a Ray cluster run") as (_, owned), Ledger() as ledger:
         opened = open_store(store)
         url = str(opened.root) if isinstance(opened, LocalStore) else str(store)
         sched = Scheduler(
             cluster, ledger, opened, url, on_event, keep=cluster.keep_nodes and not owned
         )
+        sched.secrets_from = secrets_from
         return await sched.run(manifests, baseline, source, run_id or new_run_id(), driver, options)
 
 
@@ -97,6 +100,7 @@ class Scheduler:
         self.keep = keep  # the node actors outlive the run (``pool``)
         self.pool: NodePool | None = None
         self.controller_id = "ray-" + secrets.token_hex(6)
+        self.secrets_from: str | None = None  # each node's secret provider (its own host's)
         self._on_event = on_event
         self.nodes: list[Node] = []
         self.agg = Aggregate(ledger, store, self.emit)
@@ -339,13 +343,14 @@ class Scheduler:
         """Every node resolves and verifies the baseline; if one cannot get it at all, the
         baseline's archive goes to the store (once) and the nodes are asked again."""
         dumped = [m.model_dump(mode="json") for m in manifests]
+        provider = self.secrets_from
         try:
-            await self._on_nodes(lambda h: h.open_run.remote(run_id, ref, dumped))
+            await self._on_nodes(lambda h: h.open_run.remote(run_id, ref, dumped, provider))
         except BaselineNotFound as exc:
             self.emit("baseline_shared", baseline=baseline.digest, reason=str(exc)[:300])
             url = await asyncio.to_thread(baseline_share.publish, self.store, baseline)
             shared = dataclasses.replace(ref, archive=url)
-            await self._on_nodes(lambda h: h.open_run.remote(run_id, shared, dumped))
+            await self._on_nodes(lambda h: h.open_run.remote(run_id, shared, dumped, provider))
 
     async def _on_nodes(self, call: Callable[[Any], Any]) -> list[Any]:
         """``call`` on every node at once; the first node's refusal refuses the run."""
