@@ -335,6 +335,7 @@ class Episode:
             self.clock,
             self.redactor,
             verdict=verdict,
+            signing_key=self.ctx.options.signing_key,
         )
         self.result.record = record
         self.result.reward = record.get("reward")

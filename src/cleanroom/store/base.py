@@ -67,6 +67,11 @@ def canonical_json(record: dict[str, Any]) -> bytes:
     return text.encode()
 
 
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """The record exactly as ``put_record`` stores it (an attestation signs these bytes)."""
+    return json.dumps(json.loads(canonical_json(record)), indent=1, sort_keys=True).encode() + b"\n"
+
+
 def chunks(src: Path) -> Iterator[bytes]:
     with src.open("rb") as f:
         while chunk := f.read(CHUNK):
@@ -137,7 +142,7 @@ class BaseStore(abc.ABC, Generic[_D]):
         """Write the record (last, atomically). False if this same record is already there."""
         canonical = canonical_json(record)
         dest = self._where(run_id, episode_id, RECORD)
-        data = json.dumps(json.loads(canonical), indent=1, sort_keys=True).encode() + b"\n"
+        data = record_bytes(record)
         absent = self.get_record(run_id, episode_id) is None
         if absent and self._put(dest, data, exclusive=True) is not None:
             return True
