@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 from cleanroom.errors import ExportError, RecordConflict, StoreError, UnsafePath
 
 RECORD = "result.json"
+RUN_FILES = "ledger"  # the one folder of run-level files, beside episodes/ (its hash chain)
 CHUNK = 1 << 20
 _D = TypeVar("_D", Path, str)
 
@@ -109,6 +110,27 @@ class BaseStore(abc.ABC, Generic[_D]):
 
     @abc.abstractmethod
     def _episode_ids(self, run_id: str) -> list[str]: ...
+
+    def _run_dest(self, run_id: str, rel: str) -> _D:
+        """Where a run-level file lies (``<root>/runs/<run_id>/<rel>``): its ledger chain."""
+        raise NotImplementedError
+
+    def _run_where(self, run_id: str, rel: str) -> _D:
+        one_part(run_id, "run_id")
+        parts = safe_parts(rel)
+        if parts[0] != RUN_FILES or len(parts) < 2:
+            raise UnsafePath(f"a run-level file lies under {RUN_FILES}/: {rel!r}")
+        return self._run_dest(run_id, "/".join(parts))
+
+    def put_run_bytes(self, run_id: str, rel: str, data: bytes) -> StoredFile:
+        """Write (or replace: a resumed run's chain grows) a file of the run itself, confirmed."""
+        stored = self._put(self._run_where(run_id, rel), bytes(data), exclusive=False)
+        assert stored is not None
+        return StoredFile(rel, *stored)
+
+    def get_run_bytes(self, run_id: str, rel: str) -> bytes | None:
+        """A run-level file's bytes (``ledger/events.jsonl``), None if absent."""
+        return self._read(self._run_where(run_id, rel))
 
     def _where(self, run_id: str, episode_id: str, rel: str) -> _D:
         one_part(run_id, "run_id")
