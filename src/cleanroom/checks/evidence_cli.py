@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from cleanroom.errors import CleanroomError
+from cleanroom.checks.audit import verify_run
+from cleanroom.errors import CleanroomError, EvidenceError
 from cleanroom.evidence import keys
+from cleanroom.evidence.seal import seal_run
+from cleanroom.ledger import Ledger
+from cleanroom.store import open_store
 
 keys_app = typer.Typer(help="The ed25519 key that signs this home's attestations.")
 
@@ -37,3 +42,68 @@ def export_public(
         raise _fail(exc) from exc
     sys.stdout.write(keys.public_pem(public).decode())
     print(f"# keyid {keys.key_id(public)}", file=sys.stderr)
+
+
+audit_app = typer.Typer(
+    help="Verify a run's evidence: signatures, digests, the ledger chain, destroyed envs.",
+    no_args_is_help=True,
+)
+
+
+def _trusted(public_keys: list[Path] | None) -> list[Ed25519PublicKey]:
+    """The keys to trust: those given, else this home's own (never made here)."""
+    if public_keys:
+        return [keys.load_public(p) for p in public_keys]
+    path = keys.signing_key_path()
+    if not path.exists():
+        raise EvidenceError(
+            f"no key at {path}: pass --public-key FILE (cleanroom keys export-public)"
+        )
+    return [keys.load_private(path).public_key()]
+
+
+@audit_app.command("verify")
+def verify(
+    run_id: Annotated[str, typer.Argument(help="the run to verify")],
+    store: Annotated[
+        str | None, typer.Option(help="store folder or fsspec URL (a copy will do)")
+    ] = None,
+    public_key: Annotated[
+        list[Path] | None,
+        typer.Option(help="trusted public key, PEM (repeat for several; default: this home's)"),
+    ] = None,
+) -> None:
+    """Check every signature, every digest, the chain, every env's absence; exit 0, or 1
+    naming the first broken link."""
+    try:
+        trusted = _trusted(public_key)
+        report = verify_run(open_store(store), run_id, trusted)
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    if report.ok:
+        print(
+            f"ok: run {run_id}: {report.records} records, {report.envs} envs, "
+            f"{report.events} chained events; every link holds"
+        )
+        return
+    print(f"BROKEN: run {run_id}: {report.problems[0]}")
+    for more in report.problems[1:]:
+        print(f"  also: {more}")
+    raise typer.Exit(1)
+
+
+@audit_app.command("seal")
+def seal(
+    run_id: Annotated[str, typer.Argument(help="the run whose ledger chain to seal")],
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+) -> None:
+    """Write the run's ledger chain and its signed head to the store now (a run's end and
+    ``reap`` do it; a session's run, or one whose seal failed, can be sealed by hand)."""
+    try:
+        with Ledger() as ledger:
+            if ledger.get_run(run_id) is None:
+                raise EvidenceError(f"no run {run_id!r} in this home's ledger")
+            count, head = seal_run(ledger, open_store(store), run_id)
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    print(f"sealed run {run_id}: {count} events, head {head}")

@@ -190,6 +190,11 @@ class BaseStore(abc.ABC, Generic[_D]):
         """A stored file's bytes (``logs/stderr.log``, ``attempts/2/logs/...``), None if absent."""
         return self._read(self._where(run_id, episode_id, rel))
 
+    def episode_ids(self, run_id: str) -> list[str]:
+        """Every episode folder of a run, sorted (durable or not; what an audit walks)."""
+        one_part(run_id, "run_id")
+        return sorted(self._episode_ids(run_id))
+
     def list_records(self, run_id: str) -> list[dict[str, Any]]:
         """Every durable record of a run, by episode_id."""
         one_part(run_id, "run_id")

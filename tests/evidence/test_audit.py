@@ -1,0 +1,267 @@
+"""``audit verify`` on real runs (fake driver: the real C agent, no VM): a clean run verifies,
+and every kind of tampering is caught, named, on a copy of the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from cleanroom.checks.audit import AuditReport, verify_run
+from cleanroom.evidence import attest, keys
+from cleanroom.evidence.seal import CHAIN_EVENTS, seal_run
+from cleanroom.evidence.statements import episode_statement
+from cleanroom.store import LocalStore
+from cleanroom.store.base import record_bytes
+from tests.test_controller import Harness, manifest
+
+
+@dataclass
+class Runs:
+    h: Harness
+    trusted: list[Ed25519PublicKey]
+
+    def copy(self, tmp: Path) -> Path:
+        """A copy of the store (what a third party audits), to tamper with."""
+        dest = tmp / "copy"
+        shutil.copytree(self.h.store.root, dest)
+        return dest
+
+    def verify(self, root: Path, run_id: str = "A") -> AuditReport:
+        return verify_run(LocalStore(root), run_id, self.trusted)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    h = Harness(tmp_path_factory.mktemp("audit"))
+    batch = [manifest("a", seed=2), manifest("b", seed=4), manifest("c", mode="fail")]
+    asyncio.run(h.ctl.run(batch, h.baseline, run_id="A"))
+    asyncio.run(h.ctl.run([manifest("a", seed=2)], h.baseline, run_id="B"))
+    yield Runs(h, [keys.signing_key().public_key()])
+    h.ledger.close()
+
+
+def folder(root: Path, eid: str, run_id: str = "A") -> Path:
+    return root / "runs" / run_id / "episodes" / eid
+
+
+def flip(path: Path, at: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if at is None else at
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def first(report: AuditReport) -> str:
+    assert not report.ok, "tampering went unnoticed"
+    return report.problems[0]
+
+
+def test_an_untouched_run_verifies(runs: Runs) -> None:
+    for run_id, records in (("A", 3), ("B", 1)):
+        report = verify_run(runs.h.store, run_id, runs.trusted)
+        assert report.ok, report.problems
+        assert report.records == report.envs == records
+        assert report.status == {e: "verified" for e in report.status}
+    record = runs.h.store.get_record("A", "a")
+    assert record is not None
+    raw = runs.h.store.get_bytes("A", "a", record["attestation"])
+    assert raw is not None
+    envelope = json.loads(raw)
+    assert envelope["payloadType"] == "application/vnd.in-toto+json"
+    stmt = attest.open_envelope(raw, runs.trusted, "x")
+    assert stmt["_type"] == "https://in-toto.io/Statement/v1"
+    names = {s["name"] for s in stmt["subject"]}
+    assert {"result.json", "attempts/1/artifacts/hello.txt", "attempts/1/logs/stdout.log"} <= names
+    pred = stmt["predicate"]
+    assert pred["baseline"]["digest"] == runs.h.baseline.digest
+    assert pred["env"]["id"] == record["provenance"]["env_id"] and pred["env"]["fresh"] is True
+    assert pred["driver"]["name"] == "fake" and pred["outcome"] == "completed"
+
+
+def test_a_flipped_byte_in_an_artifact_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    flip(folder(root, "a") / "attempts/1/artifacts/hello.txt")
+    report = runs.verify(root)
+    assert first(report) == (
+        "episode a: attempts/1/artifacts/hello.txt does not match its signed digest"
+    )
+    assert report.status["b"] == "verified" and report.status["a"] == report.problems[0]
+
+
+def test_a_flipped_byte_in_a_record_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    path = folder(root, "b") / "result.json"
+    flip(path, path.read_bytes().index(b'"seed": 4') + len('"seed": '))  # 4 -> 5
+    assert first(runs.verify(root)) == "episode b: result.json does not match its signed digest"
+
+
+def test_a_flipped_byte_in_a_log_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    flip(folder(root, "c") / "attempts/1/logs/stderr.log", 0)
+    report = runs.verify(root)  # an episode_error is final: its record signs its logs too
+    assert first(report) == "episode c: attempts/1/logs/stderr.log does not match its signed digest"
+
+
+def events_file(root: Path, run_id: str = "A") -> Path:
+    return root / "runs" / run_id / CHAIN_EVENTS
+
+
+def test_a_deleted_ledger_event_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    lines = events_file(root).read_bytes().splitlines(keepends=True)
+    events_file(root).write_bytes(b"".join(lines[:4] + lines[5:]))
+    assert first(runs.verify(root)) == ("run A ledger chain: event 5 is missing (found seq 6)")
+
+
+def test_the_last_ledger_events_dropped_are_caught_by_the_signed_head(
+    runs: Runs, tmp_path: Path
+) -> None:
+    root = runs.copy(tmp_path)
+    lines = events_file(root).read_bytes().splitlines(keepends=True)
+    events_file(root).write_bytes(b"".join(lines[:-2]))
+    n = len(lines)
+    assert first(runs.verify(root)) == (
+        f"run A ledger chain: the chain ends after {n - 2} events, its signed head {n}"
+    )
+
+
+def test_records_swapped_between_runs_are_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    a_in_a, a_in_b = folder(root, "a"), folder(root, "a", "B")
+    shutil.rmtree(a_in_a)
+    shutil.copytree(a_in_b, a_in_a)  # the whole folder, statements and all
+    assert first(runs.verify(root)) == (
+        "episode a: its signed statement is of run/episode/attempt ('B', 'a', 1)"
+    )
+    root2 = runs.copy(tmp_path / "2")  # the record alone
+    shutil.copy(folder(root2, "a", "B") / "result.json", folder(root2, "a") / "result.json")
+    assert first(runs.verify(root2)) == "episode a: result.json does not match its signed digest"
+
+
+def test_a_statement_signed_with_another_key_is_refused(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    path = folder(root, "b") / "attempts/1/attestation.dsse.json"
+    stmt = attest.open_envelope(path.read_bytes(), runs.trusted, "x")
+    path.write_bytes(attest.sign(stmt, Ed25519PrivateKey.generate()))  # same claims, other key
+    problem = first(runs.verify(root))
+    assert problem.startswith(
+        "episode b: attempts/1/attestation.dsse.json: no trusted key signed it"
+    )
+    head = root / "runs" / "A" / "ledger/head.dsse.json"
+    chain_stmt = attest.open_envelope(head.read_bytes(), runs.trusted, "x")
+    head.write_bytes(attest.sign(chain_stmt, Ed25519PrivateKey.generate()))
+    assert first(runs.verify(root)).startswith(
+        "run A ledger chain: head: ledger/head.dsse.json: no trusted key signed it"
+    )
+
+
+def forge(root: Path, eid: str, change: Any) -> None:
+    """Rewrite ``eid``'s record with ``change`` and sign it with the trusted key itself (an
+    insider with the key): only the cross-checks against the chain can catch it."""
+    path = folder(root, eid) / "result.json"
+    record = json.loads(path.read_bytes())
+    change(record)
+    path.write_bytes(record_bytes(record))
+    stmt = episode_statement(record, record_bytes(record))
+    (folder(root, eid) / record["attestation"]).write_bytes(attest.sign(stmt, keys.signing_key()))
+
+
+def test_a_forged_record_reusing_an_env_id_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    env_a = json.loads((folder(root, "a") / "result.json").read_bytes())["provenance"]["env_id"]
+
+    def reuse(record: dict[str, Any]) -> None:
+        record["provenance"]["env_id"] = env_a
+
+    forge(root, "b", reuse)
+    report = runs.verify(root)
+    assert f"episode b: env {env_a} also served episode a: an env is never reused" in (
+        report.problems
+    )
+    assert first(report) == f"episode b: env {env_a} also served episode a: an env is never reused"
+    assert f"episode b: env {env_a} was not made for attempt 1 in the ledger chain" in (
+        report.problems
+    )
+
+
+def test_a_final_outcome_without_its_record_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    (folder(root, "b") / "result.json").unlink()
+    assert first(runs.verify(root)) == "episode b: ended completed (attempt 1) with no record"
+
+
+def test_a_record_the_chain_does_not_know_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+
+    def outcome(record: dict[str, Any]) -> None:
+        record["outcome"] = "completed"
+
+    forge(root, "c", outcome)
+    assert first(runs.verify(root)) == (
+        "episode c: the record says completed, the ledger chain episode_error"
+    )
+
+
+def test_an_env_never_confirmed_absent_is_named(runs: Runs, tmp_path: Path) -> None:
+    h = Harness(tmp_path / "h")
+    asyncio.run(h.ctl.run([manifest("a")], h.baseline, run_id="L"))
+    [env] = h.ledger.envs("L")
+    h.ledger.env_destroyed(env.env_id, confirmed_absent=False, cleanup_ms=1, attempts=9)
+    seal_run(h.ledger, h.store, "L")  # the ledger said so, and was sealed saying so
+    h.ledger.close()
+    report = verify_run(h.store, "L", runs.trusted)
+    assert first(report) == f"env {env.env_id}: not confirmed absent in the ledger chain"
+
+
+def test_a_copy_in_an_fsspec_store_verifies_and_tampering_is_caught(runs: Runs) -> None:
+    import fsspec
+
+    from cleanroom.store import FsspecStore
+
+    fs = fsspec.filesystem("memory")
+    src = runs.h.store.root
+    for path in src.rglob("*"):
+        if path.is_file():
+            fs.pipe_file(f"/audit-copy/{path.relative_to(src)}", path.read_bytes())
+    store = FsspecStore("memory://audit-copy")
+    assert verify_run(store, "A", runs.trusted).ok
+    fs.pipe_file("/audit-copy/runs/A/episodes/a/attempts/1/artifacts/hello.txt", b"forged")
+    assert first(verify_run(store, "A", runs.trusted)) == (
+        "episode a: attempts/1/artifacts/hello.txt does not match its signed digest"
+    )
+    fs.rm("/audit-copy", recursive=True)
+
+
+def test_the_cli_verifies_a_copy_from_another_home_with_the_exported_key(
+    runs: Runs, tmp_path: Path
+) -> None:
+    from tests.test_cli import cli
+
+    here = Path(os.environ["CLEANROOM_HOME"])  # the home that signed (the suite's)
+    exported = cli(here, "keys", "export-public")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.startswith("-----BEGIN PUBLIC KEY-----")
+    pem = tmp_path / "signer.pem"
+    pem.write_text(exported.stdout)
+    root = runs.copy(tmp_path)
+    elsewhere = tmp_path / "auditor-home"  # knows nothing of the run but the key
+    ok = cli(elsewhere, "audit", "verify", "A", "--store", str(root), "--public-key", str(pem))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("ok: run A: 3 records, 3 envs")
+    flip(folder(root, "a") / "attempts/1/artifacts/hello.txt")
+    bad = cli(elsewhere, "audit", "verify", "A", "--store", str(root), "--public-key", str(pem))
+    assert bad.returncode == 1
+    assert bad.stdout.startswith(
+        "BROKEN: run A: episode a: attempts/1/artifacts/hello.txt does not match its signed digest"
+    )
+    keyless = cli(elsewhere, "audit", "verify", "A", "--store", str(root))
+    assert keyless.returncode == 2 and "--public-key" in keyless.stderr
