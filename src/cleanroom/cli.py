@@ -27,7 +27,7 @@ from rich.console import Console
 from cleanroom import logs, paths, private
 from cleanroom.baseline.cli import baseline_app
 from cleanroom.check_cli import check_app
-from cleanroom.checks.evidence_cli import audit_app, keys_app
+from cleanroom.checks.evidence_cli import audit_app, keys_app, replay_command
 from cleanroom.controller import EventHook, RunOptions, RunResult
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
@@ -45,6 +45,7 @@ app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
 app.add_typer(keys_app, name="keys")  # evidence: export-public (server API keys may join it)
 app.add_typer(audit_app, name="audit")
+app.command("replay")(replay_command)
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 

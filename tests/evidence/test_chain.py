@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from cleanroom.ledger import SCHEMA_VERSION, Ledger, chain
 
@@ -35,7 +36,7 @@ def test_each_run_has_its_own_chain_and_every_link_holds(tmp_path: Path) -> None
 
 
 def test_env_and_episode_ends_are_links_of_the_chain(tmp_path: Path) -> None:
-    owner = {"owner_controller": "c", "owner_pid": 1, "owner_host": "h"}
+    owner: dict[str, Any] = {"owner_controller": "c", "owner_pid": 1, "owner_host": "h"}
     with Ledger(tmp_path / "l.db") as led:
         led.start_run("r", controller_id="c", baseline="b", driver="fake", parallel=1, meta={})
         led.env_intent("v1", run_id="r", episode_id="e", attempt=1, driver="fake", **owner)

@@ -1,11 +1,13 @@
-"""``cleanroom keys export-public``, ``cleanroom audit verify`` and ``cleanroom replay``.
+"""``cleanroom keys export-public``, ``cleanroom audit verify|seal`` and ``cleanroom replay``.
 
 Exit codes of ``audit verify``: 0 every link holds; 1 a link is broken (the first is named);
-2 bad input (no such run, an unreadable key).
+2 bad input (no such run, an unreadable key). Of ``replay``: 0 identical, 1 diverged, 2 bad
+input.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +16,7 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cleanroom.checks.audit import verify_run
+from cleanroom.checks.replay import replay
 from cleanroom.errors import CleanroomError, EvidenceError
 from cleanroom.evidence import keys
 from cleanroom.evidence.seal import seal_run
@@ -107,3 +110,29 @@ def seal(
     except CleanroomError as exc:
         raise _fail(exc) from exc
     print(f"sealed run {run_id}: {count} events, head {head}")
+
+
+def replay_command(
+    episode_id: Annotated[str, typer.Argument(help="the episode to replay")],
+    run_id: Annotated[str, typer.Option(help="the run it belongs to")],
+    store: Annotated[str | None, typer.Option(help="store folder or fsspec URL")] = None,
+    driver: Annotated[
+        str | None, typer.Option(help="qemu | gvisor | fake (default: the one it ran on)")
+    ] = None,
+) -> None:
+    """Run an episode again in a fresh env from the same baseline: a session's transcript step
+    by step (exit codes, output digests), a batch episode's manifest (its deterministic
+    record fields). Exit 0 identical, 1 diverged (the first step that differs is named)."""
+    try:
+        report = asyncio.run(replay(run_id, episode_id, store=store, driver=driver))
+    except CleanroomError as exc:
+        raise _fail(exc) from exc
+    for step in report.steps:
+        mark = {True: "same", False: "DIFFERS", None: "-"}[step.same]
+        print(f"{step.step:>4} {step.op:<16} {mark:<8} {step.detail}")
+    where = report.diverged_at
+    if where is None:
+        print(f"identical: {report.kind} {episode_id} replayed as run {report.replay_run_id}")
+        return
+    print(f"diverged at step {where.step} ({where.op}): {where.detail}")
+    raise typer.Exit(1)
