@@ -265,3 +265,16 @@ def test_the_cli_verifies_a_copy_from_another_home_with_the_exported_key(
     )
     keyless = cli(elsewhere, "audit", "verify", "A", "--store", str(root))
     assert keyless.returncode == 2 and "--public-key" in keyless.stderr
+
+
+def test_the_html_report_shows_each_episodes_verification(runs: Runs, tmp_path: Path) -> None:
+    from cleanroom.htmlreport import render_html
+
+    page = render_html("A", runs.h.ledger, runs.h.store)
+    assert "<span class='ok'>verified</span>" in page
+    assert "<tr><td>b</td><td class='ok'>verified</td></tr>" in page
+    root = runs.copy(tmp_path)
+    flip(folder(root, "a") / "attempts/1/artifacts/hello.txt")
+    page = render_html("A", runs.h.ledger, LocalStore(root))
+    assert "<span class='bad'>BROKEN</span>: episode a: attempts/1/artifacts/hello.txt" in page
+    assert "<td>a</td><td class='bad'>episode a: attempts/1/artifacts/hello.txt" in page

@@ -101,7 +101,7 @@ def signing_key_path(explicit: Path | None = None) -> Path:
 
 
 @cache
-def _cached(path: Path, stamp: tuple[int, int]) -> Ed25519PrivateKey:
+def _cached(path: Path, stamp: tuple[int, int, int]) -> Ed25519PrivateKey:
     return load_private(path)
 
 
@@ -117,4 +117,4 @@ def signing_key(explicit: Path | None = None) -> Ed25519PrivateKey:
         info = path.stat()
     except OSError as exc:
         raise EvidenceError(f"cannot read the signing key {path}: {exc}") from exc
-    return _cached(path.resolve(), (info.st_ino, info.st_mtime_ns))
+    return _cached(path, (info.st_dev, info.st_ino, info.st_mtime_ns))
