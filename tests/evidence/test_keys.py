@@ -1,0 +1,77 @@
+"""The signing key (made 0600 on first use, or the user's) and DSSE's encoding."""
+
+from __future__ import annotations
+
+import base64
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from cleanroom.errors import EvidenceError, SignatureError
+from cleanroom.evidence import attest, keys
+
+
+def test_pae_is_the_dsse_specs() -> None:
+    # the DSSE spec's own example (protocol.md)
+    assert attest.pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
+
+
+def test_the_homes_key_is_made_private_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLEANROOM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(keys.KEY_ENV, raising=False)
+    key = keys.signing_key()
+    path = keys.home_key_path()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    again = keys.signing_key()  # the same key, not a new one
+    assert keys.key_id(again.public_key()) == keys.key_id(key.public_key())
+    pem = tmp_path / "pub.pem"
+    pem.write_bytes(keys.public_pem(key.public_key()))
+    assert keys.key_id(keys.load_public(pem)) == keys.key_id(key.public_key())
+
+
+def test_a_users_key_signs_and_a_wrong_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = Ed25519PrivateKey.generate()
+    path = tmp_path / "mine.pem"
+    path.write_bytes(
+        mine.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    monkeypatch.setenv(keys.KEY_ENV, str(path))
+    assert keys.key_id(keys.signing_key().public_key()) == keys.key_id(mine.public_key())
+    stmt = attest.statement("https://x/v1", [attest.subject("f", "00")], {"a": 1})
+    envelope = attest.sign(stmt, keys.signing_key())
+    assert attest.open_envelope(envelope, [mine.public_key()], "e") == stmt
+    body = json.loads(envelope)
+    assert body["signatures"][0]["keyid"] == keys.key_id(mine.public_key())
+    with pytest.raises(SignatureError, match="no trusted key signed it"):
+        attest.open_envelope(envelope, [Ed25519PrivateKey.generate().public_key()], "e")
+    body["payload"] = base64.b64encode(b'{"_type": "other"}').decode()  # payload swapped
+    with pytest.raises(SignatureError):
+        attest.open_envelope(json.dumps(body).encode(), [mine.public_key()], "e")
+    with pytest.raises(EvidenceError, match="not a DSSE envelope"):
+        attest.open_envelope(b"{}", [mine.public_key()], "e")
+    ec = tmp_path / "ec.pem"
+    ec.write_bytes(
+        generate_private_key(SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    with pytest.raises(EvidenceError, match="not an ed25519 key"):
+        keys.signing_key(ec)
