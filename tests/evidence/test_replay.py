@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from cleanroom.checks.audit import verify_run
 from cleanroom.checks.replay import compare_records, replay
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence import keys
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.sessions import session
@@ -64,6 +66,10 @@ async def test_a_session_replays_step_by_step(
         assert diverged.detail == "stdout differs"
     again = store.get_record("again", "session")
     assert again is not None and again["provenance"]["baseline"] == baseline.digest
+    trusted = [keys.signing_key().public_key()]
+    for run in ("orig", "again"):  # a session's run is sealed when it ends, and audits clean
+        audit = verify_run(store, run, trusted)
+        assert audit.ok and audit.records == 1, audit.problems
 
 
 def test_a_batch_episode_compares_its_deterministic_fields() -> None:

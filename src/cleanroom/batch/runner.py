@@ -22,7 +22,6 @@ from cleanroom.batch.groups import plan, run_group
 from cleanroom.batch.preflight import preflight, queue_pending
 from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.drivers.base import Driver, Owner
-from cleanroom.evidence.seal import seal_or_alert
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import CreateEnv, RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
@@ -148,8 +147,6 @@ class Controller:
             )  # a parent env, a snapshot
             shutil.rmtree(ctx.staging_root() / run_id, ignore_errors=True)
             self.ledger.finish_run(run_id, "cancelled" if cancelled_now else status)
-            if ctx.store is not None:  # the run's ledger chain, signed, beside its records
-                seal_or_alert(self.ledger, ctx.store, run_id, self.options.signing_key, self._emit)
             self._emit("run_finished", run_id=run_id, status=status)
             if cancelled_now:
                 raise asyncio.CancelledError

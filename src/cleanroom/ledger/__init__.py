@@ -18,7 +18,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -68,6 +68,7 @@ class Ledger:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or paths.ledger_path()
         self._lock = threading.Lock()
+        self._on_finish: dict[str, Callable[[], object]] = {}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -217,6 +218,15 @@ class Ledger:
             f"no run {run_id!r}",
             ("run_finished", run_id, None, None, {"status": status}),
         )
+        hook = self._on_finish.pop(run_id, None)
+        if hook is not None:
+            hook()
+
+    def on_run_finished(self, run_id: str, hook: Callable[[], object]) -> None:
+        """Call ``hook()`` once, after ``finish_run(run_id)`` (the last one set wins): how a
+        run's chain is sealed when it ends (``evidence.seal``), whoever ends it (a batch, the
+        last holder of a session's run)."""
+        self._on_finish[run_id] = hook
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = self._rows("get_run", "SELECT * FROM runs WHERE run_id = ?", (run_id,))

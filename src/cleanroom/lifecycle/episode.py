@@ -21,6 +21,7 @@ import contextlib
 import shutil
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import EpisodeState, Failure, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id
 from cleanroom.errors import CleanroomError, DriftError, RecordConflict, StoreError
+from cleanroom.evidence.seal import seal_or_alert
 from cleanroom.export import export_attempt, export_episode
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.lifecycle.context import CreateEnv, RunContext
@@ -107,6 +109,11 @@ class Episode:
         self.lease: EnvLease | None = None
         self.result = EpisodeResult(key.episode_id, key.attempt, self.outcome)
         self._finished = False
+        if ctx.store is not None:  # the run's ledger chain, signed, beside its records at its end
+            seal = partial(
+                seal_or_alert, ctx.ledger, ctx.store, key.run_id, ctx.options.signing_key, ctx.emit
+            )
+            ctx.ledger.on_run_finished(key.run_id, seal)
 
     @property
     def env(self) -> Env | None:
