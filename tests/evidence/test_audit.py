@@ -278,3 +278,56 @@ def test_the_html_report_shows_each_episodes_verification(runs: Runs, tmp_path: 
     page = render_html("A", runs.h.ledger, LocalStore(root))
     assert "<span class='bad'>BROKEN</span>: episode a: attempts/1/artifacts/hello.txt" in page
     assert "<td>a</td><td class='bad'>episode a: attempts/1/artifacts/hello.txt" in page
+
+
+def test_an_unreadable_record_or_a_missing_file_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+    record = folder(root, "a") / "result.json"
+    record.write_bytes(b"z" + record.read_bytes()[1:])  # no longer JSON
+    (folder(root, "b") / "attempts/1/artifacts/hello.txt").unlink()
+    report = runs.verify(root)
+    assert report.problems[0].startswith(
+        "episode a: result.json is unreadable or names no attestation (Expecting value"
+    )
+    assert "episode b: attempts/1/artifacts/hello.txt is missing from the store" in (
+        report.problems
+    )
+    root2 = runs.copy(tmp_path / "2")
+    path = folder(root2, "c") / "result.json"
+    record_c = json.loads(path.read_bytes())
+    del record_c["attestation"]
+    path.write_bytes(record_bytes(record_c))
+    assert first(runs.verify(root2)) == (
+        "episode c: result.json is unreadable or names no attestation ('attestation')"
+    )
+
+
+def sign_statement(root: Path, eid: str, edit: Any) -> None:
+    """Re-sign ``eid``'s statement after ``edit`` (an insider with the key, again)."""
+    path = folder(root, eid) / "attempts/1/attestation.dsse.json"
+    stmt = attest.open_envelope(path.read_bytes(), [keys.signing_key().public_key()], "x")
+    edit(stmt)
+    path.write_bytes(attest.sign(stmt, keys.signing_key()))
+
+
+def test_a_statement_that_leaves_out_a_listed_file_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+
+    def drop(stmt: dict[str, Any]) -> None:
+        stmt["subject"] = [s for s in stmt["subject"] if not s["name"].endswith("hello.txt")]
+
+    sign_statement(root, "a", drop)
+    assert first(runs.verify(root)) == (
+        "episode a: attempts/1/artifacts/hello.txt is listed by the record but not signed"
+    )
+
+
+def test_a_record_moved_under_a_statement_of_this_run_is_named(runs: Runs, tmp_path: Path) -> None:
+    root = runs.copy(tmp_path)
+
+    def other_run(record: dict[str, Any]) -> None:
+        record["run_id"] = "B"
+
+    forge(root, "b", other_run)  # its statement names run B now: say it is of A
+    sign_statement(root, "b", lambda stmt: stmt["predicate"].update(run_id="A"))
+    assert first(runs.verify(root)) == "episode b: the record is of B/b"

@@ -212,9 +212,8 @@ def _verify_record(
     if (record.get("run_id"), record.get("episode_id")) != (run_id, eid):
         report.broken(where, f"the record is of {record.get('run_id')}/{record.get('episode_id')}")
     listed = dict(files_of(record))
-    for name, digest in sorted(subjects.items()):
-        if name == RECORD:
-            continue
+    files = sorted((n, d) for n, d in subjects.items() if n != RECORD)
+    for name, digest in files:
         data = store.get_bytes(run_id, eid, name)
         if data is None:
             report.broken(where, f"{name} is missing from the store")

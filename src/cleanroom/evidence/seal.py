@@ -4,8 +4,9 @@
 (a signed ``CHAIN`` statement over that file: how many events, the last one's hash) in the
 run's folder of the store, beside ``episodes/``. Written when a run ends (every ``Episode``
 registers ``seal_or_alert`` with ``Ledger.on_run_finished``: a batch's end, the last holder of
-a session's run) and by ``cleanroom reap`` for a run whose controller died; a resumed run is sealed again, its
-longer chain replacing the shorter (the head names its count; an older head is a prefix).
+a session's run) and by ``cleanroom reap`` for a run whose controller died; a resumed run is
+sealed again, its longer chain replacing the shorter (the head names its count; an older head
+is a prefix).
 """
 
 from __future__ import annotations
