@@ -331,3 +331,49 @@ def test_a_record_moved_under_a_statement_of_this_run_is_named(runs: Runs, tmp_p
     forge(root, "b", other_run)  # its statement names run B now: say it is of A
     sign_statement(root, "b", lambda stmt: stmt["predicate"].update(run_id="A"))
     assert first(runs.verify(root)) == "episode b: the record is of B/b"
+
+
+def test_a_record_naming_no_env_or_an_env_the_chain_never_made_is_named(
+    runs: Runs, tmp_path: Path
+) -> None:
+    root = runs.copy(tmp_path)
+    forge(root, "a", lambda r: r["provenance"].pop("env_id"))
+    assert first(runs.verify(root)) == "episode a: its env None is not the one its statement names"
+    root2 = runs.copy(tmp_path / "2")
+    forge(root2, "a", lambda r: r["provenance"].update(env_id="env-forged"))
+    assert "episode a: env env-forged was not made for attempt 1 in the ledger chain" in (
+        runs.verify(root2).problems
+    )
+
+
+def resign_destroy(root: Path, eid: str, **change: Any) -> None:
+    path = folder(root, eid) / "attempts/1/destroy.dsse.json"
+    stmt = attest.open_envelope(path.read_bytes(), [keys.signing_key().public_key()], "x")
+    stmt["predicate"].update(change)
+    path.write_bytes(attest.sign(stmt, keys.signing_key()))
+
+
+def test_every_break_of_a_destroy_proof_is_named(runs: Runs, tmp_path: Path) -> None:
+    env_b = json.loads((folder(runs.h.store.root, "b") / "result.json").read_bytes())["provenance"][
+        "env_id"
+    ]
+    cases = {
+        "flip": "episode b: attempts/1/destroy.json does not match its signed destroy statement",
+        "absent": f"episode b: env {env_b} was not confirmed absent",
+        "other-env": "episode b: its destroy statement is of another env or episode",
+        "other-episode": "episode b: its destroy statement is of another env or episode",
+        "unsigned": "episode b: destroy statement: attempts/1/destroy.dsse.json: not a DSSE",
+    }
+    for case, want in cases.items():
+        root = runs.copy(tmp_path / case)
+        if case == "flip":
+            flip(folder(root, "b") / "attempts/1/destroy.json")
+        elif case == "absent":
+            resign_destroy(root, "b", confirmed_absent=False)
+        elif case == "other-env":
+            resign_destroy(root, "b", env_id="env-other")
+        elif case == "other-episode":
+            resign_destroy(root, "b", episode_id="a")
+        else:
+            (folder(root, "b") / "attempts/1/destroy.dsse.json").unlink()
+        assert first(runs.verify(root)).startswith(want), case

@@ -35,6 +35,7 @@ from cleanroom.evidence.statements import files_of
 from cleanroom.ledger import chain
 from cleanroom.record import Outcome
 from cleanroom.store import RECORD
+from cleanroom.store.layout import attempt_dir
 
 FINAL = {o.value for o in Outcome if o.final}
 
@@ -250,9 +251,8 @@ def _verify_env(
     env_of.setdefault(env, eid)
     if told is not None and (eid, attempt) not in told.intents.get(env, []):
         report.broken(where, f"env {env} was not made for attempt {attempt} in the ledger chain")
-    folder = f"attempts/{attempt}"
-    proof_path = ((pred.get("destroy") or {}).get("proof")) or f"{folder}/destroy.json"
-    stmt_path = ((pred.get("destroy") or {}).get("statement")) or f"{folder}/destroy.dsse.json"
+    proof_path = f"{attempt_dir(attempt)}/destroy.json"  # where the env's lease writes them
+    stmt_path = f"{attempt_dir(attempt)}/{attest.DESTROY_ENVELOPE}"
     proof = store.get_bytes(run_id, eid, proof_path)
     try:
         stmt = attest.open_envelope(store.get_bytes(run_id, eid, stmt_path) or b"", keys, stmt_path)
