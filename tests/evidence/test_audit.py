@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from cleanroom.checks.audit import AuditReport, verify_run
 from cleanroom.evidence import attest, keys
-from cleanroom.evidence.seal import CHAIN_EVENTS, seal_run
-from cleanroom.evidence.statements import episode_statement
+from cleanroom.evidence.seal import CHAIN_EVENTS, CHAIN_HEAD, seal_run
+from cleanroom.evidence.statements import chain_statement, episode_statement
+from cleanroom.ledger import chain
 from cleanroom.store import LocalStore
 from cleanroom.store.base import record_bytes
 from tests.test_controller import Harness, manifest
@@ -377,3 +378,88 @@ def test_every_break_of_a_destroy_proof_is_named(runs: Runs, tmp_path: Path) -> 
         else:
             (folder(root, "b") / "attempts/1/destroy.dsse.json").unlink()
         assert first(runs.verify(root)).startswith(want), case
+
+
+def chain_events(root: Path, run_id: str = "A") -> list[dict[str, Any]]:
+    return list(chain.parse(events_file(root, run_id).read_bytes()))
+
+
+def rechain(root: Path, events: list[dict[str, Any]], run_id: str = "A", **head: Any) -> None:
+    """Write ``events`` as the run's chain, every link recomputed, and sign its head (an
+    insider with the key and the ledger): only what the chain says can catch it."""
+    prev = chain.GENESIS
+    linked = []
+    for seq, e in enumerate(events, 1):
+        fields = (e["ts"], e["run_id"], e["episode_id"], e["env_id"], e["kind"], e["data"])
+        digest = chain.link(seq, prev, *fields)
+        linked.append({**e, "seq": seq, "prev": prev, "hash": digest})
+        prev = digest
+    raw = chain.exported(linked)
+    events_file(root, run_id).write_bytes(raw)
+    stmt = chain_statement(run_id, CHAIN_EVENTS, raw, len(linked), prev if linked else None)
+    stmt["predicate"].update(head)
+    (root / "runs" / run_id / CHAIN_HEAD).write_bytes(attest.sign(stmt, keys.signing_key()))
+
+
+def test_what_a_rewritten_chain_says_is_checked(runs: Runs, tmp_path: Path) -> None:
+    base = chain_events(runs.h.store.root)
+    intent = next(e for e in base if e["kind"] == "env_intent" and e["episode_id"] == "b")
+    env = intent["env_id"]
+    cases: dict[str, tuple[list[dict[str, Any]], str]] = {
+        "reused": (
+            [*base, {**intent, "episode_id": "c"}],
+            f"env {env}: made 2 times (for [('b', 1), ('c', 1)]): an env is never reused",
+        ),
+        "undestroyed": (
+            [e for e in base if not (e["kind"] == "env_destroyed" and e["env_id"] == env)],
+            f"env {env}: never destroyed in the ledger chain",
+        ),
+        "unfinished": (
+            [e for e in base if not (e["kind"] == "episode_finished" and e["episode_id"] == "b")],
+            "episode b: the record says completed, the ledger chain None",
+        ),
+        "foreign": (
+            [*base, {**base[-1], "run_id": "B"}],
+            f"run A ledger chain: event {len(base) + 1} belongs to run 'B'",
+        ),
+    }
+    for case, (events, want) in cases.items():
+        root = runs.copy(tmp_path / case)
+        rechain(root, events)
+        assert first(runs.verify(root)) == want, case
+
+
+def test_a_head_that_is_missing_foreign_or_over_other_bytes_is_named(
+    runs: Runs, tmp_path: Path
+) -> None:
+    root = runs.copy(tmp_path)
+    (root / "runs/A" / CHAIN_HEAD).unlink()
+    assert first(runs.verify(root)) == (
+        "run A ledger chain: missing (ledger/head.dsse.json and ledger/events.jsonl): "
+        "the run was never sealed"
+    )
+    root2 = runs.copy(tmp_path / "2")
+    shutil.rmtree(root2 / "runs/A/ledger")
+    shutil.copytree(root2 / "runs/B/ledger", root2 / "runs/A/ledger")
+    assert first(runs.verify(root2)) == (
+        "run A ledger chain: the signed head is of run 'B', not this run"
+    )
+    root3 = runs.copy(tmp_path / "3")
+    events_file(root3).write_bytes(events_file(root3).read_bytes() + b"[]\n")
+    assert first(runs.verify(root3)).startswith(
+        "run A ledger chain: ledger/events.jsonl does not parse"
+    )
+    root4 = runs.copy(tmp_path / "4")
+    rechain(root4, chain_events(root4))  # a valid chain whose bytes differ: respaced JSON
+    events_file(root4).write_bytes(events_file(root4).read_bytes().replace(b', "', b',  "'))
+    assert first(runs.verify(root4)) == (
+        "run A ledger chain: ledger/events.jsonl does not match its signed digest"
+    )
+    root5 = runs.copy(tmp_path / "5")
+    head5 = root5 / "runs/A" / CHAIN_HEAD
+    stmt = attest.open_envelope(head5.read_bytes(), runs.trusted, "h")
+    stmt["predicateType"] = "https://example.com/other/v1"
+    head5.write_bytes(attest.sign(stmt, keys.signing_key()))
+    assert first(runs.verify(root5)) == (
+        "run A ledger chain: the signed head is of run 'A', not this run"
+    )

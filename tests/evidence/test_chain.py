@@ -91,3 +91,28 @@ def test_a_ledger_from_before_the_chain_is_migrated_without_losing_an_event(
         assert [e["kind"] for e in led.chain(None)] == ["reaped", "ledger_chained"]
         version = led._rows("v", "PRAGMA user_version")[0][0]
     assert version == SCHEMA_VERSION
+
+
+def test_every_kind_of_broken_link_is_named(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.db") as led:
+        for kind in ("a", "b", "c"):
+            led.event(kind, run_id="r")
+        events = list(chain.parse(chain.exported(led.chain("r"))))
+    assert chain.broken_link([events[0], {**events[1], "prev": "f" * 64}, events[2]]) == (
+        2,
+        "event 2 does not follow event 1 (prev hash differs)",
+    )
+    assert chain.broken_link([events[1], events[0]]) == (1, "event 1 is missing (found seq 2)")
+    torn = {k: v for k, v in events[0].items() if k != "kind"}
+    assert chain.broken_link([torn]) == (1, "event 1 is malformed ('kind')")
+    assert chain.broken_link([{**events[0], "ts": events[0]["ts"] + 1}]) == (
+        1,
+        "event 1 (a) was altered: its hash does not match",
+    )
+    assert chain.broken_link([]) is None
+    try:
+        list(chain.parse(b'{"seq": 1}\n[1, 2]\n'))
+    except ValueError as exc:
+        assert str(exc) == "line 2 is not an event"
+    else:
+        raise AssertionError("a line that is not an event parsed")

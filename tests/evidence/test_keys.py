@@ -75,3 +75,34 @@ def test_a_users_key_signs_and_a_wrong_one_is_refused(
     )
     with pytest.raises(EvidenceError, match="not an ed25519 key"):
         keys.signing_key(ec)
+
+
+def test_an_envelope_that_is_not_an_in_toto_statement_is_refused() -> None:
+    key = Ed25519PrivateKey.generate()
+    trusted = [key.public_key()]
+
+    def signed(payload: bytes, kind: str = attest.PAYLOAD_TYPE) -> bytes:
+        sig = key.sign(attest.pae(kind, payload))
+        return json.dumps(
+            {
+                "payload": base64.b64encode(payload).decode(),
+                "payloadType": kind,
+                "signatures": [{"keyid": "k", "sig": base64.b64encode(sig).decode()}],
+            }
+        ).encode()
+
+    with pytest.raises(EvidenceError, match="payloadType 'text/plain', not application/vnd"):
+        attest.open_envelope(signed(b"{}", "text/plain"), trusted, "e")
+    with pytest.raises(EvidenceError, match="e: the payload is not JSON"):
+        attest.open_envelope(signed(b"not json"), trusted, "e")
+    with pytest.raises(EvidenceError, match="e: the payload is not an in-toto Statement v1"):
+        attest.open_envelope(
+            signed(b'{"_type": "https://in-toto.io/Statement/v0.1"}'), trusted, "e"
+        )
+    with pytest.raises(EvidenceError, match="e: the payload is not an in-toto Statement v1"):
+        attest.open_envelope(signed(b"[1]"), trusted, "e")
+    stmt = {"_type": attest.STATEMENT_TYPE, "subject": [{"name": "x"}]}
+    assert attest.open_envelope(signed(json.dumps(stmt).encode()), trusted, "e") == stmt
+    with pytest.raises(EvidenceError, match="a malformed subject"):
+        attest.subjects_of(stmt)
+    assert attest.subjects_of({"subject": [attest.subject("f", "ab")]}) == {"f": "ab"}
