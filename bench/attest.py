@@ -8,6 +8,8 @@
 2. ``audit verify`` of a run of ``--audit-episodes`` episodes (default 1,000) on the same
    driver, timed end to end (``verify_run`` over the local store: every signature, digest,
    the chain), several times.
+3. One ledger event appended to its run's hash chain against the plain insert it replaced
+   (the same ledger, the same run).
 
     python bench/attest.py [--runs 40] [--audit-episodes 1000] [--audit-runs 3]
 Results: bench/results/attest.txt
@@ -123,6 +125,23 @@ def pairs(seconds: list[float]) -> list[float]:
     return [a + b for a, b in zip(seconds[::2], seconds[1::2], strict=False)]
 
 
+def ledger_events(n: int) -> tuple[list[float], list[float]]:
+    """Seconds per chained ``Ledger.event`` and per plain insert, ``n`` of each, interleaved."""
+    chained, plain = [], []
+    insert = (
+        "INSERT INTO events (ts, run_id, episode_id, env_id, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
+    )
+    with tempfile.TemporaryDirectory() as d, Ledger(Path(d) / "l.db") as led:
+        for i in range(n):
+            t0 = time.perf_counter()
+            led.event("tick", run_id="r", n=i)
+            t1 = time.perf_counter()
+            led._write("plain", insert, (time.time(), "p", None, None, "tick", f'{{"n": {i}}}'))
+            plain.append(time.perf_counter() - t1)
+            chained.append(t1 - t0)
+    return chained, plain
+
+
 def main() -> None:
     p = parser(__doc__ or "", "attest.txt", 40)
     p.add_argument("--audit-episodes", type=int, default=1000)
@@ -180,12 +199,17 @@ def main() -> None:
             report = verify_run(store, "bench", trusted)
             verify_s.append(time.perf_counter() - t0)
             assert report.ok and report.records == args.audit_episodes, report.problems[:3]
+    chained, plain = ledger_events(2000)
     lines += [
         f"2. audit verify of a {args.audit_episodes}-episode run ({report.events} chained events, "
         f"made in {made_s:.0f} s), {args.audit_runs} times",
         table.header("(ms)"),
         table.row("audit verify (whole run)", verify_s),
         f"  per episode p50 {min(verify_s) / args.audit_episodes * 1000:.2f} ms (best run)",
+        "3. a ledger event: chained (BEGIN IMMEDIATE, the run's tip, insert) vs a plain insert",
+        f"  chained p50 {p50(chained) * 1e6:.0f} us, plain insert (reference) p50 "
+        f"{p50(plain) * 1e6:.0f} us, {len(chained)} each: +{(p50(chained) - p50(plain)) * 1e6:.0f}"
+        " us per event, ~5 chained events per episode (env intent/created/destroyed, its end)",
         f"load average (1 min) at the end {os.getloadavg()[0]:.1f}",
         "targets: signing <= 5% of the episode's close; audit verify of 1,000 episodes <= 10 s",
     ]
