@@ -209,7 +209,7 @@ def main() -> None:
         "3. a ledger event: chained (BEGIN IMMEDIATE, the run's tip, insert) vs a plain insert",
         f"  chained p50 {p50(chained) * 1e6:.0f} us, plain insert (reference) p50 "
         f"{p50(plain) * 1e6:.0f} us, {len(chained)} each: +{(p50(chained) - p50(plain)) * 1e6:.0f}"
-        " us per event, ~5 chained events per episode (env intent/created/destroyed, its end)",
+        " us per event; each episode adds 4 (its env's intent, creation, destruction; its end)",
         f"load average (1 min) at the end {os.getloadavg()[0]:.1f}",
         "targets: signing <= 5% of the episode's close; audit verify of 1,000 episodes <= 10 s",
     ]
