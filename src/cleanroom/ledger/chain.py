@@ -88,12 +88,10 @@ def migrate(conn: sqlite3.Connection, version: int) -> int:
         "SELECT id, ts, run_id, episode_id, env_id, kind, data FROM events "
         "WHERE hash IS NULL ORDER BY id"
     ).fetchall()
-    tips: dict[str | None, tuple[int, str]] = {}
+    tips: dict[str | None, tuple[int, str]] = {}  # a ledger before the chain has no links yet
     for row in rows:
         run_id = row[2]
-        if run_id not in tips:
-            tips[run_id] = _tip(conn, run_id)
-        seq, prev = tips[run_id]
+        seq, prev = tips.get(run_id, (0, GENESIS))
         digest = link(seq + 1, prev, row[1], run_id, row[3], row[4], row[5], row[6])
         conn.execute(
             "UPDATE events SET seq = ?, prev = ?, hash = ? WHERE id = ?",
