@@ -2,7 +2,8 @@
 
 Every attempt writes under its own folder, ``attempts/<n>/`` (``store.layout``), so a late
 attempt never replaces the winner's files. ``export_episode`` is for final outcomes: artifacts
-and logs first (each confirmed by the store), then ``result.json``, which names the attempt's
+and logs first (each confirmed by the store), then the signed attestation over them and the
+record (``evidence.attest``), then ``result.json``, which names the attempt's
 folder (``evidence``) and each file's ``path``; only after that is the episode durable, and
 the first record written decides which attempt *is* the episode. ``export_attempt`` keeps what
 can be had of a non-final attempt (logs, console tail, the error) in the same folder.

@@ -2,10 +2,11 @@
 
 intent (before the env exists) -> created and ready -> destroy, retried with backoff inside the
 cleanup window, shielded from cancellation -> absence confirmed (or ``env_leaked`` and an
-alert) -> the proof, ``destroy.json``, in the episode's store folder when it has one (one the
-store cannot take is ``destroy_proof_failed`` and an alert, never a lost close). Batch
-episodes, group clones and warm parents, verifiers and the isolation check all hold their envs
-this way. Also the end of a run's spares (envs started ahead that no episode took).
+alert) -> the proof, ``destroy.json``, and its signed statement, ``destroy.dsse.json``
+(``evidence.statements``), in the episode's store folder when it has one (one the store cannot
+take, or a key that cannot sign, is ``destroy_proof_failed`` and an alert, never a lost
+close). Batch episodes, group clones and warm parents, verifiers and the isolation check all
+hold their envs this way. Also the end of a run's spares (envs started ahead that no episode took).
 """
 
 from __future__ import annotations
