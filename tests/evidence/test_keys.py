@@ -106,3 +106,19 @@ def test_an_envelope_that_is_not_an_in_toto_statement_is_refused() -> None:
     with pytest.raises(EvidenceError, match="a malformed subject"):
         attest.subjects_of(stmt)
     assert attest.subjects_of({"subject": [attest.subject("f", "ab")]}) == {"f": "ab"}
+
+
+def test_the_payload_is_the_statements_canonical_json_and_nan_is_refused() -> None:
+    key = Ed25519PrivateKey.generate()
+    stmt = attest.statement("https://x/v1", [attest.subject("f", "00")], {"b": 1, "a": [1.5]})
+    raw = attest.sign(stmt, key)
+    envelope = json.loads(raw)
+    payload = base64.b64decode(envelope["payload"])
+    assert payload == (
+        b'{"_type":"https://in-toto.io/Statement/v1","predicate":{"a":[1.5],"b":1},'
+        b'"predicateType":"https://x/v1","subject":[{"digest":{"sha256":"00"},"name":"f"}]}'
+    )
+    assert raw.startswith(b'{\n "payload": "') and raw.endswith(b"\n}\n")  # one key a line
+    assert attest.sign(stmt, key) == raw  # ed25519 is deterministic: a re-export is a no-op
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        attest.sign({**stmt, "predicate": {"x": float("nan")}}, key)
