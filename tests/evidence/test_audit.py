@@ -293,6 +293,11 @@ def test_an_unreadable_record_or_a_missing_file_is_named(runs: Runs, tmp_path: P
     assert "episode b: attempts/1/artifacts/hello.txt is missing from the store" in (
         report.problems
     )
+    root1 = runs.copy(tmp_path / "1")
+    (folder(root1, "a") / "attempts/1/attestation.dsse.json").unlink()
+    assert first(runs.verify(root1)) == (
+        "episode a: its attestation attempts/1/attestation.dsse.json is missing from the store"
+    )
     root2 = runs.copy(tmp_path / "2")
     path = folder(root2, "c") / "result.json"
     record_c = json.loads(path.read_bytes())
@@ -363,7 +368,8 @@ def test_every_break_of_a_destroy_proof_is_named(runs: Runs, tmp_path: Path) -> 
         "absent": f"episode b: env {env_b} was not confirmed absent",
         "other-env": "episode b: its destroy statement is of another env or episode",
         "other-episode": "episode b: its destroy statement is of another env or episode",
-        "unsigned": "episode b: destroy statement: attempts/1/destroy.dsse.json: not a DSSE",
+        "unsigned": "episode b: its destroy statement attempts/1/destroy.dsse.json is missing",
+        "garbled": "episode b: destroy statement: attempts/1/destroy.dsse.json: not a DSSE",
     }
     for case, want in cases.items():
         root = runs.copy(tmp_path / case)
@@ -375,8 +381,10 @@ def test_every_break_of_a_destroy_proof_is_named(runs: Runs, tmp_path: Path) -> 
             resign_destroy(root, "b", env_id="env-other")
         elif case == "other-episode":
             resign_destroy(root, "b", episode_id="a")
-        else:
+        elif case == "unsigned":
             (folder(root, "b") / "attempts/1/destroy.dsse.json").unlink()
+        else:
+            (folder(root, "b") / "attempts/1/destroy.dsse.json").write_bytes(b"{}")
         assert first(runs.verify(root)).startswith(want), case
 
 

@@ -196,8 +196,12 @@ def _verify_record(
         report.broken(where, f"{RECORD} is unreadable or names no attestation ({exc})")
         return None
     env = (record.get("provenance") or {}).get("env_id")
+    envelope = store.get_bytes(run_id, eid, path)
+    if envelope is None:
+        report.broken(where, f"its attestation {path} is missing from the store")
+        return (eid, attempt)
     try:
-        stmt = attest.open_envelope(store.get_bytes(run_id, eid, path) or b"", keys, path)
+        stmt = attest.open_envelope(envelope, keys, path)
         subjects = subjects_of(stmt)
     except EvidenceError as exc:
         report.broken(where, str(exc))
@@ -253,9 +257,15 @@ def _verify_env(
         report.broken(where, f"env {env} was not made for attempt {attempt} in the ledger chain")
     proof_path = f"{attempt_dir(attempt)}/destroy.json"  # where the env's lease writes them
     stmt_path = f"{attempt_dir(attempt)}/{attest.DESTROY_ENVELOPE}"
-    proof = store.get_bytes(run_id, eid, proof_path)
+    proof, envelope = (
+        store.get_bytes(run_id, eid, proof_path),
+        store.get_bytes(run_id, eid, stmt_path),
+    )
+    if envelope is None:
+        report.broken(where, f"its destroy statement {stmt_path} is missing from the store")
+        return
     try:
-        stmt = attest.open_envelope(store.get_bytes(run_id, eid, stmt_path) or b"", keys, stmt_path)
+        stmt = attest.open_envelope(envelope, keys, stmt_path)
     except EvidenceError as exc:
         report.broken(where, f"destroy statement: {exc}")
         return
