@@ -16,10 +16,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from cleanroom.checks.audit import AuditReport, verify_run
+from cleanroom.errors import StoreError
 from cleanroom.evidence import attest, keys
 from cleanroom.evidence.seal import CHAIN_EVENTS, CHAIN_HEAD, seal_run
 from cleanroom.evidence.statements import chain_statement, episode_statement
-from cleanroom.ledger import chain
+from cleanroom.ledger import Ledger, chain
 from cleanroom.store import LocalStore
 from cleanroom.store.base import record_bytes
 from tests.test_controller import Harness, manifest
@@ -70,7 +71,8 @@ def test_an_untouched_run_verifies(runs: Runs) -> None:
     for run_id, records in (("A", 3), ("B", 1)):
         report = verify_run(runs.h.store, run_id, runs.trusted)
         assert report.ok, report.problems
-        assert report.records == report.envs == records
+        assert report.records == report.envs == records and report.run_id == run_id
+        assert report.events == 4 * records + 1  # intent, created, destroyed, end; run end
         assert report.status == {e: "verified" for e in report.status}
     record = runs.h.store.get_record("A", "a")
     assert record is not None
@@ -129,9 +131,11 @@ def test_the_last_ledger_events_dropped_are_caught_by_the_signed_head(
     root = runs.copy(tmp_path)
     lines = events_file(root).read_bytes().splitlines(keepends=True)
     events_file(root).write_bytes(b"".join(lines[:-2]))
-    n = len(lines)
+    n, kept = len(lines), json.loads(lines[-3])["hash"][:12]
+    head = json.loads(lines[-1])["hash"][:12]
     assert first(runs.verify(root)) == (
-        f"run A ledger chain: the chain ends after {n - 2} events, its signed head {n}"
+        f"run A ledger chain: the chain ends at event ({n - 2}, '{kept}'), "
+        f"its signed head at ({n}, '{head}')"
     )
 
 
@@ -197,7 +201,9 @@ def test_a_forged_record_reusing_an_env_id_is_named(runs: Runs, tmp_path: Path) 
 def test_a_final_outcome_without_its_record_is_named(runs: Runs, tmp_path: Path) -> None:
     root = runs.copy(tmp_path)
     (folder(root, "b") / "result.json").unlink()
-    assert first(runs.verify(root)) == "episode b: ended completed (attempt 1) with no record"
+    report = runs.verify(root)
+    assert first(report) == "episode b: ended completed (attempt 1) with no record"
+    assert report.status["b"] == report.problems[0] and report.status["a"] == "verified"
 
 
 def test_a_record_the_chain_does_not_know_is_named(runs: Runs, tmp_path: Path) -> None:
@@ -470,4 +476,60 @@ def test_a_head_that_is_missing_foreign_or_over_other_bytes_is_named(
     head5.write_bytes(attest.sign(stmt, keys.signing_key()))
     assert first(runs.verify(root5)) == (
         "run A ledger chain: the signed head is of run 'A', not this run"
+    )
+
+
+def test_an_episode_folder_without_a_record_is_no_problem_and_gets_no_status(
+    runs: Runs, tmp_path: Path
+) -> None:
+    root = runs.copy(tmp_path)
+    (folder(root, "zz") / "attempts/1").mkdir(parents=True)  # an attempt with no final outcome
+    report = runs.verify(root)
+    assert report.ok and "zz" not in report.status and report.records == 3
+
+
+def test_a_store_that_cannot_list_or_keep_run_files_is_named(runs: Runs, tmp_path: Path) -> None:
+    class Unlistable(LocalStore):
+        def _episode_ids(self, run_id: str) -> list[str]:
+            raise StoreError("the bucket said no")
+
+    report = verify_run(Unlistable(runs.h.store.root), "A", runs.trusted)
+    assert report.problems == ["run A: cannot list its episodes: the bucket said no"]
+
+    class Bare:  # a store with episode files only (no run-level files)
+        def __init__(self, inner: LocalStore) -> None:
+            self.inner = inner
+
+        def get_bytes(self, run_id: str, eid: str, rel: str) -> bytes | None:
+            return self.inner.get_bytes(run_id, eid, rel)
+
+        def episode_ids(self, run_id: str) -> list[str]:
+            return self.inner.episode_ids(run_id)
+
+    bare = verify_run(Bare(runs.h.store), "A", runs.trusted)
+    assert bare.problems == ["run A ledger chain: this store keeps no run-level files"]
+    assert bare.records == 3 and bare.status["a"] == "verified"  # what it could check, it did
+
+
+def test_an_empty_run_chain_verifies(runs: Runs, tmp_path: Path) -> None:
+    with Ledger(tmp_path / "empty.db") as ledger:
+        seal_run(ledger, runs.h.store, "nothing")
+    report = verify_run(runs.h.store, "nothing", runs.trusted)
+    assert report.ok and (report.events, report.records) == (0, 0)
+
+
+def test_an_event_after_an_episodes_end_does_not_change_its_outcome(
+    runs: Runs, tmp_path: Path
+) -> None:
+    root = runs.copy(tmp_path)
+    events = chain_events(root)
+    note = {**events[-1], "kind": "note", "episode_id": "b", "data": '{"attempt": 1}'}
+    rechain(root, [*events, note])
+    assert runs.verify(root).ok
+    root2 = runs.copy(tmp_path / "2")
+    rechain(root2, chain_events(root2), head="f" * 64)  # the count holds, the head does not
+    n = len(events)
+    assert first(runs.verify(root2)) == (
+        f"run A ledger chain: the chain ends at event ({n}, '{events[-1]['hash'][:12]}'), "
+        f"its signed head at ({n}, 'ffffffffffff')"
     )

@@ -116,3 +116,21 @@ def test_every_kind_of_broken_link_is_named(tmp_path: Path) -> None:
         assert str(exc) == "line 2 is not an event"
     else:
         raise AssertionError("a line that is not an event parsed")
+
+
+def test_the_link_is_sha256_of_the_compact_utf8_json_list() -> None:
+    import hashlib
+
+    body = '[3,"ab",1.5,"r","é",null,"k","{\\"n\\": 1}"]'.encode()
+    assert chain.link(3, "ab", 1.5, "r", "é", None, "k", '{"n": 1}') == (
+        hashlib.sha256(body).hexdigest()
+    )
+    odd = chain.link(1, chain.GENESIS, 1.0, "r", "bad\udc80name", None, "k", "{}")  # no raise
+    assert len(odd) == 64
+    event = {
+        "seq": 1, "prev": chain.GENESIS, "hash": odd, "ts": 1.0, "run_id": "r",
+        "episode_id": "é\udc80", "env_id": None, "kind": "k", "data": "{}",
+    }  # fmt: skip
+    raw = chain.exported([event])
+    assert "é".encode() in raw and b"\\u00e9" not in raw  # UTF-8 as is, a lone surrogate kept
+    assert list(chain.parse(raw)) == [event]

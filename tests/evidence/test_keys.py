@@ -122,3 +122,24 @@ def test_the_payload_is_the_statements_canonical_json_and_nan_is_refused() -> No
     assert attest.sign(stmt, key) == raw  # ed25519 is deterministic: a re-export is a no-op
     with pytest.raises(ValueError, match="not JSON compliant"):
         attest.sign({**stmt, "predicate": {"x": float("nan")}}, key)
+
+
+def test_base64_outside_the_alphabet_is_refused_and_the_signer_is_named() -> None:
+    key = Ed25519PrivateKey.generate()
+    stmt = attest.statement("https://x/v1", [], {})
+    envelope = json.loads(attest.sign(stmt, key))
+    for field in ("payload", "sig"):
+        bad = json.loads(json.dumps(envelope))
+        if field == "payload":
+            bad["payload"] = "!" + bad["payload"]
+        else:
+            bad["signatures"][0]["sig"] = "!" + bad["signatures"][0]["sig"]
+        with pytest.raises(EvidenceError, match="not a DSSE envelope"):
+            attest.open_envelope(json.dumps(bad).encode(), [key.public_key()], "e")
+    other = Ed25519PrivateKey.generate().public_key()
+    kid = keys.key_id(key.public_key())[:16]
+    with pytest.raises(SignatureError, match=rf"signed by key \['{kid}'\]\)$"):
+        attest.open_envelope(json.dumps(envelope).encode(), [other], "e")
+    del envelope["signatures"][0]["keyid"]
+    with pytest.raises(SignatureError, match=r"signed by key \['\?'\]\)$"):
+        attest.open_envelope(json.dumps(envelope).encode(), [other], "e")

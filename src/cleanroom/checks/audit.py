@@ -65,7 +65,7 @@ class _Chain:
         default_factory=lambda: defaultdict(list)
     )
     absent: dict[str, bool] = field(default_factory=dict)
-    finished: dict[tuple[str, int], str] = field(default_factory=dict)
+    finished: dict[tuple[str, Any], str] = field(default_factory=dict)  # (episode, attempt)
 
 
 def verify_run(store: Any, run_id: str, keys: list[Ed25519PublicKey]) -> AuditReport:
@@ -82,7 +82,7 @@ def _verify_chain(
     store: Any, run_id: str, keys: list[Ed25519PublicKey], report: AuditReport
 ) -> _Chain | None:
     if not isinstance(store, RunFiles):
-        report.broken("ledger chain", "this store keeps no run-level files")
+        report.broken(f"run {run_id} ledger chain", "this store keeps no run-level files")
         return None
     where = f"run {run_id} ledger chain"
     raw_head = store.get_run_bytes(run_id, CHAIN_HEAD)
@@ -112,8 +112,11 @@ def _verify_chain(
         return None
     tip = events[-1]["hash"] if events else None
     if len(events) != pred.get("events") or tip != pred.get("head"):
-        signed = pred.get("events")
-        report.broken(where, f"the chain ends after {len(events)} events, its signed head {signed}")
+        ends, signed = (
+            (len(events), str(tip)[:12]),
+            (pred.get("events"), str(pred.get("head"))[:12]),
+        )
+        report.broken(where, f"the chain ends at event {ends}, its signed head at {signed}")
         return None
     if subjects.get(CHAIN_EVENTS) != sha256(raw):
         report.broken(where, f"{CHAIN_EVENTS} does not match its signed digest")
@@ -130,7 +133,7 @@ def _verify_chain(
         elif kind == "env_destroyed" and env:
             told.absent[env] = bool(data.get("confirmed_absent"))
         elif kind == "episode_finished" and eid:
-            told.finished[(eid, int(data.get("attempt") or 0))] = str(data.get("outcome"))
+            told.finished[(eid, data.get("attempt"))] = str(data.get("outcome"))
     return told
 
 
