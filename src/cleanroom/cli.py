@@ -28,6 +28,7 @@ from cleanroom.baseline.cli import baseline_app
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import EventHook, RunOptions
 from cleanroom.checks.check_cli import check_app
+from cleanroom.checks.evidence_cli import audit_app, keys_app, replay_command
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.host import paths, private
 from cleanroom.ledger import Ledger
@@ -44,6 +45,9 @@ app = typer.Typer(
 )
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
+app.add_typer(keys_app, name="keys")  # evidence: export-public (server API keys may join it)
+app.add_typer(audit_app, name="audit")
+app.command("replay")(replay_command)
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 

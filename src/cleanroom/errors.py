@@ -46,6 +46,8 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     │   └── SessionClosed           a call after the session ended (closed, failed, timed out)
     │       └── SessionTimeout      its ``timeout_s`` or ``idle_timeout_s`` passed (a TimeoutError)
     ├── CheckError                  a check (isolation, repro) could not run to its end
+    ├── EvidenceError               an attestation key or envelope that cannot be used
+    │   └── SignatureError          an envelope whose signature no trusted key verifies
     └── GymError                    a cleanroom.gym env used wrongly (step before reset, closed)
         └── GymEnvError             the in-VM Gymnasium env raised or died (episode_error)
 """
@@ -261,6 +263,14 @@ class SessionTimeout(SessionClosed, TimeoutError):
 
 class CheckError(CleanroomError):
     """A check (``cleanroom check isolation`` / ``repro``) could not run to its end."""
+
+
+class EvidenceError(CleanroomError):
+    """An attestation key that cannot be read or made, or an envelope that does not parse."""
+
+
+class SignatureError(EvidenceError):
+    """A DSSE envelope whose signature no trusted key verifies (the message says which)."""
 
 
 class GymError(CleanroomError):

@@ -1,1 +1,4 @@
-"""Checks a person runs: isolation, repro, doctor (and the evidence audit)."""
+"""Checks a person runs: ``isolation`` (nothing crosses between episodes), ``repro`` (the same
+manifest twice), ``doctor`` (what this host lacks), and over a run's evidence ``audit`` (verify
+its attestations and ledger chain, on any copy of its store) and ``replay`` (run a session's
+transcript again)."""

@@ -2,7 +2,8 @@
 
 Every attempt writes under its own folder, ``attempts/<n>/`` (``store.layout``), so a late
 attempt never replaces the winner's files. ``export_episode`` is for final outcomes: artifacts
-and logs first (each confirmed by the store), then ``result.json``, which names the attempt's
+and logs first (each confirmed by the store), then the signed attestation over them and the
+record (``evidence.attest``), then ``result.json``, which names the attempt's
 folder (``evidence``) and each file's ``path``; only after that is the episode durable, and
 the first record written decides which attempt *is* the episode. ``export_attempt`` keeps what
 can be had of a non-final attempt (logs, console tail, the error) in the same folder.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cleanroom import __version__
@@ -21,12 +22,15 @@ from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import Outcome
-from cleanroom.errors import ExportError, ProtocolError, UnsafePath
+from cleanroom.errors import EvidenceError, ExportError, ProtocolError, UnsafePath
+from cleanroom.evidence import attest, keys
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.record import cleanroom_revision, host_facts, parse_guest_result
 from cleanroom.evidence.secrets import Redactor
+from cleanroom.evidence.statements import episode_statement
 from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.store import Store, StoredFile
+from cleanroom.store.base import record_bytes
 from cleanroom.store.layout import attempt_dir
 
 if TYPE_CHECKING:
@@ -150,9 +154,14 @@ def export_episode(
     redactor: Redactor | None = None,
     *,
     verdict: dict[str, Any] | None = None,
+    signing_key: Path | None = None,
 ) -> dict[str, Any]:
-    """Write artifacts, logs, then the record (with the verifier's ``verdict``, if any).
-    Raises StoreError; returns the record."""
+    """Write artifacts, logs, the signed attestation, then the record (with the verifier's
+    ``verdict``, if any). Raises StoreError; returns the record.
+
+    The attestation (``evidence.attest``) is signed with ``signing_key`` (default: the home's
+    key, ``evidence.keys``) over the record's exact stored bytes, and written just before the
+    record, so a durable record always has its statement beside it."""
     eid = manifest.episode_id
     diagnostics = redact_output(output, diagnostics, redactor)
     error = redactor.redact_text(error) if redactor and error else error
@@ -218,8 +227,19 @@ def export_episode(
     }
     if manifest.group is not None:  # provenance.group says how its shared setup was made
         record["group"] = manifest.group.id
+    record["attestation"] = f"{folder}/{attest.ATTESTATION}"
+    store.put_bytes(run_id, eid, record["attestation"], _envelope(record, signing_key))
     store.put_record(run_id, eid, record)
     return record
+
+
+def _envelope(record: dict[str, Any], signing_key: Path | None) -> bytes:
+    """The record's episode statement, signed (an unusable key fails the export, named)."""
+    try:
+        key = keys.signing_key(signing_key)
+    except EvidenceError as exc:
+        raise ExportError(f"cannot sign the attestation: {exc}") from exc
+    return attest.sign(episode_statement(record, record_bytes(record)), key)
 
 
 def export_attempt(

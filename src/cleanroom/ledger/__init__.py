@@ -18,7 +18,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +26,7 @@ from typing import Any
 
 from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
 from cleanroom.host import paths
+from cleanroom.ledger import chain
 from cleanroom.ledger.liveness import owner_alive
 from cleanroom.ledger.rows import (
     MIGRATIONS,
@@ -67,6 +68,7 @@ class Ledger:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or paths.ledger_path()
         self._lock = threading.Lock()
+        self._on_finish: dict[str, Callable[[], object]] = {}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -104,6 +106,9 @@ class Ledger:
                 ):
                     if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
                         conn.execute(statement)
+                if chained := chain.migrate(conn, version):
+                    data = _dumps({"events": chained, "from_schema": version})
+                    chain.append(conn, time.time(), None, None, None, "ledger_chained", data)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -205,12 +210,23 @@ class Ledger:
             self.event(kind, run_id=run_id, controller_id=controller_id, **data)
 
     def finish_run(self, run_id: str, status: str) -> None:
-        self._write(
+        """The run's end (its lock released), also the last event of its chain so far."""
+        self._chained(
             "finish_run",
             "UPDATE runs SET finished = ?, status = ? WHERE run_id = ?",
             (time.time(), status, run_id),
-            must_hit=f"no run {run_id!r}",
+            f"no run {run_id!r}",
+            ("run_finished", run_id, None, None, {"status": status}),
         )
+        hook = self._on_finish.pop(run_id, None)
+        if hook is not None:
+            hook()
+
+    def on_run_finished(self, run_id: str, hook: Callable[[], object]) -> None:
+        """Call ``hook()`` once, after ``finish_run(run_id)`` (the last one set wins): how a
+        run's chain is sealed when it ends (``evidence.seal``), whoever ends it (a batch, the
+        last holder of a session's run)."""
+        self._on_finish[run_id] = hook
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = self._rows("get_run", "SELECT * FROM runs WHERE run_id = ?", (run_id,))
@@ -264,12 +280,14 @@ class Ledger:
         reward: float | None = None,
         error: str | None = None,
     ) -> None:
-        self._write(
+        fields = {"attempt": attempt, "outcome": outcome, "verdict": verdict}
+        self._chained(
             "episode_finished",
             "UPDATE episodes SET state = 'CLOSED', outcome = ?, verdict = ?, reward = ?, "
             "error = ?, ended_at = ? WHERE run_id = ? AND episode_id = ? AND attempt = ?",
             (outcome, verdict, reward, error, time.time(), run_id, episode_id, attempt),
-            must_hit=f"no queued attempt {run_id}/{episode_id}#{attempt}",
+            f"no queued attempt {run_id}/{episode_id}#{attempt}",
+            ("episode_finished", run_id, episode_id, None, fields),
         )
 
     def episodes(self, run_id: str, *, all_attempts: bool = False) -> list[EpisodeRow]:
@@ -304,7 +322,8 @@ class Ledger:
         """Record that ``env_id`` is about to be created. Must precede the VM process.
 
         ``episode_id``/``attempt`` are None for a group's warm parent (it serves many)."""
-        self._write(
+        fields = {"attempt": attempt, "driver": driver}
+        self._chained(
             "env_intent",
             "INSERT INTO envs (env_id, run_id, episode_id, attempt, driver, owner_controller, "
             "owner_pid, owner_host, intent_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent')",
@@ -319,17 +338,33 @@ class Ledger:
                 owner_host,
                 time.time(),
             ),
+            "",
+            ("env_intent", run_id, episode_id, env_id, fields),
         )
 
     def _env_update(
-        self, name: str, env_id: str, sets: str, args: tuple[Any, ...], *, strict: bool = True
+        self,
+        name: str,
+        env_id: str,
+        sets: str,
+        args: tuple[Any, ...],
+        *,
+        strict: bool = True,
+        chained: dict[str, Any] | None = None,
     ) -> None:
         """Update an env's row. No row: LedgerError if ``strict``, else an ``env_unknown`` event
         (destroy steps must not fail the controller's cleanup path; an env with no intent was
-        never created by a controller)."""
+        never created by a controller). ``chained``: the update is also an event of its run's
+        chain, kind ``name``, with this data."""
         missing = f"no intent recorded for env {env_id!r}"
         sql = f"UPDATE envs SET {sets} WHERE env_id = ?"
-        if not self._write(name, sql, (*args, env_id), must_hit=missing if strict else ""):
+        must_hit = missing if strict else ""
+        if chained is not None:
+            event = (name, None, None, env_id, chained)
+            hit = self._chained(name, sql, (*args, env_id), must_hit, event, env_row=env_id)
+        else:
+            hit = self._write(name, sql, (*args, env_id), must_hit=must_hit)
+        if not hit:
             self.event("env_unknown", env_id=env_id, operation=name)
 
     def env_created(self, env_id: str, *, pid: int, run_dir: str, accelerator: str) -> None:
@@ -338,6 +373,7 @@ class Ledger:
             env_id,
             "state = 'created', created_at = ?, pid = ?, run_dir = ?, accelerator = ?",
             (time.time(), pid, run_dir, accelerator),
+            chained={"accelerator": accelerator},
         )
 
     def env_ready(self, env_id: str) -> None:
@@ -370,6 +406,7 @@ class Ledger:
                 attempts,
             ),
             strict=False,
+            chained={"confirmed_absent": confirmed_absent, "attempts": attempts},
         )
 
     def get_env(self, env_id: str) -> EnvRow | None:
@@ -467,12 +504,50 @@ class Ledger:
         env_id: str | None = None,
         **data: Any,
     ) -> None:
-        self._write(
-            "event",
-            "INSERT INTO events (ts, run_id, episode_id, env_id, kind, data) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (time.time(), run_id, episode_id, env_id, kind, _dumps(data)),
+        """Append an event to its run's hash chain (``chain``)."""
+        self._chained("event", None, (), "", (kind, run_id, episode_id, env_id, data))
+
+    def _chained(
+        self,
+        name: str,
+        sql: str | None,
+        args: tuple[Any, ...],
+        must_hit: str,
+        event: tuple[str, str | None, str | None, str | None, dict[str, Any]],
+        *,
+        env_row: str | None = None,
+    ) -> int:
+        """One statement (``sql``, may be None) and its chained event, in one transaction.
+        ``env_row``: the event's run and episode are that env's (none: an ``env_unknown``)."""
+        kind, run_id, episode_id, env_id, data = event
+        with self._op(name) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                count = conn.execute(sql, args).rowcount if sql is not None else 1
+                if env_row is not None:
+                    row = conn.execute(
+                        "SELECT run_id, episode_id FROM envs WHERE env_id = ?", (env_row,)
+                    ).fetchone()
+                    run_id, episode_id = (row[0], row[1]) if row else (None, None)
+                if count:
+                    chain.append(conn, time.time(), run_id, episode_id, env_id, kind, _dumps(data))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        if must_hit and count == 0:
+            raise LedgerError(f"ledger {name}: {must_hit}")
+        return count
+
+    def chain(self, run_id: str | None) -> list[dict[str, Any]]:
+        """A run's hash chain, in order: each event as ``chain.exported`` writes it."""
+        rows = self._rows(
+            "chain",
+            "SELECT seq, prev, hash, ts, run_id, episode_id, env_id, kind, data FROM events "
+            "WHERE run_id IS ? AND seq IS NOT NULL ORDER BY seq",
+            (run_id,),
         )
+        return [dict(r) for r in rows]
 
     def events(self, run_id: str | None, kind: str | None = None) -> list[EventRow]:
         """Events of a run (``None``: events with no run), optionally of one kind, in order."""

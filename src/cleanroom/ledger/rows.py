@@ -7,7 +7,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: runs.locked_at (the run lock)
+SCHEMA_VERSION = 3  # 2: runs.locked_at (the run lock); 3: the events' hash chain (chain.py)
 QUEUED = "PENDING"
 
 SCHEMA = (
@@ -30,7 +30,8 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS envs_live ON envs (env_id) WHERE confirmed_absent_at IS NULL",
     """CREATE TABLE IF NOT EXISTS events (
         id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, run_id TEXT, episode_id TEXT,
-        env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}')""",
+        env_id TEXT, kind TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}',
+        seq INTEGER, prev TEXT, hash TEXT)""",
     "CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind)",
     """CREATE TABLE IF NOT EXISTS snapshots (
         snapshot_id TEXT PRIMARY KEY, run_id TEXT, group_id TEXT, driver TEXT,
@@ -135,6 +136,9 @@ class EventRow:
     env_id: str | None
     kind: str
     data: dict[str, Any]
+    seq: int | None = None  # the hash chain (``chain``): place in its run's chain
+    prev: str | None = None
+    hash: str | None = None
 
 
 MIGRATIONS = {2: ("runs", "locked_at", "ALTER TABLE runs ADD COLUMN locked_at REAL")}

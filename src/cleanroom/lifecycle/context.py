@@ -28,6 +28,7 @@ class RunOptions:
     egress_hosts: Mapping[str, str] | None = None  # name -> address for egress proxies (tests)
     spares: int | None = None  # envs kept started ahead per shape (None: ``spare_count``)
     allow_baseline_change: bool = False  # resume a run with a baseline other than its own
+    signing_key: Path | None = None  # signs attestations (None: $CLEANROOM_SIGNING_KEY, home's)
 
     def spare_count(self, cores: int | None = None) -> int:
         """Envs to keep started ahead per shape: ``spares`` where given, else one per episode

@@ -21,6 +21,7 @@ import contextlib
 import shutil
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from cleanroom.errors import (
 )
 from cleanroom.evidence.export import export_attempt, export_episode
 from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.seal import seal_or_alert
 from cleanroom.evidence.secrets import Redactor
 from cleanroom.evidence.secrets import resolve as resolve_secrets
 from cleanroom.lifecycle.clock import EpisodeClock
@@ -113,6 +115,11 @@ class Episode:
         self.lease: EnvLease | None = None
         self.result = EpisodeResult(key.episode_id, key.attempt, self.outcome)
         self._finished = False
+        if ctx.store is not None:  # the run's ledger chain, signed, beside its records at its end
+            seal = partial(
+                seal_or_alert, ctx.ledger, ctx.store, key.run_id, ctx.options.signing_key, ctx.emit
+            )
+            ctx.ledger.on_run_finished(key.run_id, seal)
 
     @property
     def env(self) -> Env | None:
@@ -345,6 +352,7 @@ class Episode:
             self.clock,
             self.redactor,
             verdict=verdict,
+            signing_key=self.ctx.options.signing_key,
         )
         self.result.record = record
         self.result.reward = record.get("reward")

@@ -2,10 +2,11 @@
 
 intent (before the env exists) -> created and ready -> destroy, retried with backoff inside the
 cleanup window, shielded from cancellation -> absence confirmed (or ``env_leaked`` and an
-alert) -> the proof, ``destroy.json``, in the episode's store folder when it has one (one the
-store cannot take is ``destroy_proof_failed`` and an alert, never a lost close). Batch
-episodes, group clones and warm parents, verifiers and the isolation check all hold their envs
-this way. Also the end of a run's spares (envs started ahead that no episode took).
+alert) -> the proof, ``destroy.json``, and its signed statement, ``destroy.dsse.json``
+(``evidence.statements``), in the episode's store folder when it has one (one the store cannot
+take, or a key that cannot sign, is ``destroy_proof_failed`` and an alert, never a lost
+close). Batch episodes, group clones and warm parents, verifiers and the isolation check all
+hold their envs this way. Also the end of a run's spares (envs started ahead that no episode took).
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import contextlib
 import json
 import os
 import time
+from pathlib import PurePosixPath
 from types import TracebackType
 
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest
-from cleanroom.errors import CleanroomError, ExportError, LedgerError, StoreError
+from cleanroom.errors import CleanroomError, EvidenceError, ExportError, LedgerError, StoreError
+from cleanroom.evidence import attest, keys
+from cleanroom.evidence.attest import DESTROY_ENVELOPE
+from cleanroom.evidence.statements import destroy_statement
 from cleanroom.lifecycle.context import CreateEnv, RunContext
 from cleanroom.lifecycle.shield import until_done
 from cleanroom.store.base import export_error
@@ -143,14 +148,32 @@ class EnvLease:
         if store is None or eid is None or self.proof is None:
             return
         where = f"the destroy proof {self.proof} of episode {eid} (run {self.run_id})"
+        proof = _destroy_json(report)
         try:
-            await asyncio.to_thread(
-                store.put_bytes, self.run_id, eid, self.proof, _destroy_json(report)
-            )
+            await asyncio.to_thread(store.put_bytes, self.run_id, eid, self.proof, proof)
+            envelope = self._sign_proof(eid, self.proof, proof, report)
+            where = f"the signed destroy statement of episode {eid} (run {self.run_id})"
+            rel = str(PurePosixPath(self.proof).with_name(DESTROY_ENVELOPE))
+            await asyncio.to_thread(store.put_bytes, self.run_id, eid, rel, envelope)
+        except EvidenceError as exc:
+            self._proof_failed(ExportError(f"cannot sign {where}: {exc}"))
         except StoreError as exc:
             self._proof_failed(ExportError(f"cannot write {where}: {exc}"))
         except OSError as exc:
             self._proof_failed(export_error(exc, where))
+
+    def _sign_proof(self, eid: str, path: str, proof: bytes, report: DestroyReport) -> bytes:
+        """The destroy statement (``evidence.statements``) over ``proof``, signed."""
+        stmt = destroy_statement(
+            path,
+            proof,
+            run_id=self.run_id,
+            episode_id=eid,
+            attempt=self.attempt,
+            env_id=self.env_id,
+            confirmed_absent=report.confirmed_absent,
+        )
+        return attest.sign(stmt, keys.signing_key(self.ctx.options.signing_key))
 
     def _proof_failed(self, error: ExportError) -> None:
         with contextlib.suppress(LedgerError):  # the report stands without this event too

@@ -22,6 +22,7 @@ from typing import Any
 
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Driver
+from cleanroom.evidence.seal import seal_or_alert
 from cleanroom.host import paths
 from cleanroom.ledger import EnvRow, Ledger, SnapshotRow
 from cleanroom.ledger.liveness import owner_alive
@@ -38,6 +39,7 @@ class ReapReport:
     episodes_marked: list[tuple[str, str, int]] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)  # deleted (failed ones are in failed)
     staging: list[str] = field(default_factory=list)  # runs whose staging folder was removed
+    sealed: list[str] = field(default_factory=list)  # runs whose ledger chain was sealed
 
 
 def _orphans(driver: Driver, ledger: Ledger) -> dict[str, EnvRow | None]:
@@ -77,8 +79,11 @@ async def reap(
     """Destroy every orphaned env of ``driver``; mark their unfinished episodes; remove the
     staging of dead controllers' runs (under ``staging_root``, default ``home/staging``)."""
     report = ReapReport()
+    touched: set[str] = set()
     for env_id, row in sorted(_orphans(driver, ledger).items()):
         result = await driver.destroy(env_id)
+        if row is not None and row.run_id:
+            touched.add(row.run_id)
         if row is not None:
             ledger.env_destroyed(
                 env_id,
@@ -100,7 +105,15 @@ async def reap(
             report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
     await _reap_snapshots(driver, ledger, report)
     report.staging = reap_staging(ledger, staging_root or paths.home() / "staging")
+    if store is not None:  # a crashed run's chain, with what reaping it added, signed
+        for run_id in sorted(touched):
+            if seal_or_alert(ledger, store, run_id, None, _quiet):
+                report.sealed.append(run_id)
     return report
+
+
+def _quiet(kind: str, **data: Any) -> None:
+    """No one listens to ``reap``'s alerts: a failed seal is its ledger event."""
 
 
 def reap_staging(ledger: Ledger, root: Path) -> list[str]:

@@ -10,6 +10,9 @@ Layout (the same for every backend)::
             logs/{stdout,stderr,console}.log ...
             verifier/{stdout,stderr}.log
             destroy.json, attempt.json (an attempt that did not reach a final outcome)
+            attestation.dsse.json, destroy.dsse.json   signed statements (cleanroom.evidence)
+    <root>/runs/<run_id>/ledger/
+        events.jsonl, head.dsse.json   the run's ledger hash chain and its signed head
 
 Readers follow the record (``layout.listed``: each file's ``path``); a record without paths
 (record_version 1) is the old layout, ``artifacts/`` and ``logs/`` beside ``result.json``.

@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 from cleanroom.errors import ExportError, RecordConflict, StoreError, UnsafePath
 
 RECORD = "result.json"
+RUN_FILES = "ledger"  # the one folder of run-level files, beside episodes/ (its hash chain)
 CHUNK = 1 << 20
 _D = TypeVar("_D", Path, str)
 
@@ -67,6 +68,11 @@ def canonical_json(record: dict[str, Any]) -> bytes:
     return text.encode()
 
 
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """The record exactly as ``put_record`` stores it (an attestation signs these bytes)."""
+    return json.dumps(json.loads(canonical_json(record)), indent=1, sort_keys=True).encode() + b"\n"
+
+
 def chunks(src: Path) -> Iterator[bytes]:
     with src.open("rb") as f:
         while chunk := f.read(CHUNK):
@@ -105,6 +111,27 @@ class BaseStore(abc.ABC, Generic[_D]):
     @abc.abstractmethod
     def _episode_ids(self, run_id: str) -> list[str]: ...
 
+    def _run_dest(self, run_id: str, rel: str) -> _D:
+        """Where a run-level file lies (``<root>/runs/<run_id>/<rel>``): its ledger chain."""
+        raise NotImplementedError
+
+    def _run_where(self, run_id: str, rel: str) -> _D:
+        one_part(run_id, "run_id")
+        parts = safe_parts(rel)
+        if parts[0] != RUN_FILES or len(parts) < 2:
+            raise UnsafePath(f"a run-level file lies under {RUN_FILES}/: {rel!r}")
+        return self._run_dest(run_id, "/".join(parts))
+
+    def put_run_bytes(self, run_id: str, rel: str, data: bytes) -> StoredFile:
+        """Write (or replace: a resumed run's chain grows) a file of the run itself, confirmed."""
+        stored = self._put(self._run_where(run_id, rel), bytes(data), exclusive=False)
+        assert stored is not None
+        return StoredFile(rel, *stored)
+
+    def get_run_bytes(self, run_id: str, rel: str) -> bytes | None:
+        """A run-level file's bytes (``ledger/events.jsonl``), None if absent."""
+        return self._read(self._run_where(run_id, rel))
+
     def _where(self, run_id: str, episode_id: str, rel: str) -> _D:
         one_part(run_id, "run_id")
         one_part(episode_id, "episode_id")
@@ -137,7 +164,7 @@ class BaseStore(abc.ABC, Generic[_D]):
         """Write the record (last, atomically). False if this same record is already there."""
         canonical = canonical_json(record)
         dest = self._where(run_id, episode_id, RECORD)
-        data = json.dumps(json.loads(canonical), indent=1, sort_keys=True).encode() + b"\n"
+        data = record_bytes(record)
         absent = self.get_record(run_id, episode_id) is None
         if absent and self._put(dest, data, exclusive=True) is not None:
             return True
@@ -162,6 +189,11 @@ class BaseStore(abc.ABC, Generic[_D]):
     def get_bytes(self, run_id: str, episode_id: str, rel: str) -> bytes | None:
         """A stored file's bytes (``logs/stderr.log``, ``attempts/2/logs/...``), None if absent."""
         return self._read(self._where(run_id, episode_id, rel))
+
+    def episode_ids(self, run_id: str) -> list[str]:
+        """Every episode folder of a run, sorted (durable or not; what an audit walks)."""
+        one_part(run_id, "run_id")
+        return sorted(self._episode_ids(run_id))
 
     def list_records(self, run_id: str) -> list[dict[str, Any]]:
         """Every durable record of a run, by episode_id."""

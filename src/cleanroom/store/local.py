@@ -45,6 +45,9 @@ class LocalStore(BaseStore[Path]):
     def _dest(self, run_id: str, episode_id: str, rel: str) -> Path:
         return self.root / "runs" / run_id / "episodes" / episode_id / rel
 
+    def _run_dest(self, run_id: str, rel: str) -> Path:
+        return self.root / "runs" / run_id / rel
+
     def episode_uri(self, run_id: str, episode_id: str) -> str:
         return self._where(run_id, episode_id, RECORD).parent.as_uri()
 

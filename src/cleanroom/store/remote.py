@@ -49,6 +49,9 @@ class FsspecStore(BaseStore[str]):
     def _dest(self, run_id: str, episode_id: str, rel: str) -> str:
         return f"{self.root}/runs/{run_id}/episodes/{episode_id}/{rel}"
 
+    def _run_dest(self, run_id: str, rel: str) -> str:
+        return f"{self.root}/runs/{run_id}/{rel}"
+
     def episode_uri(self, run_id: str, episode_id: str) -> str:
         dest = self._where(run_id, episode_id, RECORD)
         return str(self.fs.unstrip_protocol(dest.rsplit("/", 1)[0]))

@@ -2,8 +2,9 @@
 
 Everything is inline (CSS and SVG drawn here in Python; no script, no font, no network): outcome
 breakdown, reward distribution per policy, a latency histogram per phase, cleanup latency with
-any env not confirmed absent, and a timeline with one bar per env from its intent (written
-before the VM existed) to its confirmed absence. Data: ``run_report_json`` plus the ledger's env
+any env not confirmed absent, a timeline with one bar per env from its intent (written
+before the VM existed) to its confirmed absence, and each episode's verification status
+(``checks.audit`` with this home's key). Data: ``run_report_json`` plus the ledger's env
 rows and events.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from cleanroom.errors import ConfigError
 from cleanroom.ledger import Ledger
+from cleanroom.observe.htmlreport.evidence import evidence
 from cleanroom.observe.htmlreport.sections import (
     cleanup,
     episodes,
@@ -44,6 +46,7 @@ def render_html(run_id: str, ledger: Ledger, store: Store | None = None) -> str:
         latencies(report),
         cleanup(report, envs, events),
         episodes(report),
+        evidence(run_id, store),
     ]
     body = "".join(f"<section>{s}</section>" for s in sections)
     return (
