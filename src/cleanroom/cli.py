@@ -31,6 +31,8 @@ from cleanroom.controller import EventHook, RunOptions, RunResult
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.ledger import Ledger
 from cleanroom.progress import RunProgress
+from cleanroom.server.cli import keys_app
+from cleanroom.server.cli import serve as serve_command
 from cleanroom.store import open_store
 
 app = typer.Typer(
@@ -42,6 +44,8 @@ app = typer.Typer(
 )
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
+app.add_typer(keys_app, name="keys")
+app.command("serve")(serve_command)
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 
