@@ -77,10 +77,10 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"serve did not stop on SIGTERM: {self.log.read_text()}")
+            raise AssertionError(f"serve did not stop on SIGTERM: {self.log.read_text()}") from exc
 
 
 def new_key(name: str = "test") -> str:
