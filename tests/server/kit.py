@@ -6,6 +6,7 @@ The SDK under test is the real ``e2b`` package, configured only by ``E2B_API_URL
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -22,6 +24,7 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.ledger import Ledger
 from cleanroom.server.keys import KeyRing
+from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline
 from ..vmkit import assert_gone
@@ -81,6 +84,13 @@ class Server:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"serve did not stop on SIGTERM: {self.log.read_text()}") from exc
+
+
+def steps(store: LocalStore, run_id: str, eid: str, attempt: int) -> list[dict[str, Any]]:
+    """The durable transcript of attempt ``attempt`` of a sandbox's session."""
+    base = Path(store.episode_uri(run_id, eid).removeprefix("file://"))
+    path = base / "attempts" / str(attempt) / "logs" / "transcript.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def new_key(name: str = "test") -> str:
