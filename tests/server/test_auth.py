@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -64,7 +66,7 @@ def test_another_keys_sandbox_is_exactly_an_unknown_one(server: Server, key: str
     envd = [
         httpx.get(
             server.url + "/files", params={"path": "/etc/hostname"}, headers={"E2b-Sandbox-Id": sid}
-        )  # fmt: skip
+        )
         for sid in (mine.sandbox_id, unknown)
     ]
     assert envd[0].status_code == envd[1].status_code == 404
@@ -79,8 +81,9 @@ def test_over_the_per_key_limit_is_429_with_retry_after(server: Server, key: str
     made = [Sandbox.create("fake") for _ in range(3)]
     with pytest.raises(RateLimitException):
         Sandbox.create("fake")
-    r = httpx.post(server.url + "/sandboxes", headers={"X-API-Key": key},
-                   json={"templateID": "fake"})  # fmt: skip
+    r = httpx.post(
+        server.url + "/sandboxes", headers={"X-API-Key": key}, json={"templateID": "fake"}
+    )
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
     other = Sandbox.create("fake", api_key=new_key("other"))
     made[0].kill()
@@ -104,28 +107,40 @@ def test_oversized_bodies_are_413(server: Server, key: str) -> None:
     refused 413 (declared or not), and a gzip upload that unpacks past it too; the sandbox
     still works after."""
     sbx = Sandbox.create("fake")
-    r = httpx.post(server.url + "/sandboxes", headers={"X-API-Key": key},
-                   content=b"{" + b" " * (2 * 1024 * 1024) + b"}")  # fmt: skip
+    r = httpx.post(
+        server.url + "/sandboxes",
+        headers={"X-API-Key": key},
+        content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+    )
     assert r.status_code == 413
     envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""}
     big = b"x" * (5 * 1024 * 1024)
-    r = httpx.post(server.url + "/files", params={"path": "/tmp/cr-big"}, content=big,
-                   headers={**envd, "Content-Type": "application/octet-stream"})  # fmt: skip
+    r = httpx.post(
+        server.url + "/files",
+        params={"path": "/tmp/cr-big"},
+        content=big,
+        headers={**envd, "Content-Type": "application/octet-stream"},
+    )
     assert r.status_code == 413
 
-    def chunks() -> object:
+    def chunks() -> Iterator[bytes]:
         for _ in range(5):
             yield b"y" * (1024 * 1024)
 
-    r = httpx.post(server.url + "/files", params={"path": "/tmp/cr-big"}, content=chunks(),
-                   headers={**envd, "Content-Type": "application/octet-stream"})  # fmt: skip
+    r = httpx.post(
+        server.url + "/files",
+        params={"path": "/tmp/cr-big"},
+        content=chunks(),
+        headers={**envd, "Content-Type": "application/octet-stream"},
+    )
     assert r.status_code == 413
-    import gzip
-
     bomb = gzip.compress(b"\0" * (8 * 1024 * 1024))
-    r = httpx.post(server.url + "/files", params={"path": "/tmp/cr-big"}, content=bomb,
-                   headers={**envd, "Content-Type": "application/octet-stream",
-                            "Content-Encoding": "gzip"})  # fmt: skip
+    r = httpx.post(
+        server.url + "/files",
+        params={"path": "/tmp/cr-big"},
+        content=bomb,
+        headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 413
     assert sbx.commands.run("echo fine").stdout == "fine\n"
     sbx.kill()

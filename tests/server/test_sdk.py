@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, TimeoutException
 
 from cleanroom.drivers.fake import FakeDriver
@@ -23,8 +23,11 @@ def test_commands_through_the_sync_sdk(key: str, tmp_path: Path) -> None:
     a non-zero exit as ``CommandExitException``, background + wait, stdin, kill, list, connect
     by pid, the command timeout as ``TimeoutException``; kill ends the session ``completed``."""
     sbx = Sandbox.create("fake", envs={"SBX_VAR": "from-sandbox"}, metadata={"who": "t1"})
-    r = sbx.commands.run("echo out; echo err >&2; echo $SBX_VAR $CMD_VAR; pwd",
-                         envs={"CMD_VAR": "from-command"}, cwd=str(tmp_path))  # fmt: skip
+    r = sbx.commands.run(
+        "echo out; echo err >&2; echo $SBX_VAR $CMD_VAR; pwd",
+        envs={"CMD_VAR": "from-command"},
+        cwd=str(tmp_path),
+    )
     assert r.exit_code == 0
     assert r.stdout == f"out\nfrom-sandbox from-command\n{tmp_path}\n"
     assert r.stderr == "err\n"
@@ -138,7 +141,5 @@ def _metric(text: str, name: str) -> str:
     raise AssertionError(f"{name} not in {text}")
 
 
-def _query(metadata: dict[str, str]) -> object:
-    from e2b import SandboxQuery
-
+def _query(metadata: dict[str, str]) -> SandboxQuery:
     return SandboxQuery(metadata=metadata)
