@@ -21,7 +21,7 @@ import httpx
 
 from cleanroom import paths
 from cleanroom.baseline.model import Baseline
-from cleanroom.drivers.fake import FakeDriver
+from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.ledger import Ledger
 from cleanroom.server.keys import KeyRing
 from cleanroom.store import LocalStore
@@ -97,7 +97,7 @@ def new_key(name: str = "test") -> str:
     return KeyRing().create(name)[1]
 
 
-def outcome(sandbox_id: str, driver: FakeDriver | None = None, timeout_s: float = 60.0) -> str:
+def outcome(sandbox_id: str, driver: RunFolderDriver | None = None, timeout_s: float = 60.0) -> str:
     """The sandbox's session outcome once final, after checking its env is confirmed absent
     in the ledger (and gone from the host, with ``driver``)."""
     run_id = f"serve-{sandbox_id}"
