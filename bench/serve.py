@@ -1,4 +1,4 @@
-"""Serve benchmark: the real e2b SDK through ``cleanroom serve`` beside the same run's native session.
+"""Serve benchmark: the real e2b SDK through ``cleanroom serve`` beside the same run's session.
 
 Measures, interleaved run by run (a served sandbox, then a native ``cr.session`` on the same
 driver and baseline, in this process):
