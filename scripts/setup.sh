@@ -20,6 +20,7 @@ APT_PACKAGES=(
   musl-tools  # the musl-only and distroless test images (a program linked by musl-gcc)
   docker-registry  # a real registry on 127.0.0.1 for the image tests
   chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
+  nodejs  # node + npm (this repack bundles npm): tests/server/test_js.py, E2B's JS SDK vs `cleanroom serve`
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.cleanroom-install-stamp"
