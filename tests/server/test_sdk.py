@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, TimeoutException
 
 from cleanroom.drivers.fake import FakeDriver
@@ -143,3 +143,23 @@ def _metric(text: str, name: str) -> str:
 
 def _query(metadata: dict[str, str]) -> SandboxQuery:
     return SandboxQuery(metadata=metadata)
+
+
+def test_a_pty_through_the_sync_sdk(key: str) -> None:
+    """Protects: ``sandbox.pty``: create (a login shell on a terminal of the asked size),
+    send_stdin (streamed input), resize, the output as pty data, the exit code."""
+    sbx = Sandbox.create("fake")
+    term = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.send_stdin(term.pid, b"stty size\n")
+    seen = bytearray()
+    for _, _, pty in term:  # the output as it comes, until the first answer
+        seen.extend(pty or b"")
+        if b"24 80" in seen:
+            break
+    sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; echo pty-$((6*7)); exit\n")
+    result = term.wait(on_pty=seen.extend)
+    text = seen.decode(errors="replace")
+    assert result.exit_code == 0
+    assert "24 80" in text and "30 100" in text and "pty-42" in text, text
+    sbx.kill()

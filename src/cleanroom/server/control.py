@@ -75,6 +75,7 @@ class Process:
     tag: str | None
     listeners: list[asyncio.Queue[tuple[str, Any]]] = field(default_factory=list)
     result: Any = None  # its CommandResult once it ended
+    terminal: Any = None  # the GuestProcess of a PTY process (resize), else None
 
     def emit(self, kind: str, data: Any) -> None:
         for q in list(self.listeners):

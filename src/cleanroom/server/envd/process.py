@@ -6,14 +6,16 @@ step like any session command) and streams its events: ``start`` (its pid), ``da
 ``timeout``, sent as ``connect-timeout-ms``) kills the process; a client that disconnects
 leaves it running (E2B's semantics: ``Connect`` by pid streams it again). ``List``,
 ``SendInput`` / ``StreamInput`` / ``CloseStdin``, ``SendSignal`` (SIGKILL and SIGTERM both kill
-its process group) work on the sandbox's process table. A PTY (``pty``, ``Update``) is
-answered ``UNIMPLEMENTED``: the session API has no PTY yet.
+its process group) work on the sandbox's process table. A PTY (``pty``: its output as
+``pty`` data, input by ``SendInput``'s ``pty``, ``Update`` resizes it) is spawned on the
+session's env as ``cleanroom shell`` spawns one (``_spawn_pty``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,9 +26,11 @@ from e2b.envd.process import process_connect
 from e2b.envd.process import process_pb as pb
 from protobuf import Oneof
 
+from cleanroom.agent.commands import GuestProcess
 from cleanroom.errors import CleanroomError, GuestOperationError, SessionClosed
 from cleanroom.server.control import Process, Sandbox, Sandboxes, ServerError
 from cleanroom.server.envd.routing import sandbox_of, user_of
+from cleanroom.sessions import CommandHandle
 
 Ctx = RequestContext[Any, Any]
 
@@ -101,8 +105,6 @@ class ProcessService(process_connect.Process):
 
     async def start(self, request: pb.StartRequest, ctx: Ctx) -> AsyncIterator[pb.StartResponse]:
         sbx = self._sandbox(ctx)
-        if request.has_field("pty"):
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY is not served by cleanroom yet")
         config = request.process or pb.ProcessConfig()
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty")
@@ -120,25 +122,45 @@ class ProcessService(process_connect.Process):
 
             return relay
 
+        argv = [config.cmd, *config.args]
+        user = user_of(_header(ctx))
+        env = {**sbx.envs, **dict(config.envs)}
+        terminal = None
         try:
-            handle = await sbx.sb.commands.run(
-                [config.cmd, *config.args],
-                cwd=config.cwd or None,
-                user=user_of(_header(ctx)),
-                env={**sbx.envs, **dict(config.envs)} or None,
-                on_stdout=out("stdout"),
-                on_stderr=out("stderr"),
-                background=True,
-            )
+            if request.has_field("pty"):
+                size = request.pty.size if request.pty is not None else None
+                rows, cols = (size.rows, size.cols) if size is not None else (24, 80)
+                handle, terminal = await _spawn_pty(
+                    sbx, argv, config.cwd or None, user, env, (rows or 24, cols or 80), out("pty")
+                )
+            else:
+                handle = await sbx.sb.commands.run(
+                    argv,
+                    cwd=config.cwd or None,
+                    user=user,
+                    env=env or None,
+                    on_stdout=out("stdout"),
+                    on_stderr=out("stderr"),
+                    background=True,
+                )
         except CleanroomError as exc:
             raise connect_error(exc) from exc
-        proc = Process(pid, handle, config.cmd, list(config.args), dict(config.envs),
-                       config.cwd or None, request.tag or None, [queue])  # fmt: skip
+        proc = Process(
+            pid,
+            handle,
+            config.cmd,
+            list(config.args),
+            dict(config.envs),
+            config.cwd or None,
+            request.tag or None,
+            [queue],
+            terminal=terminal,
+        )
         holder.append(proc)
         sbx.processes[pid] = proc
         waiter = asyncio.get_running_loop().create_task(self._wait(sbx, proc))
         waiter.add_done_callback(lambda t: t.cancelled() or t.exception())
-        if not request.stdin:
+        if not request.stdin and terminal is None:
             with contextlib.suppress(CleanroomError):
                 await handle.close_stdin()
         deadline = ctx.timeout_ms
@@ -187,7 +209,7 @@ class ProcessService(process_connect.Process):
                     kind, data = await asyncio.wait_for(queue.get(), left)
                 except TimeoutError:
                     continue
-                if kind in ("stdout", "stderr"):
+                if kind in ("stdout", "stderr", "pty"):
                     output = Oneof(kind, data)
                     yield _event("data", pb.ProcessEvent.DataEvent(output=output))  # type: ignore[arg-type]
                 elif kind == "end":
@@ -225,8 +247,8 @@ class ProcessService(process_connect.Process):
         sel = given.input if given is not None else None
         if sel is None:
             return
-        if sel.field != "stdin":
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY input is not served by cleanroom yet")
+        if (sel.field == "pty") != (proc.terminal is not None):
+            raise ConnectError(Code.INVALID_ARGUMENT, f"{sel.field} input to this process")
         try:
             await proc.handle.send_stdin(bytes(sel.value))
         except CleanroomError as exc:
@@ -266,4 +288,43 @@ class ProcessService(process_connect.Process):
         return pb.SendSignalResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: Ctx) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "PTY resize is not served by cleanroom yet")
+        sbx = self._sandbox(ctx)
+        proc = self._process(sbx, request.process)
+        size = request.pty.size if request.pty is not None else None
+        if proc.terminal is None or size is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "only a PTY process can be resized")
+        assert sbx.sb is not None
+        try:
+            async with sbx.sb.guard.call():
+                await proc.terminal.resize(size.rows, size.cols)
+        except CleanroomError as exc:
+            raise connect_error(exc) from exc
+        return pb.UpdateResponse()
+
+
+async def _spawn_pty(
+    sbx: Sandbox,
+    argv: list[str],
+    cwd: str | None,
+    user: str | None,
+    env: dict[str, str],
+    size: tuple[int, int],
+    relay: Any,
+) -> tuple[CommandHandle, GuestProcess]:
+    """``argv`` on a PTY of ``size`` (rows, cols), as ``cleanroom shell`` runs one: the
+    session's env through its guard, a ``spawn`` step in its transcript, and a
+    ``CommandHandle`` (``wait`` records the command) over it."""
+    sb = sbx.sb
+    assert sb is not None
+    async with sb.guard.call() as env_:
+        process: GuestProcess = await env_.spawn(
+            argv,
+            pty=size,
+            cwd=cwd,
+            user=None if user == "root" else user,
+            env=env or None,
+            on_stdout=relay,
+        )
+    ask = {"argv": argv, "cwd": cwd, "user": user, "env_names": sorted(env)}
+    sb.guard.transcript.add("spawn", id=process.id, pty=list(size), **ask)
+    return CommandHandle(sb.guard, process, ask, time.time()), process
