@@ -1,5 +1,8 @@
 """Run the server: hypercorn on one port (HTTP/1.1 and h2c, which the SDK speaks), signals.
 
+At start, what a dead server left is reaped (``reap_at_start``: its VMs, which the deadman and
+the parent-death path already ended, confirmed absent and their sessions marked).
+
 SIGTERM / SIGINT: every sandbox is ended first (``Sandboxes.close``: ``cancelled``, record
 durable, env destroyed and confirmed absent), then hypercorn stops. Loopback unless told
 otherwise; TLS when given a certificate and key.
@@ -37,12 +40,33 @@ class ServeOptions:
     domain: str | None = None
 
 
+async def reap_at_start(driver: Driver) -> None:
+    """Before serving: the envs a dead server (or any dead controller) left are destroyed and
+    confirmed absent, their sessions marked (``cleanroom reap``'s work, on this driver)."""
+    from cleanroom.ledger import Ledger
+    from cleanroom.reaper import reap
+    from cleanroom.store import open_store
+
+    with Ledger() as ledger:
+        report = await reap(driver, ledger, open_store(None))
+    for env_id in report.destroyed:
+        print(f"cleanroom serve: reaped {env_id} (confirmed absent)", file=sys.stderr)
+    for run_id, eid, attempt in report.episodes_marked:
+        print(
+            f"cleanroom serve: marked {run_id}/{eid} attempt {attempt} (controller lost)",
+            file=sys.stderr,
+        )
+    if report.failed:
+        print(f"cleanroom serve: ALERT still present: {', '.join(report.failed)}", file=sys.stderr)
+
+
 async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) -> None:
     """Serve until SIGTERM / SIGINT, then end every sandbox and return."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     assert opts.driver is not None
+    await reap_at_start(opts.driver)
     sandboxes = Sandboxes(
         ServerConfig(
             templates=opts.templates,
