@@ -6,6 +6,8 @@ outcome and its env is confirmed absent in the ledger and gone from the host.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -163,3 +165,35 @@ def test_a_pty_through_the_sync_sdk(key: str) -> None:
     assert result.exit_code == 0
     assert "24 80" in text and "30 100" in text and "pty-42" in text, text
     sbx.kill()
+
+
+def test_a_client_that_vanishes_mid_stream_does_not_end_its_sandbox(
+    key: str, tmp_path: Path
+) -> None:
+    """Protects: E2B's semantics: a client killed while streaming a command's output leaves
+    the sandbox and the command running; another client connects by id, finds the command
+    in the list, reattaches by pid, and ends it."""
+    script = tmp_path / "client.py"
+    script.write_text(
+        "from e2b import Sandbox\n"
+        "sbx = Sandbox.create('fake')\n"
+        "h = sbx.commands.run('while true; do echo tick; sleep 0.1; done', background=True)\n"
+        "print(sbx.sandbox_id, h.pid, flush=True)\n"
+        "h.wait(on_stdout=lambda _: None)\n"
+    )
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    sid, pid = child.stdout.readline().split()
+    child.kill()
+    child.wait(30)
+    sbx = Sandbox.connect(sid)
+    assert int(pid) in [p.pid for p in sbx.commands.list()]
+    again = sbx.commands.connect(int(pid))
+    ticks = bytearray()
+    for out, _, _ in again:
+        ticks.extend((out or "").encode())
+        if ticks.count(b"tick") >= 2:
+            break
+    assert sbx.commands.kill(int(pid)) is True
+    sbx.kill()
+    assert outcome(sid, FakeDriver()) == "completed"
