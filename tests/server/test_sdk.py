@@ -197,3 +197,18 @@ def test_a_client_that_vanishes_mid_stream_does_not_end_its_sandbox(
     assert sbx.commands.kill(int(pid)) is True
     sbx.kill()
     assert outcome(sid, FakeDriver()) == "completed"
+
+
+def test_a_guest_that_kills_its_agent_fails_only_its_sandbox(key: str) -> None:
+    """Protects: a command that kills the guest agent mid-command fails that call (an SDK
+    exception, not a hang) and ends that sandbox ``env_crashed`` with its env confirmed
+    absent; a second sandbox of the same key keeps working, and the server too."""
+    victim, bystander = Sandbox.create("fake"), Sandbox.create("fake")
+    with pytest.raises(Exception) as failed:  # the SDK's error type depends on the moment
+        victim.commands.run("echo going; kill -9 $PPID; sleep 30", timeout=60)
+    assert not isinstance(failed.value, TimeoutException), failed.value
+    assert outcome(victim.sandbox_id, FakeDriver()) == "env_crashed"
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(victim.sandbox_id)
+    assert bystander.commands.run("echo fine").stdout == "fine\n"
+    bystander.kill()

@@ -8,7 +8,9 @@ its own that holds ``session(...)`` open (ledger intent first, a run of its own 
   returns only once the session block has closed: record durable, env destroyed and confirmed
   absent;
 - its timeout (E2B's ``timeout``, moved by ``set_timeout``): ``timeout``, with its record;
-- server shutdown (``close``): every task cancelled: ``cancelled``, durable, destroyed.
+- server shutdown (``close``): every task cancelled: ``cancelled``, durable, destroyed;
+- its guest failing a call (the agent died: ``env_crashed``; broke the protocol:
+  ``episode_error``): the session ends with the guest's outcome; other sandboxes go on.
 
 The E2B timeout is the session's own ``timeout_s`` clock (``Lifetime``), moved to the
 sandbox's deadline; the session is opened with ``max_lifetime_s`` as its manifest timeout, so
@@ -36,6 +38,7 @@ from cleanroom.sessions import AsyncSession, CommandHandle, session
 
 ENVD_VERSION = "0.5.7"  # what the SDK may use: stdin, default user, octet-stream uploads
 DEFAULT_TIMEOUT_S = 300
+GUEST_CHECK_S = 0.5  # how often a sandbox looks whether a call found its guest failed
 
 
 class ServerError(CleanroomError):
@@ -225,7 +228,11 @@ class Sandboxes:
                 sbx.sb = sb
                 self._deadline(sbx, sbx.timeout_s)
                 sbx.ready.set_result(None)
-                await sbx.stop.wait()
+                while not sbx.stop.is_set():
+                    if sb.guard.failed_by is not None:  # the guest broke or died in a call
+                        raise sb.guard.failed_by  # its outcome (``interact``), its record
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(sbx.stop.wait(), GUEST_CHECK_S)
                 sbx.ended = "killed"
                 sb.finish(0.0, info={"ended": "killed", "sandbox_id": sbx.sandbox_id})
         except SessionTimeout:
