@@ -1,11 +1,12 @@
 """envd's ``filesystem.Filesystem`` service (Connect RPC) on a sandbox's session.
 
-``Stat``, ``ListDir`` (with ``depth``), ``MakeDir``, ``Move``, ``Remove``. Until the native
-agent has stat/readdir/mkdir/rename operations of its own, each is one guest command with a
-fixed argv (``stat``, ``find``, ``mkdir``, ``mv``, ``rm`` from coreutils/findutils; no shell),
-run through the session (a transcript step); the listing comes back NUL-separated and is parsed
-here within bounds (``LIST_MAX`` entries, names through ``wire.guest_name``'s rules are not
-needed: names are only reported, never used on the host). Watching a folder (``WatchDir``,
+``Stat``, ``ListDir`` (with ``depth``), ``MakeDir``, ``Move``, ``Remove``: by the native
+agent's FS request (``agent/fs.py``, ``native/mux.c``: lstat, readdir, mkdir, rename, a tree
+removed without following links) through the session's guard, a change recorded in its
+transcript. An agent without "fs" (the Python agent, a baseline built before it) gets one guest
+command with a fixed argv instead (``find``, ``mkdir``, ``mv``, ``rm``; no shell), its
+NUL-separated listing parsed here within bounds (``LIST_MAX`` entries). Names are only
+reported, never used as host paths. Watching a folder (``WatchDir``,
 ``CreateWatcher``...) is answered ``UNIMPLEMENTED``.
 """
 
@@ -21,7 +22,8 @@ from e2b.envd.filesystem import filesystem_connect
 from e2b.envd.filesystem import filesystem_pb as pb
 from protobuf.wkt import Timestamp
 
-from cleanroom.errors import CleanroomError
+from cleanroom.agent import fs
+from cleanroom.errors import CleanroomError, GuestFileNotFound
 from cleanroom.server.control import Sandbox, Sandboxes, ServerError
 from cleanroom.server.envd.process import Ctx, _header, connect_error
 from cleanroom.server.envd.routing import sandbox_of, user_of
@@ -93,7 +95,32 @@ class FilesystemService(filesystem_connect.Filesystem):
         except CleanroomError as exc:
             raise connect_error(exc) from exc
 
+    async def _native(
+        self, sbx: Sandbox, op: str, path: str, dest: str | None = None, depth: int = 1
+    ) -> list[pb.EntryInfo] | None:
+        """``op`` by the agent's own FS request; None where the agent has none (the argv
+        path below is used). A change (mkdir, rename, remove) is a transcript step."""
+        assert sbx.sb is not None
+        try:
+            async with sbx.sb.guard.call() as env:
+                agent = getattr(env, "session", None)
+                if agent is None or "fs" not in agent.features:
+                    return None
+                listing = await agent.fs(op, _abs(path), dest=dest and _abs(dest), depth=depth)
+        except GuestFileNotFound as exc:
+            raise ConnectError(Code.NOT_FOUND, f"path '{path}' does not exist") from exc
+        except CleanroomError as exc:
+            raise connect_error(exc) from exc
+        if op in ("mkdir", "rename", "remove"):
+            sbx.sb.guard.transcript.add("fs", fs=op, path=path, dest=dest)
+        return [_info(e) for e in listing.entries]
+
     async def _stat(self, sbx: Sandbox, ctx: Ctx, path: str) -> pb.EntryInfo:
+        native = await self._native(sbx, "stat", path)
+        if native is not None:
+            if not native:
+                raise ConnectError(Code.NOT_FOUND, f"path '{path}' does not exist")
+            return native[0]
         r = await self._run(
             sbx, ctx, ["find", _abs(path), "-maxdepth", "0", "-printf", FIND_FORMAT]
         )
@@ -112,6 +139,9 @@ class FilesystemService(filesystem_connect.Filesystem):
         if top.type != pb.FileType.DIRECTORY:
             raise ConnectError(Code.INVALID_ARGUMENT, f"path '{request.path}' is not a directory")
         depth = max(1, int(request.depth or 1))
+        native = await self._native(sbx, "list", request.path, depth=depth)
+        if native is not None:
+            return pb.ListDirResponse(entries=native)
         argv = ["find", _abs(request.path), "-mindepth", "1", "-maxdepth", str(depth),
                 "-printf", FIND_FORMAT]  # fmt: skip
         r = await self._run(sbx, ctx, argv)
@@ -126,6 +156,8 @@ class FilesystemService(filesystem_connect.Filesystem):
                 raise
         else:
             raise ConnectError(Code.ALREADY_EXISTS, f"path '{request.path}' already exists")
+        if await self._native(sbx, "mkdir", request.path) is not None:
+            return pb.MakeDirResponse(entry=await self._stat(sbx, ctx, request.path))
         r = await self._run(sbx, ctx, ["mkdir", "-p", "--", _abs(request.path)])
         if r.exit_code != 0:
             raise ConnectError(Code.INVALID_ARGUMENT, r.stderr.strip() or "mkdir failed")
@@ -134,6 +166,8 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def move(self, request: pb.MoveRequest, ctx: Ctx) -> pb.MoveResponse:
         sbx = self._sandbox(ctx)
         await self._stat(sbx, ctx, request.source)
+        if await self._native(sbx, "rename", request.source, request.destination) is not None:
+            return pb.MoveResponse(entry=await self._stat(sbx, ctx, request.destination))
         argv = ["mv", "-T", "--", _abs(request.source), _abs(request.destination)]
         r = await self._run(sbx, ctx, argv)
         if r.exit_code != 0:
@@ -143,6 +177,8 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def remove(self, request: pb.RemoveRequest, ctx: Ctx) -> pb.RemoveResponse:
         sbx = self._sandbox(ctx)
         await self._stat(sbx, ctx, request.path)
+        if await self._native(sbx, "remove", request.path) is not None:
+            return pb.RemoveResponse()
         r = await self._run(sbx, ctx, ["rm", "-rf", "--", _abs(request.path)])
         if r.exit_code != 0:
             raise ConnectError(Code.INVALID_ARGUMENT, r.stderr.strip() or "rm failed")
@@ -160,6 +196,24 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def remove_watcher(self, request: Any, ctx: Ctx) -> Any:
         raise ConnectError(Code.UNIMPLEMENTED, "watching a folder is not served by cleanroom yet")
+
+
+def _info(e: fs.Entry) -> pb.EntryInfo:
+    """An agent's entry as envd's ``EntryInfo``."""
+    kind = {"file": "f", "dir": "d", "symlink": "l"}.get(e.type, "?")
+    return pb.EntryInfo(
+        name=posixpath.basename(e.path.rstrip("/")) or e.path,
+        type=TYPES.get(kind, pb.FileType.UNSPECIFIED),
+        path=e.path,
+        size=e.size,
+        mode=e.mode,
+        permissions=_permissions(kind, e.mode),
+        owner="root" if e.uid == 0 else str(e.uid),
+        group="root" if e.gid == 0 else str(e.gid),
+        modified_time=Timestamp.from_datetime(dt.datetime.fromtimestamp(e.mtime, dt.UTC)),
+        symlink_target=e.target or None,
+        is_symlink=kind == "l",
+    )
 
 
 def _abs(path: str) -> str:
