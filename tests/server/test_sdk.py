@@ -17,7 +17,7 @@ from e2b.exceptions import NotFoundException, TimeoutException
 
 from cleanroom.drivers.fake import FakeDriver
 
-from .kit import Server, outcome
+from .kit import Server, new_key, outcome
 
 
 def test_commands_through_the_sync_sdk(key: str, tmp_path: Path) -> None:
@@ -212,3 +212,22 @@ def test_a_guest_that_kills_its_agent_fails_only_its_sandbox(key: str) -> None:
         Sandbox.get_info(victim.sandbox_id)
     assert bystander.commands.run("echo fine").stdout == "fine\n"
     bystander.kill()
+
+
+def test_logs_are_the_sessions_transcript(server: Server, key: str) -> None:
+    """Protects: GET /sandboxes/{id}/logs (and /v2) answer the sandbox's transcript steps as
+    E2B log entries the SDK's own models parse; another key gets 404."""
+    from e2b.api.client.models import SandboxLogs, SandboxLogsV2Response
+
+    sbx = Sandbox.create("fake")
+    sbx.commands.run("echo logged")
+    url = f"{server.url}/sandboxes/{sbx.sandbox_id}/logs"
+    got = SandboxLogs.from_dict(httpx.get(url, headers={"X-API-Key": key}).json())
+    assert any(
+        '"exit_code": 0' in e.message and "echo logged" in e.message for e in got.log_entries
+    )
+    v2 = httpx.get(f"{server.url}/v2/sandboxes/{sbx.sandbox_id}/logs", headers={"X-API-Key": key})
+    assert SandboxLogsV2Response.from_dict(v2.json()).logs
+    other = httpx.get(url, headers={"X-API-Key": new_key("other")})
+    assert other.status_code == 404
+    sbx.kill()

@@ -5,7 +5,8 @@ One port serves both halves of E2B's protocol:
 - the control API (``X-API-Key``; no or a wrong key: 401): ``POST /sandboxes``,
   ``GET /sandboxes`` and ``/v2/sandboxes`` (metadata filter, ``limit`` / ``nextToken``),
   ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout`` and ``/refreshes``,
-  ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect``, ``GET .../logs``;
+  ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect``, ``GET .../logs``
+  (the session's transcript as log entries);
 - envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
   ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
   with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
@@ -17,6 +18,7 @@ Errors are E2B's JSON (``{"code", "message"}``); 429s carry ``Retry-After``; bod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import urllib.parse
@@ -32,7 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from cleanroom.errors import CleanroomError
-from cleanroom.server.control import LimitReached, Sandbox, Sandboxes, ServerError
+from cleanroom.server.control import LimitReached, Sandbox, Sandboxes, ServerError, iso
 from cleanroom.server.envd.files import BodyTooLarge, get_file, post_file, read_body
 from cleanroom.server.envd.filesystem import FilesystemService
 from cleanroom.server.envd.process import ProcessService
@@ -91,8 +93,10 @@ def build_app(served: Served) -> Starlette:
         async def endpoint(request: Request) -> Response:
             key_id = key_of(request)
             if key_id is None:
-                return _err(401, "Invalid API key" if request.headers.get("x-api-key")
-                            else "Missing API key")  # fmt: skip
+                return _err(
+                    401,
+                    "Invalid API key" if request.headers.get("x-api-key") else "Missing API key",
+                )
             try:
                 return await handler(request, key_id)  # type: ignore[no-any-return]
             except CleanroomError as exc:
@@ -130,9 +134,10 @@ def build_app(served: Served) -> Starlette:
         wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
         state = request.query_params.get("state", "running")
         found = [
-            s for s in sandboxes.of_key(key_id)
+            s
+            for s in sandboxes.of_key(key_id)
             if all(s.metadata.get(k) == v for k, v in wanted.items())
-        ]  # fmt: skip
+        ]
         if "running" not in state.split(","):
             found = []
         found.sort(key=lambda s: (s.started_at, s.sandbox_id))
@@ -176,8 +181,13 @@ def build_app(served: Served) -> Starlette:
         return JSONResponse(sandboxes.created(sbx), 200)
 
     async def logs(request: Request, key_id: str) -> Response:
-        sandboxes.get(key_id, request.path_params["sid"])
-        return JSONResponse({"logs": [], "logEntries": []})
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        limit = min(int(request.query_params.get("limit") or 1000), 10_000)
+        entries = await asyncio.to_thread(transcript_entries, sbx, limit)
+        if request.url.path.startswith("/v2/"):
+            return JSONResponse({"logs": entries})
+        lines = [{"timestamp": e["timestamp"], "line": e["message"]} for e in entries]
+        return JSONResponse({"logs": lines, "logEntries": entries})
 
     async def sandbox_metrics(request: Request, key_id: str) -> Response:
         sandboxes.get(key_id, request.path_params["sid"])
@@ -211,12 +221,17 @@ def build_app(served: Served) -> Starlette:
             "# TYPE cleanroom_serve_sandboxes_created_total counter",
             f"cleanroom_serve_sandboxes_created_total {served.counts['created']}",
             "# TYPE cleanroom_serve_sandboxes_ended_total counter",
-            *(f'cleanroom_serve_sandboxes_ended_total{{why="{why}"}} {n}'
-              for why, n in sorted(sandboxes.ended.items())),
+            *(
+                f'cleanroom_serve_sandboxes_ended_total{{why="{why}"}} {n}'
+                for why, n in sorted(sandboxes.ended.items())
+            ),
             "# TYPE cleanroom_serve_requests_refused_total counter",
-            *(f'cleanroom_serve_requests_refused_total{{status="{k[8:]}"}} {n}'
-              for k, n in sorted(served.counts.items()) if k.startswith("refused:")),
-        ]  # fmt: skip
+            *(
+                f'cleanroom_serve_requests_refused_total{{status="{k[8:]}"}} {n}'
+                for k, n in sorted(served.counts.items())
+                if k.startswith("refused:")
+            ),
+        ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     sid = "/sandboxes/{sid}"
@@ -249,6 +264,34 @@ def build_app(served: Served) -> Starlette:
         ),
     ]
     return Starlette(routes=routes)
+
+
+def transcript_entries(sbx: Sandbox, limit: int) -> list[dict[str, Any]]:
+    """The last ``limit`` steps of the sandbox's transcript (redacted as it is kept) as E2B
+    log entries: the step as the message, its fields as the entry's fields."""
+    if sbx.sb is None:
+        return []
+    try:
+        raw = sbx.sb.transcript.path.read_bytes().splitlines()[-limit:]
+    except OSError:
+        return []
+    out = []
+    for line in raw:
+        try:
+            step = json.loads(line)
+        except ValueError:
+            continue
+        when = step.pop("at", 0.0)
+        fields = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in step.items()}
+        out.append(
+            {
+                "timestamp": iso(float(when)),
+                "level": "info",
+                "message": line.decode(errors="replace"),
+                "fields": fields,
+            }
+        )
+    return out
 
 
 def _number(value: Any) -> float | None:

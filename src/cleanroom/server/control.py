@@ -117,7 +117,7 @@ class Sandbox:
         return self.next_pid
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -316,8 +316,8 @@ class Sandboxes:
             "alias": sbx.template,
             "sandboxID": sbx.sandbox_id,
             "clientID": "cleanroom",
-            "startedAt": _iso(sbx.started_at),
-            "endAt": _iso(sbx.end_at or sbx.started_at + sbx.timeout_s),
+            "startedAt": iso(sbx.started_at),
+            "endAt": iso(sbx.end_at or sbx.started_at + sbx.timeout_s),
             "cpuCount": int(getattr(limits, "vcpus", 1) or 1),
             "memoryMB": int(getattr(limits, "memory_mib", 256) or 256),
             "diskSizeMB": int(getattr(limits, "disk_mib", 0) or 0),
