@@ -231,3 +231,15 @@ def test_logs_are_the_sessions_transcript(server: Server, key: str) -> None:
     other = httpx.get(url, headers={"X-API-Key": new_key("other")})
     assert other.status_code == 404
     sbx.kill()
+
+
+def test_an_unknown_template_is_e2bs_not_found(server: Server, key: str) -> None:
+    """Protects: a template no ``--template`` names answers 404 (E2B's not-found), not 500."""
+    r = httpx.post(
+        server.url + "/sandboxes",
+        headers={"X-API-Key": key},
+        json={"templateID": "no-such-template"},
+    )
+    assert r.status_code == 404 and "not found" in r.json()["message"]
+    with pytest.raises(Exception, match="not found"):
+        Sandbox.create("no-such-template")

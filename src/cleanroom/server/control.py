@@ -143,6 +143,7 @@ class Sandboxes:
         self.closing = False
         self.ended: Counter[str] = Counter()  # sandboxes ended, by why
         self._baselines: dict[str, Baseline] = {}
+        self._resolving = asyncio.Lock()
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -181,7 +182,10 @@ class Sandboxes:
         """A new live sandbox (its env ready); ``LimitReached`` over a limit."""
         if self.closing:
             raise LimitReached("the server is shutting down", 5.0)
-        baseline = await asyncio.to_thread(self.baseline, template)
+        if template not in self._baselines:  # one build of a template at a time
+            async with self._resolving:
+                await asyncio.to_thread(self.baseline, template)
+        baseline = self.baseline(template)
         if len(self.of_key(key_id)) >= max_per_key:
             raise LimitReached(f"at most {max_per_key} sandboxes per key at once", 1.0)
         live = sum(1 for s in self.by_id.values() if s.ended is None)
