@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import posixpath
 import zlib
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -109,23 +110,60 @@ async def post_file(sbx: Sandbox, request: Request, limit: int) -> Response:
 
 
 async def _parts(request: Request, path: str, limit: int) -> list[tuple[str, bytes]]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the body is over {limit} bytes")
-    form = await request.form(max_files=1000, max_fields=1000, max_part_size=limit)
-    out: list[tuple[str, bytes]] = []
-    total = 0
+    """The ``file`` parts of a multipart body, parsed in memory (bounded by ``limit``: no
+    spool files), each with its filename (or ``path`` for a single part)."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    body = await read_body(request, limit)
+    _, params = parse_options_header(request.headers.get("content-type", ""))
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise ServerError("a multipart body without a boundary")
+    parts: list[tuple[dict[bytes, bytes], bytes]] = []
+    cur: dict[str, Any] = {}
+
+    def begin() -> None:
+        cur.update(headers={}, data=bytearray(), field=b"", value=b"")
+
+    def field(data: bytes, start: int, end: int) -> None:
+        cur["field"] += data[start:end]
+
+    def value(data: bytes, start: int, end: int) -> None:
+        cur["value"] += data[start:end]
+
+    def header_end() -> None:
+        cur["headers"][cur["field"].lower()] = cur["value"]
+        cur["field"], cur["value"] = b"", b""
+
+    def data(chunk: bytes, start: int, end: int) -> None:
+        cur["data"] += chunk[start:end]
+
+    def end() -> None:
+        parts.append((cur["headers"], bytes(cur["data"])))
+
+    callbacks = {
+        "on_part_begin": begin,
+        "on_header_field": field,
+        "on_header_value": value,
+        "on_header_end": header_end,
+        "on_part_data": data,
+        "on_part_end": end,
+    }
+    parser = MultipartParser(boundary, callbacks, max_size=limit)  # type: ignore[arg-type]
     try:
-        parts = [v for k, v in form.multi_items() if k == "file" and not isinstance(v, str)]
-        for part in parts:
-            data = await part.read()
-            total += len(data)
-            if total > limit:
-                raise BodyTooLarge(f"the body is over {limit} bytes")
-            name = path if (len(parts) == 1 and path) else (part.filename or path)
-            if not name:
-                raise ServerError("a file part without a path")
-            out.append((name, data))
-    finally:
-        await form.close()
+        parser.write(body)
+        parser.finalize()
+    except Exception as exc:  # python-multipart's errors: the client's malformed body
+        raise ServerError(f"a malformed multipart body: {exc}") from exc
+    files = []
+    for headers, payload in parts:
+        _, disposition = parse_options_header(headers.get(b"content-disposition", b""))
+        if disposition.get(b"name") == b"file":
+            files.append((disposition.get(b"filename", b"").decode(errors="replace"), payload))
+    out = []
+    for filename, payload in files:
+        name = path if (len(files) == 1 and path) else (filename or path)
+        if not name:
+            raise ServerError("a file part without a path")
+        out.append((name, payload))
     return out
