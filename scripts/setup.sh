@@ -20,6 +20,7 @@ APT_PACKAGES=(
   musl-tools  # the musl-only and distroless test images (a program linked by musl-gcc)
   docker-registry  # a real registry on 127.0.0.1 for the image tests
   chromium  # headless, renders the HTML run report in tests/observe and for docs/*.png
+  nodejs  # node + npm (this repack bundles npm): tests/server/test_js.py, E2B's JS SDK vs `cleanroom serve`
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.cleanroom-install-stamp"
@@ -48,6 +49,13 @@ if ((${#missing[@]})); then
     "${missing[@]}" </dev/null >/dev/null
 else
   say "apt packages present"
+fi
+
+# Debian's own nodejs comes without npm (nodesource's repack bundles it): the JS SDK test needs it
+if ! command -v npm >/dev/null 2>&1; then
+  say "installing npm"
+  "${SUDO[@]+"${SUDO[@]}"}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends npm </dev/null >/dev/null || say "npm not installed: tests/server/test_js.py will fail"
 fi
 
 # --- python -------------------------------------------------------------------------------------

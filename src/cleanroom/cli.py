@@ -28,12 +28,14 @@ from cleanroom.baseline.cli import baseline_app
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import EventHook, RunOptions
 from cleanroom.checks.check_cli import check_app
-from cleanroom.checks.evidence_cli import audit_app, keys_app, replay_command
+from cleanroom.checks.evidence_cli import audit_app, export_public, replay_command
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.host import paths, private
 from cleanroom.ledger import Ledger
 from cleanroom.observe import logs
 from cleanroom.observe.progress import RunProgress
+from cleanroom.server.cli import keys_app
+from cleanroom.server.cli import serve as serve_command
 from cleanroom.store import open_store
 
 app = typer.Typer(
@@ -45,9 +47,11 @@ app = typer.Typer(
 )
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(check_app, name="check")
-app.add_typer(keys_app, name="keys")  # evidence: export-public (server API keys may join it)
+keys_app.command("export-public")(export_public)  # the signing key beside the server's API keys
+app.add_typer(keys_app, name="keys")
 app.add_typer(audit_app, name="audit")
 app.command("replay")(replay_command)
+app.command("serve")(serve_command)
 err = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 140)  # tables stay readable in logs
 

@@ -19,6 +19,8 @@ reproducers, and the property tests (``test_fuzz.py``).
   first byte picks a put of a few bytes, a put of more than the disk (two pieces), a get or a
   get with a small quota; only typed errors, the disk file emptied after each, nothing written
   beside it.
+- ``fs``: the same for an FS request (``agent/fs.py``; first byte: stat, list, mkdir, rename,
+  remove): a DONE's entries parsed within bounds; only typed errors.
 - ``manifest``: a manifests file (``parse_manifests``).
 - ``spec``: a ``baseline.toml`` (``load_spec``).
 - ``gym``: a Gymnasium answer (``cleanroom.gym.wire``): the first byte picks GYM_SPACES or
@@ -193,6 +195,20 @@ def bulk_disk(data: bytes) -> None:
         assert left.st_size == bulk.SIZE and left.st_blocks == 0, "the bulk disk was not emptied"
 
 
+async def _fs_answer(kind: int, session: AgentSession) -> Any:
+    try:
+        op = ("stat", "list", "mkdir", "rename", "remove")[kind % 5]
+        return await session.fs(op, "/x", dest="/y", depth=3)
+    finally:
+        await session.aclose()
+
+
+def fs(data: bytes) -> None:
+    kind, session = _fed_session(data)
+    session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
+    _LOOP.run_until_complete(_fs_answer(kind, session))
+
+
 def manifest(data: bytes) -> None:
     parse_manifests(data.decode("utf-8", "replace"), "<fuzz>")
 
@@ -228,6 +244,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "stream": stream,
     "mux": mux,
     "bulk": bulk_disk,
+    "fs": fs,
     "manifest": manifest,
     "spec": spec,
     "gym": gym,
@@ -239,6 +256,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "stream": (ProtocolError, EnvCrashed),
     "mux": (ProtocolError, EnvCrashed, GuestOperationError),
     "bulk": (ProtocolError, EnvCrashed, GuestOperationError),
+    "fs": (ProtocolError, EnvCrashed, GuestOperationError),
     "manifest": (ManifestError,),
     "spec": (SpecError,),
     "gym": (ProtocolError,),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Unpack
 
-from cleanroom.agent import commands, protocol, transfers, wire
+from cleanroom.agent import commands, fs, protocol, transfers, wire
 from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.channel import Channel, Inbox
 from cleanroom.agent.commands import MAX_OUTPUT, CommandOptions, GuestProcess, SpawnOptions
@@ -315,6 +315,12 @@ class AgentSession:
         """Start ``argv`` and return once it runs (``commands.spawn``: stdin, kill, resize,
         wait); ``Unsupported`` on an agent that does not multiplex."""
         return await commands.spawn(self.channel, argv, **options)
+
+    async def fs(
+        self, op: str, path: str, *, dest: str | None = None, depth: int = 1
+    ) -> fs.Listing:
+        """A filesystem operation in the guest (``fs.OPS``): stat and list answer entries."""
+        return await fs.request(self.channel, op, path, dest=dest, depth=depth)
 
     async def put_stream(self, path: str, chunks: AsyncIterable[bytes], mode: int = 0o644) -> int:
         """Write a stream of any size to ``path``; returns its size."""

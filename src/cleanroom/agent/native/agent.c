@@ -199,7 +199,7 @@ static void hello_fields(jbuf *h) {
     jb_key(h, "pid");
     jb_int(h, getpid());
     /* of protocol.FEATURES what mux.c serves, and gym where gym.c can run a gym process */
-    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\"");
+    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\",\"fs\"");
     if (bulk_size() > 0)
         jb_lit(h, ",\"bulk\"");
     jb_lit(h, gym_available() ? ",\"gym\"]" : "]");

@@ -5,8 +5,10 @@
 #include "pty.h"
 #include "tar.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -761,6 +763,163 @@ static void bulk_get(struct request *r) {
     free(path);
 }
 
+/* -- FS {op, path, dest, depth}: stat / list / mkdir / rename / remove --------------------- */
+/* Answered by DONE {size, truncated} whose body is the entries, each eight NUL-ended fields:
+ * path, type (f d l p s c b ?), size, mode (octal), uid, gid, mtime (s.ns), link target;
+ * stat: the path itself (never followed); list: what is under it, `depth` levels (1..64),
+ * links to folders not entered; at most FS_BODY bytes (then truncated: true). */
+
+enum { FS_BODY = 1024 * 1024 - 64 * 1024, FS_DEPTH = 64 };
+
+struct fsbuf {
+    char *p;
+    size_t n, cap;
+    int full;
+};
+
+static void fs_put(struct fsbuf *b, const char *s, size_t n) {
+    if (b->full)
+        return;
+    if (b->n + n + 1 > FS_BODY) {
+        b->full = 1;
+        return;
+    }
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64 * 1024;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->full = 1;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n++] = 0;
+}
+
+static char fs_type(mode_t m) {
+    return S_ISREG(m) ? 'f' : S_ISDIR(m) ? 'd' : S_ISLNK(m) ? 'l' : S_ISFIFO(m) ? 'p'
+         : S_ISSOCK(m) ? 's' : S_ISCHR(m) ? 'c' : S_ISBLK(m) ? 'b' : '?';
+}
+
+/* one entry: `path` as `st` says (`dirfd`/`name`: where to read a link's target) */
+static void fs_entry(struct fsbuf *b, const char *path, const struct stat *st, int dirfd,
+                     const char *name) {
+    char num[64], target[4096];
+    size_t start = b->n;
+    fs_put(b, path, strlen(path));
+    num[0] = fs_type(st->st_mode), num[1] = 0;
+    fs_put(b, num, 1);
+    fs_put(b, num, (size_t)snprintf(num, sizeof num, "%lld", (long long)st->st_size));
+    fs_put(b, num, (size_t)snprintf(num, sizeof num, "%o", (unsigned)(st->st_mode & 07777)));
+    fs_put(b, num, (size_t)snprintf(num, sizeof num, "%u", (unsigned)st->st_uid));
+    fs_put(b, num, (size_t)snprintf(num, sizeof num, "%u", (unsigned)st->st_gid));
+    fs_put(b, num, (size_t)snprintf(num, sizeof num, "%lld.%09ld", (long long)st->st_mtim.tv_sec,
+                                    st->st_mtim.tv_nsec));
+    ssize_t t = S_ISLNK(st->st_mode) ? readlinkat(dirfd, name, target, sizeof target - 1) : -1;
+    fs_put(b, target, t > 0 ? (size_t)t : 0);
+    if (b->full)
+        b->n = start; /* no half entry */
+}
+
+/* the entries under the open folder `fd` (named `path`), `depth` levels; closes `fd` */
+static void fs_walk(struct fsbuf *b, int fd, const char *path, int depth) {
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *e;
+    while (!b->full && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char child[4096];
+        int n = snprintf(child, sizeof child, "%s%s%s", path,
+                         path[strlen(path) - 1] == '/' ? "" : "/", e->d_name);
+        struct stat st;
+        if (n < 0 || (size_t)n >= sizeof child || fstatat(dirfd(d), e->d_name, &st,
+                                                          AT_SYMLINK_NOFOLLOW))
+            continue;
+        fs_entry(b, child, &st, dirfd(d), e->d_name);
+        if (depth > 1 && S_ISDIR(st.st_mode)) {
+            int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0)
+                fs_walk(b, sub, child, depth - 1);
+        }
+    }
+    closedir(d);
+}
+
+static int fs_unlink(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) ? errno : 0;
+}
+
+static void fs_request(struct request *r) {
+    const struct frame *f = &r->f;
+    char *op = json_strdup(field(f, "op")), *path = json_strdup(field(f, "path"));
+    char *dest = json_strdup(field(f, "dest"));
+    int64_t depth = 1;
+    jspan dv = field(f, "depth");
+    struct fsbuf b = {0};
+    struct stat st;
+    int err = 0;
+    if (!op || !path || path[0] != '/' || (dv.n && (json_int(dv, &depth) || depth < 1))) {
+        failed("error", "ValueError: FS needs an op and an absolute path (depth >= 1)");
+        goto out;
+    }
+    if (depth > FS_DEPTH)
+        depth = FS_DEPTH;
+    if (!strcmp(op, "stat") || !strcmp(op, "list")) {
+        if (lstat(path, &st)) {
+            err = errno;
+        } else if (!strcmp(op, "stat")) {
+            fs_entry(&b, path, &st, AT_FDCWD, path);
+        } else {
+            int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (fd < 0)
+                err = errno;
+            else
+                fs_walk(&b, fd, path, (int)depth);
+        }
+    } else if (!strcmp(op, "mkdir")) {
+        err = make_parents(path) || mkdir(path, 0755) ? errno : 0;
+    } else if (!strcmp(op, "rename")) {
+        if (!dest || dest[0] != '/') {
+            failed("error", "ValueError: FS rename needs an absolute dest");
+            goto out;
+        }
+        err = make_parents(dest) || rename(path, dest) ? errno : 0;
+    } else if (!strcmp(op, "remove")) {
+        err = lstat(path, &st) ? errno
+              : S_ISDIR(st.st_mode) ? nftw(path, fs_unlink, 16, FTW_DEPTH | FTW_PHYS)
+                                    : (unlink(path) ? errno : 0);
+        if (err < 0)
+            err = errno ? errno : EIO;
+    } else {
+        failed("unsupported", "ValueError: FS op is none of stat, list, mkdir, rename, remove");
+        goto out;
+    }
+    if (err) {
+        failed_errno("OSError", path, err);
+    } else {
+        jbuf h = {0};
+        jb_lit(&h, "{\"size\":");
+        jb_int(&h, (int64_t)b.n);
+        jb_lit(&h, b.full ? ",\"truncated\":true}" : ",\"truncated\":false}");
+        host.send(K_DONE, h.failed ? NULL : h.p, (unsigned char *)b.p, b.n);
+        jb_free(&h);
+    }
+out:
+    free(b.p);
+    free(op);
+    free(path);
+    free(dest);
+}
+
 /* -- routing ------------------------------------------------------------------------------- */
 
 static void *serve(void *arg) {
@@ -774,6 +933,8 @@ static void *serve(void *arg) {
         bulk_put(r);
     else if (r->kind == K_BULK_GET)
         bulk_get(r);
+    else if (r->kind == K_FS)
+        fs_request(r);
     else
         download(r);
     pthread_mutex_lock(&lock);
@@ -800,7 +961,8 @@ int mux_classify(const struct frame *f, int64_t *id, jspan *idv) {
     if (f->kind == K_STDIN || f->kind == K_KILL || f->kind == K_RESIZE || f->kind == K_DATA ||
         f->kind == K_ACK)
         return is_int ? MUX_INPUT : MUX_LATE;
-    if (is_int && (f->kind == K_EXEC || f->kind == K_UPLOAD || f->kind == K_DOWNLOAD))
+    if (is_int && (f->kind == K_EXEC || f->kind == K_UPLOAD || f->kind == K_DOWNLOAD ||
+                   f->kind == K_FS))
         return MUX_NEW;
     if (is_int && (f->kind == K_BULK_PUT || f->kind == K_BULK_GET) && bulk_size() > 0)
         return MUX_NEW; /* without a bulk disk: refused, FAILED {code: "unsupported"} */

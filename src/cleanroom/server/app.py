@@ -1,0 +1,306 @@
+"""The ASGI app of ``cleanroom serve``: routes only (the work is in ``control`` and ``envd``).
+
+One port serves both halves of E2B's protocol:
+
+- the control API (``X-API-Key``; no or a wrong key: 401): ``POST /sandboxes``,
+  ``GET /sandboxes`` and ``/v2/sandboxes`` (metadata filter, ``limit`` / ``nextToken``),
+  ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout`` and ``/refreshes``,
+  ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect``, ``GET .../logs``
+  (the session's transcript as log entries);
+- envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
+  ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
+  with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
+- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why).
+
+Errors are E2B's JSON (``{"code", "message"}``); 429s carry ``Retry-After``; bodies past
+``max_body`` are 413.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from e2b.envd.process.process_connect import ProcessASGIApplication
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+
+from cleanroom.errors import CleanroomError
+from cleanroom.server.control import LimitReached, Sandbox, Sandboxes, ServerError, iso
+from cleanroom.server.envd.files import BodyTooLarge, get_file, post_file, read_body
+from cleanroom.server.envd.filesystem import FilesystemService
+from cleanroom.server.envd.process import ProcessService
+from cleanroom.server.envd.routing import sandbox_of
+from cleanroom.server.keys import KeyRing, Limits, Throttle
+
+CONTROL_BODY_MAX = 1024 * 1024
+
+
+@dataclass
+class Served:
+    """What the routes share: the sandboxes, the keys, the limits, the counters."""
+
+    sandboxes: Sandboxes
+    keys: KeyRing
+    limits: Limits = field(default_factory=Limits)
+    max_body: int = 256 * 1024 * 1024
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.throttle = Throttle(self.limits)
+
+
+def _err(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"code": status, "message": message}, status, headers=headers)
+
+
+def _server_error(exc: CleanroomError) -> Response:
+    if isinstance(exc, LimitReached):
+        retry = str(max(1, math.ceil(exc.retry_after)))
+        return _err(429, str(exc), {"Retry-After": retry})
+    if isinstance(exc, ServerError):
+        return _err(exc.status, str(exc))
+    return _err(500, f"{type(exc).__name__}: {exc}")
+
+
+def build_app(served: Served) -> Starlette:
+    sandboxes = served.sandboxes
+
+    def key_of(request: Request) -> str | None:
+        return served.keys.check(request.headers.get("x-api-key"))
+
+    async def body_json(request: Request) -> dict[str, Any]:
+        raw = await read_body(request, CONTROL_BODY_MAX)
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ServerError(f"the body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ServerError("the body is not a JSON object")
+        return body
+
+    def control(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            key_id = key_of(request)
+            if key_id is None:
+                return _err(
+                    401,
+                    "Invalid API key" if request.headers.get("x-api-key") else "Missing API key",
+                )
+            try:
+                return await handler(request, key_id)  # type: ignore[no-any-return]
+            except CleanroomError as exc:
+                if isinstance(exc, BodyTooLarge | LimitReached):
+                    served.counts[f"refused:{exc.status}"] += 1
+                return _server_error(exc)
+
+        return endpoint
+
+    async def create(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        wait = served.throttle.take(key_id)
+        if wait > 0:
+            raise LimitReached(f"over {served.limits.creates_per_s:g} creates/s", wait)
+        template = str(body.get("templateID") or "base")
+        network: list[str] | None = None
+        if body.get("allow_internet_access") is False:
+            network = []
+        net = body.get("network")
+        if isinstance(net, dict) and isinstance(net.get("allowOut"), list):
+            network = [str(h) for h in net["allowOut"]]
+        sbx = await sandboxes.create(
+            key_id,
+            template,
+            timeout_s=_number(body.get("timeout")),
+            metadata=_strings(body.get("metadata")),
+            envs=_strings(body.get("envVars")),
+            network=network,
+            max_per_key=served.limits.max_sandboxes,
+        )
+        served.counts["created"] += 1
+        return JSONResponse(sandboxes.created(sbx), 201)
+
+    async def listing(request: Request, key_id: str) -> Response:
+        wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
+        state = request.query_params.get("state", "running")
+        found = [
+            s
+            for s in sandboxes.of_key(key_id)
+            if all(s.metadata.get(k) == v for k, v in wanted.items())
+        ]
+        if "running" not in state.split(","):
+            found = []
+        found.sort(key=lambda s: (s.started_at, s.sandbox_id))
+        limit = int(request.query_params.get("limit") or 100)
+        start = request.query_params.get("nextToken")
+        if start:
+            found = [s for s in found if s.sandbox_id > start] if start else found
+        page, rest = found[:limit], found[limit:]
+        headers = {"x-next-token": page[-1].sandbox_id} if rest and page else {}
+        return JSONResponse([sandboxes.listed(s) for s in page], headers=headers)
+
+    async def info(request: Request, key_id: str) -> Response:
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        return JSONResponse(sandboxes.detail(sbx))
+
+    async def kill(request: Request, key_id: str) -> Response:
+        await sandboxes.kill(key_id, request.path_params["sid"])
+        served.counts["killed"] += 1
+        return Response(status_code=204)
+
+    async def set_timeout(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        seconds = _number(body.get("timeout"))
+        if seconds is None:
+            raise ServerError("timeout is required")
+        sandboxes.set_timeout(key_id, request.path_params["sid"], seconds)
+        return Response(status_code=204)
+
+    async def refresh(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        sandboxes.set_timeout(key_id, sbx.sandbox_id, _number(body.get("duration")) or 60)
+        return Response(status_code=204)
+
+    async def connect(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        seconds = _number(body.get("timeout"))
+        if seconds is not None:
+            sandboxes.set_timeout(key_id, sbx.sandbox_id, seconds)
+        return JSONResponse(sandboxes.created(sbx), 200)
+
+    async def logs(request: Request, key_id: str) -> Response:
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        limit = min(int(request.query_params.get("limit") or 1000), 10_000)
+        entries = await asyncio.to_thread(transcript_entries, sbx, limit)
+        if request.url.path.startswith("/v2/"):
+            return JSONResponse({"logs": entries})
+        lines = [{"timestamp": e["timestamp"], "line": e["message"]} for e in entries]
+        return JSONResponse({"logs": lines, "logEntries": entries})
+
+    async def sandbox_metrics(request: Request, key_id: str) -> Response:
+        sandboxes.get(key_id, request.path_params["sid"])
+        return JSONResponse([])
+
+    def envd_sandbox(request: Request) -> Sandbox:
+        return sandbox_of(sandboxes, request.headers.get)
+
+    async def files(request: Request) -> Response:
+        try:
+            sbx = envd_sandbox(request)
+            if request.method == "GET":
+                return await get_file(sbx, request)
+            return await post_file(sbx, request, served.max_body)
+        except CleanroomError as exc:
+            return _server_error(exc)
+
+    async def health(request: Request) -> Response:
+        if request.headers.get("e2b-sandbox-id"):
+            try:
+                envd_sandbox(request)
+            except CleanroomError:
+                return _err(502, "The sandbox was not found")
+        return Response(status_code=204)
+
+    async def metrics(request: Request) -> Response:
+        live = sum(1 for s in sandboxes.by_id.values() if s.live)
+        lines = [
+            "# TYPE cleanroom_serve_sandboxes_live gauge",
+            f"cleanroom_serve_sandboxes_live {live}",
+            "# TYPE cleanroom_serve_sandboxes_created_total counter",
+            f"cleanroom_serve_sandboxes_created_total {served.counts['created']}",
+            "# TYPE cleanroom_serve_sandboxes_ended_total counter",
+            *(
+                f'cleanroom_serve_sandboxes_ended_total{{why="{why}"}} {n}'
+                for why, n in sorted(sandboxes.ended.items())
+            ),
+            "# TYPE cleanroom_serve_requests_refused_total counter",
+            *(
+                f'cleanroom_serve_requests_refused_total{{status="{k[8:]}"}} {n}'
+                for k, n in sorted(served.counts.items())
+                if k.startswith("refused:")
+            ),
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    sid = "/sandboxes/{sid}"
+    routes = [
+        Route("/sandboxes", control(create), methods=["POST"]),
+        Route("/v2/sandboxes", control(create), methods=["POST"]),
+        Route("/sandboxes", control(listing), methods=["GET"]),
+        Route("/v2/sandboxes", control(listing), methods=["GET"]),
+        Route(sid, control(info), methods=["GET"]),
+        Route(sid, control(kill), methods=["DELETE"]),
+        Route(sid + "/timeout", control(set_timeout), methods=["POST"]),
+        Route(sid + "/refreshes", control(refresh), methods=["POST"]),
+        Route(sid + "/connect", control(connect), methods=["POST"]),
+        Route("/v2" + sid + "/connect", control(connect), methods=["POST"]),
+        Route(sid + "/logs", control(logs), methods=["GET"]),
+        Route("/v2" + sid + "/logs", control(logs), methods=["GET"]),
+        Route(sid + "/metrics", control(sandbox_metrics), methods=["GET"]),
+        Route("/files", files, methods=["GET", "POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Mount(
+            "/process.Process",
+            ProcessASGIApplication(ProcessService(sandboxes), read_max_bytes=served.max_body),
+        ),
+        Mount(
+            "/filesystem.Filesystem",
+            FilesystemASGIApplication(
+                FilesystemService(sandboxes), read_max_bytes=CONTROL_BODY_MAX
+            ),
+        ),
+    ]
+    return Starlette(routes=routes)
+
+
+def transcript_entries(sbx: Sandbox, limit: int) -> list[dict[str, Any]]:
+    """The last ``limit`` steps of the sandbox's transcript (redacted as it is kept) as E2B
+    log entries: the step as the message, its fields as the entry's fields."""
+    if sbx.sb is None:
+        return []
+    try:
+        raw = sbx.sb.transcript.path.read_bytes().splitlines()[-limit:]
+    except OSError:
+        return []
+    out = []
+    for line in raw:
+        try:
+            step = json.loads(line)
+        except ValueError:
+            continue
+        when = step.pop("at", 0.0)
+        fields = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in step.items()}
+        out.append(
+            {
+                "timestamp": iso(float(when)),
+                "level": "info",
+                "message": line.decode(errors="replace"),
+                "fields": fields,
+            }
+        )
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _strings(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}

@@ -1,0 +1,122 @@
+"""``cleanroom serve`` and ``cleanroom keys create|list|revoke`` (registered by ``cli``)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.errors import CleanroomError, ConfigError
+from cleanroom.server.keys import KeyRing, Limits, public
+
+keys_app = typer.Typer(help="API keys of `cleanroom serve` (kept hashed in the home).")
+err = Console(stderr=True)
+
+
+def _resolve(ref: str, name: str) -> Baseline:
+    from cleanroom.baseline.resolve import resolve_or_build
+
+    def progress(step: str, detail: str) -> None:
+        print(f"template {name}: {step} {detail}", file=sys.stderr, flush=True)
+
+    return resolve_or_build(ref, progress=progress)
+
+
+def parse_templates(given: list[str]) -> dict[str, functools.partial[Baseline]]:
+    """``NAME=BASELINE`` pairs (a name, digest, or baseline.toml / folder); ``base`` is the
+    built-in default unless named here."""
+    from cleanroom.server.serving import BASE_SPEC
+
+    out = {"base": functools.partial(_resolve, str(BASE_SPEC), "base")}
+    for item in given:
+        name, sep, ref = item.partition("=")
+        if not sep or not name or not ref:
+            raise ConfigError(f"--template {item!r}: expected NAME=BASELINE")
+        out[name] = functools.partial(_resolve, ref, name)
+    return out
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port")] = 3000,
+    template: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=BASELINE (name, digest or baseline.toml); repeatable"),
+    ] = None,
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
+    max_sandboxes: Annotated[int, typer.Option(help="sandboxes alive at once, all keys")] = 64,
+    per_key: Annotated[int, typer.Option(help="sandboxes alive at once per key")] = 16,
+    creates_per_s: Annotated[float, typer.Option(help="creates a second per key")] = 5.0,
+    burst: Annotated[int, typer.Option(help="creates a key may make at once")] = 10,
+    max_body_mib: Annotated[int, typer.Option(help="largest request body (MiB)")] = 256,
+    certfile: Annotated[str | None, typer.Option(help="TLS certificate (PEM)")] = None,
+    keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM)")] = None,
+    domain: Annotated[str | None, typer.Option(help="sandbox domain behind real DNS")] = None,
+) -> None:
+    """Serve E2B's API (control + envd) on one port: every sandbox is a cleanroom session."""
+    from cleanroom.drivers import get_driver
+
+    try:
+        from cleanroom.server.serving import ServeOptions
+        from cleanroom.server.serving import serve as run_server
+    except ImportError as exc:  # the `serve` extra is not installed
+        err.print(f"[bold red]error:[/] {exc}: pip install 'cleanroom[serve]'")
+        raise typer.Exit(2) from exc
+
+    try:
+        opts = ServeOptions(
+            host=host,
+            port=port,
+            templates=parse_templates(list(template or [])),  # type: ignore[arg-type]
+            driver=get_driver(driver),
+            max_sandboxes=max_sandboxes,
+            limits=Limits(per_key, creates_per_s, burst),
+            max_body=max_body_mib * 1024 * 1024,
+            certfile=certfile,
+            keyfile=keyfile,
+            domain=domain,
+        )
+        if not KeyRing().list():
+            err.print("[yellow]no API keys yet[/]: make one with `cleanroom keys create`")
+
+        def ready(url: str) -> None:
+            print(f"cleanroom serve: listening on {url}", file=sys.stderr, flush=True)
+
+        asyncio.run(run_server(opts, ready))
+    except CleanroomError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="a name to tell the key by")] = "",
+) -> None:
+    """Make a key; it is printed once (only its hash is kept)."""
+    info, key = KeyRing().create(name)
+    err.print(f"key {info.key_id} made; it is shown only now:")
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """The keys (ids and names, never the keys)."""
+    for info in KeyRing().list():
+        print(json.dumps(public(info)))
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="the key's id (keys list)")]) -> None:
+    """Revoke a key: its requests are 401 from now on."""
+    if not KeyRing().revoke(key_id):
+        err.print(f"[red]error:[/] no key {key_id}")
+        raise typer.Exit(2)
+    err.print(f"revoked {key_id}")

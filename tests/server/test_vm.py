@@ -1,0 +1,48 @@
+"""The real ``e2b`` SDK against ``cleanroom serve`` on real QEMU microVMs (the tiny baseline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from e2b import CommandExitException, Sandbox
+
+from cleanroom.baseline.model import Baseline
+from cleanroom.drivers.qemu import QemuDriver
+
+from .kit import Server, new_key, outcome
+
+
+@pytest.mark.vm
+def test_a_served_sandbox_on_a_real_vm(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: on qemu, an unmodified SDK creates a sandbox, runs commands in the guest
+    (its own kernel and /), moves files (write, read, list, make_dir, rename, remove,
+    exists), runs and kills a background command, and kill ends the session ``completed``
+    with the VM confirmed absent in the ledger and gone from the host."""
+    srv = Server(
+        ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
+    )
+    try:
+        for name, value in srv.sdk_env(new_key()).items():
+            monkeypatch.setenv(name, value)
+        sbx = Sandbox.create("tiny", timeout=600)
+        r = sbx.commands.run("cat /proc/sys/kernel/hostname; python3 -c 'print(6*7)'")
+        assert r.stdout.splitlines()[-1] == "42"
+        with pytest.raises(CommandExitException):
+            sbx.commands.run("exit 4")
+        sbx.files.write("/srv/in.txt", "in the vm")
+        assert sbx.files.read("/srv/in.txt") == "in the vm"
+        assert sbx.files.make_dir("/srv/d") is True
+        sbx.files.rename("/srv/in.txt", "/srv/d/moved.txt")
+        assert [e.name for e in sbx.files.list("/srv/d")] == ["moved.txt"]
+        sbx.files.remove("/srv/d")
+        assert not sbx.files.exists("/srv/d")
+        h = sbx.commands.run("sleep 300", background=True)
+        assert sbx.commands.kill(h.pid) is True
+        sid = sbx.sandbox_id
+        sbx.kill()
+        assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()
