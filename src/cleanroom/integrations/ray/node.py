@@ -30,6 +30,7 @@ from cleanroom.batch.runner import Batch, Controller
 from cleanroom.drivers import get_driver
 from cleanroom.errors import ConfigError
 from cleanroom.integrations.ray import shared_store
+from cleanroom.integrations.ray.anchor import Anchor
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
@@ -72,6 +73,14 @@ class NodeController:
         )
         self.ctx = self.controller.context()
         self._runs: dict[str, Batch] = {}
+        self.anchor = Anchor()
+        self.anchor.hold()  # its node's death is this controller's: nothing starts after it
+
+    def _alive(self) -> None:
+        """Refuse new work on a node that is gone (its raylet died): start no env, no spare."""
+        if self.anchor.gone():
+            self.ctx.driver.keep_spares(0)
+            raise ConfigError(f"node {self.node} is gone (its raylet died): nothing starts here")
 
     async def start(self, marker: str | None) -> NodeInfo:
         """Refuse a store this node does not share; reap what a predecessor here left."""
@@ -87,6 +96,7 @@ class NodeController:
 
     async def open_run(self, run_id: str, ref: BaselineRef, manifests: list[dict[str, Any]]) -> str:
         """Resolve and verify the run's baseline here, run the local preflight; its digest."""
+        self._alive()
         if run_id in self._runs:
             return self._runs[run_id].baseline.digest
         baseline = await asyncio.to_thread(resolve_on_node, ref, self.node, self.ctx.store)
@@ -99,6 +109,7 @@ class NodeController:
 
     async def episode(self, run_id: str, manifest: dict[str, Any], attempt: int) -> EpisodeResult:
         """Run one attempt to its confirmed end (``Batch.episode``: never raises but cancel)."""
+        self._alive()
         batch = self._batch(run_id)
         item = Manifest.model_validate(manifest)
         self.ctx.ledger.episode_queued(run_id, item.episode_id, attempt)
@@ -110,6 +121,7 @@ class NodeController:
     ) -> tuple[list[EpisodeResult], GroupReport]:
         """One group's attempts, all on this node (``run_group``: forked from one warm parent
         where the driver can fork, else the setup in each env); a result per member."""
+        self._alive()
         batch = self._batch(run_id)
         items = [(Manifest.model_validate(m), attempt) for m, attempt in members]
         for item, attempt in items:
