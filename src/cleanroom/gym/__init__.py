@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from cleanroom.gym.env import CleanroomEnv
-from cleanroom.gym.registration import NAMESPACE, register_envs
+from cleanroom.gym.registration import NAMESPACE, check_kwargs, register_envs
 
 __all__ = ["NAMESPACE", "CleanroomEnv", "make", "register_envs"]
 
@@ -25,6 +25,7 @@ def make(env: str, *, baseline: Any, **kwargs: Any) -> CleanroomEnv:
     ``options``) go to the in-VM env (``env_kwargs``)."""
     own = {"driver", "store", "run_id", "step_timeout_s", "trajectory", "options"}
     env_kwargs = {k: v for k, v in kwargs.items() if k not in own}
+    check_kwargs(env, env_kwargs)
     settings = {k: v for k, v in kwargs.items() if k in own}
     return CleanroomEnv(baseline, env=env, env_kwargs=env_kwargs, **settings)
 

@@ -165,6 +165,8 @@ class GymRun:
                 ctx = RunContext(self.driver, self.ledger, self.store, Owner("gym-" + self.run_id))
                 await release_spares(ctx, self.run_id)
             if self.hold is not None and self.count:  # a session started the run
+                # an episode opened ahead for a reset that never came is no failure of the run
+                self.hold.failed = self._failed(self.ledger)
                 with contextlib.suppress(LedgerError):  # none did after all (it failed first)
                     self.hold.let_go(True)
             if self.ledger is not None:
@@ -172,6 +174,16 @@ class GymRun:
             self.driver = self.ledger = self.store = self.hold = None
             if not isinstance(self.baseline_ref, Baseline):
                 self.baseline = None
+
+    def _failed(self, ledger: Ledger | None) -> bool:
+        """True if an episode of this run failed (one opened ahead and never used did not)."""
+        if ledger is None:
+            return False
+        return any(
+            row.outcome not in (Outcome.COMPLETED.value, None)
+            and not (row.outcome == Outcome.CANCELLED.value and UNUSED in (row.error or ""))
+            for row in ledger.episodes(self.run_id)
+        )
 
 
 class _Unused(Exception):

@@ -144,7 +144,7 @@ class Spares:
 
     def discard(self, spare: Spare) -> None:
         """Destroy a spare in the background (``release`` waits for it)."""
-        task = asyncio.ensure_future(self.ctx.destroy(spare.env_id))
+        task = asyncio.ensure_future(self._destroy(spare))
         self.chores.add(task)
         task.add_done_callback(self.chores.discard)
 
@@ -212,7 +212,16 @@ class Spares:
         await asyncio.gather(*self.chores, return_exceptions=True)
         spares = [s for queue in self.ready.values() for s in queue]
         self.ready.clear()
-        return [await self.ctx.destroy(s.env_id) for s in spares]
+        return [await self._destroy(s) for s in spares]
+
+    async def _destroy(self, spare: Spare) -> DestroyReport:
+        """Destroy a spare nobody will take, its load monitor and agent streams closed first
+        (left to the garbage collector they were ``ResourceWarning: unclosed`` after a Gym
+        env's ``close``)."""
+        _close_monitor(spare)
+        with contextlib.suppress(Exception):
+            await spare.session.aclose()
+        return await self.ctx.destroy(spare.env_id)
 
     def forget(self, env_id: str) -> None:
         """``env_id`` is being destroyed: no longer a spare anyone can take."""
