@@ -288,3 +288,30 @@ def test_a_closed_gym_run_is_completed_and_warns_of_nothing(tmp_path: Path) -> N
     with Ledger() as ledger:
         run = ledger.get_run(run_id)
         assert run is not None and run.status == "completed"
+
+
+def test_a_lookahead_keeps_several_episodes_opened_ahead(tmp_path: Path) -> None:
+    """``lookahead=3`` (episodes shorter than a VM's start, early in training): three
+    episodes are open ahead of the one stepping, each reset takes the oldest, in order; at
+    close the three unused end ``cancelled`` and the run is still ``completed``."""
+    store = LocalStore(tmp_path / "store")
+    env = cgym.CleanroomEnv(
+        make_fake_baseline(tmp_path),
+        env=CARTPOLE,
+        driver="fake",
+        store=tmp_path / "store",
+        lookahead=3,
+    )
+    try:
+        ids = [play(env, seed, [0, 1])[0] and env._episode.episode_id for seed in (1, 2)]  # type: ignore[union-attr]
+        _wait_for_env_row(env.run_id, "ep-000005")  # the first, then three opened ahead
+    finally:
+        env.close()
+    assert ids == ["ep-000001", "ep-000002"]
+    records = assert_run_is_evidence(env, FakeDriver(), store, expected=2, ahead=3)
+    assert [r["info"]["reset_seed"] for r in records] == [1, 2]
+    with Ledger() as ledger:
+        run = ledger.get_run(env.run_id)
+        assert run is not None and run.status == "completed"
+    with pytest.raises(GymError, match="lookahead"):
+        cgym.CleanroomEnv(tmp_path, lookahead=0)

@@ -22,8 +22,8 @@ __all__ = ["NAMESPACE", "CleanroomEnv", "make", "register_envs"]
 def make(env: str, *, baseline: Any, **kwargs: Any) -> CleanroomEnv:
     """``CleanroomEnv(baseline, env=env, ...)``: the keyword arguments other than the
     ``CleanroomEnv`` ones (``driver``, ``store``, ``run_id``, ``step_timeout_s``, ``trajectory``,
-    ``options``) go to the in-VM env (``env_kwargs``)."""
-    own = {"driver", "store", "run_id", "step_timeout_s", "trajectory", "options"}
+    ``options``, ``lookahead``) go to the in-VM env (``env_kwargs``)."""
+    own = {"driver", "store", "run_id", "step_timeout_s", "trajectory", "options", "lookahead"}
     env_kwargs = {k: v for k, v in kwargs.items() if k not in own}
     check_kwargs(env, env_kwargs)
     settings = {k: v for k, v in kwargs.items() if k in own}

@@ -45,6 +45,7 @@ from cleanroom.gym.loop import LoopThread
 from cleanroom.lifecycle.context import RunOptions
 
 SEED_RANGE = 2**31 - 1
+MAX_LOOKAHEAD = 8  # episodes opened ahead at most (each a running VM)
 RENDER_MODES = ("rgb_array",)  # a VM has no display: frames come back with each answer
 _OPEN: weakref.WeakSet[CleanroomEnv] = weakref.WeakSet()  # closed at exit if their owner did not
 
@@ -75,9 +76,12 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         step_timeout_s: float = 60.0,
         trajectory: bool = True,
         options: RunOptions | None = None,
+        lookahead: int = 1,
     ) -> None:
         if not isinstance(env, str) or not env:
             raise GymError(f"CleanroomEnv: env must be a Gymnasium id or module:Class, not {env!r}")
+        if not isinstance(lookahead, int) or not 1 <= lookahead <= MAX_LOOKAHEAD:
+            raise GymError(f"CleanroomEnv: lookahead must be 1..{MAX_LOOKAHEAD}, not {lookahead!r}")
         if not math.isfinite(step_timeout_s) or step_timeout_s <= 0:
             raise GymError(f"CleanroomEnv: step_timeout_s must be > 0, not {step_timeout_s!r}")
         self.env_id, self.env_kwargs = env, dict(env_kwargs or {})
@@ -98,6 +102,7 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             run_id or "",
             options or RunOptions(parallel=1, spares=1),
             step_timeout_s,
+            lookahead=lookahead,
         )
         self._loop: LoopThread | None = None
         self._episode: GymEpisode | None = None

@@ -9,7 +9,8 @@ of its answers (``ProtocolError``) ends the episode ``episode_error`` (the guest
 the transcript); a crash, a timeout or a cancellation ends it the way any episode ends.
 
 A reset should only reset: ``GymRun`` keeps the *next* episode opened ahead (``prepare``: its
-session open on a fresh VM, the env made in it, policy ``gym-ahead``), which ``take`` hands out
+session open on a fresh VM, the env made in it, policy ``gym-ahead``; ``lookahead`` of them for
+episodes shorter than a VM's start, as early in training), which ``take`` hands out
 and names (seed, policy ``gym``); the episode a reset leaves behind ends in the background
 (``end_later``) and ``settle`` waits for every such end, raising the first failure. An episode
 opened ahead that no reset took ends ``cancelled`` at ``aclose`` (its transcript says why).
@@ -65,7 +66,8 @@ class GymRun:
     ledger: Ledger | None = None
     store: Store | None = None
     count: int = 0
-    ahead: asyncio.Task[GymEpisode] | None = None  # the next episode, opening (``prepare``)
+    lookahead: int = 1  # episodes kept opened ahead (``prepare``): more for short episodes
+    ahead: list[asyncio.Task[GymEpisode]] = field(default_factory=list)  # the next, opening
     ending: list[asyncio.Task[float]] = field(default_factory=list)  # ``end_later``'s
     end_s: list[float] = field(default_factory=list)  # how long each background end took
     owner: Owner | None = None  # every episode's: the run lock is this env's
@@ -89,7 +91,7 @@ class GymRun:
         self.hold = RunHold(self.ledger, self.run_id)
         self.hold.take()  # let go at ``aclose``: episodes overlap, the run stays held between
         spares = self.options.spares
-        self.driver.keep_spares(1 if spares is None else spares)
+        self.driver.keep_spares(max(self.lookahead, 1 if spares is None else spares))
 
     async def open_episode(self, policy: str) -> GymEpisode:
         """A fresh VM with the env made in it (the GYM_SPACES answer is ``episode.made``),
@@ -102,13 +104,13 @@ class GymRun:
         return episode
 
     def prepare(self) -> None:
-        """Open the next episode in the background (unless one is opening or open)."""
-        if self.ahead is None:
-            self.ahead = asyncio.ensure_future(self.open_episode(AHEAD))
+        """Open the next ``lookahead`` episodes in the background (those not opening yet)."""
+        while len(self.ahead) < self.lookahead:
+            self.ahead.append(asyncio.ensure_future(self.open_episode(AHEAD)))
 
     async def take(self, seed: int, reset_seed: int | None) -> GymEpisode:
         """The episode opened ahead (or one opened now), begun with ``seed``."""
-        ahead, self.ahead = self.ahead, None
+        ahead = self.ahead.pop(0) if self.ahead else None
         episode = await ahead if ahead is not None else await self.open_episode("gym")
         episode.begin(seed, reset_seed, "gym")
         return episode
@@ -148,6 +150,7 @@ class GymRun:
             f"{self.run_id}-{os.getpid()}" if started and self.run_id else self.run_id,
             self.options,
             self.step_timeout_s,
+            lookahead=self.lookahead,
         )
 
     async def aclose(self) -> None:
@@ -155,10 +158,10 @@ class GymRun:
         the spares (confirmed, in the ledger), then close the ledger; raise the first failure
         of those ends."""
         try:
-            ahead, self.ahead = self.ahead, None
-            if ahead is not None:
+            ahead, self.ahead = self.ahead, []
+            for task in ahead:
                 with contextlib.suppress(Exception):  # its failure is in its record already
-                    self.end_later(await ahead)
+                    self.end_later(await task)
             await self.settle()
         finally:
             if self.driver is not None and self.ledger is not None:

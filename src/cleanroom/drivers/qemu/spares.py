@@ -168,6 +168,7 @@ class Spares:
     async def _start(self, request: EnvRequest, accel: accel_mod.Accel, shape: Shape) -> None:
         env_id = request.env_id
         monitor: socket.socket | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
             await self.quiet.wait()
             template, _ = await self.templates.template_for(request, accel)
@@ -183,6 +184,8 @@ class Spares:
         except BaseException as exc:
             if monitor is not None:
                 monitor.close()
+            if writer is not None:  # cancelled (release) after the streams took the monitor
+                writer.close()
             await asyncio.shield(self.ctx.destroy(env_id))
             if not isinstance(exc, Exception):
                 raise  # cancelled (release): nothing to report
