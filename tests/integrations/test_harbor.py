@@ -318,11 +318,13 @@ def test_public_network_is_refused_before_any_vm(
     harbor: Path, tmp_path: Path, ledger: Ledger
 ) -> None:
     """Protects: Harbor's ``public`` mode is refused with a message saying what to set (a
-    provider must enforce the policy or reject the task): the job fails, no cleanroom run."""
+    provider must enforce the policy or reject the task), and only its own trial fails (issue
+    36: the refusal, raised while Harbor planned the job, ended the whole job): the job runs to
+    its end, the trial's exception names the fix, and no cleanroom run was opened."""
     before = set(_runs(ledger))
-    done = _harbor(harbor, tmp_path, _task(tmp_path, network='network_mode = "public"'), 1)
-    output = " ".join((done.stdout + done.stderr).split())  # rich wraps the message
-    assert done.returncode != 0 and "network_mode = 'no-network'" in output, output[-4000:]
+    info = _refused(harbor, tmp_path, _task(tmp_path, network='network_mode = "public"'))
+    message = " ".join(str(info["exception_message"]).split())
+    assert "network_mode = 'no-network'" in message, info
     assert set(_runs(ledger)) == before
 
 

@@ -173,7 +173,10 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         self._ledger: Ledger | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._interrupted = False  # a command was cut short while the guest ran it
+        self._refusal: str | None = None  # a policy refused while Harbor builds the trial
+        self._building = True
         super().__init__(*args, **kwargs)
+        self._building = False
 
     # -- what Harbor asks before a trial --------------------------------------------------------
 
@@ -201,13 +204,21 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             raise FileNotFoundError(str(exc)) from exc
 
     def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None) -> None:
+        """Refuse ``public``. Harbor builds every trial's environment while it plans the job,
+        and a refusal raised then ended the whole job (no later trial ran): it is kept, and
+        ``start`` raises it, so only this task's trial fails, with the reason. At run time (a
+        step's policy switch) it raises at once, failing that trial."""
         policy = network_policy or self.network_policy
         if policy.network_mode == NetworkMode.PUBLIC:
-            raise ValueError(
+            why = (
                 "network_mode='public' is not supported by the cleanroom environment: a "
                 "guest never reaches the open internet. Set [environment] network_mode = "
                 "'no-network' in task.toml."
             )
+            if getattr(self, "_building", False):
+                self._refusal = self._refusal or why
+                return
+            raise ValueError(why)
         super().validate_network_policy_support(network_policy)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -224,6 +235,8 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         """Build (or find) the baseline, then open the trial's session on a fresh VM."""
         if self._session_cm is not None:
             raise CleanroomError(f"{self.session_id}: already started")
+        if self._refusal is not None:
+            raise ValueError(self._refusal)  # this trial only, before anything starts
         baseline = await self._baseline(force_build)
         self._ledger = Ledger()
         trial = {
