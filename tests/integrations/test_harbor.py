@@ -169,14 +169,14 @@ def _harbor(
 
 
 def _run(
-    harbor: Path, tmp_path: Path, task: Path, n: int, **how: Any
+    harbor: Path, tmp_path: Path, task: Path, n: int, expect: int | None = None, **how: Any
 ) -> tuple[list[dict[str, object]], Path]:
     """``harbor run`` of ``n`` trials of ``task`` (``how``: ``offline``, ``driver``), which
-    must succeed: each trial's result."""
+    must succeed: each trial's result (``expect`` of them: ``n`` unless a dataset)."""
     done = _harbor(harbor, tmp_path, task, n, **how)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     trials = _trials(tmp_path / "jobs")
-    assert len(trials) == n, done.stdout[-4000:]
+    assert len(trials) == (expect or n), done.stdout[-4000:]
     return trials, tmp_path / "store"
 
 
@@ -326,6 +326,25 @@ def test_public_network_is_refused_before_any_vm(
     message = " ".join(str(info["exception_message"]).split())
     assert "network_mode = 'no-network'" in message, info
     assert set(_runs(ledger)) == before
+
+
+def test_a_refused_task_fails_only_its_trial_and_the_dataset_runs_on(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects issue 36: a dataset of a ``public`` task and a good one, run as one job: the
+    refused task's trial fails with the reason, the other still runs to reward 1 in its VM
+    (before, the refusal ended the job and no trial after it ran)."""
+    before = set(_runs(ledger))
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    shutil.move(_task(tmp_path / "a", network='network_mode = "public"'), dataset / "a-public")
+    shutil.move(_task(tmp_path / "b"), dataset / "b-good")
+    trials, store = _run(harbor, tmp_path, dataset, 1, expect=2)
+    by_task = {str(t["task_name"]): t for t in trials}
+    refused, good = by_task["a-public"], by_task["b-good"]
+    assert "no-network" in str((refused.get("exception_info") or {}).get("exception_message"))
+    assert _reward(good) == 1.0 and good.get("exception_info") is None, good
+    _check_cleanroom(ledger, store, before, [good], 1.0)
 
 
 def test_an_allowlist_beyond_the_baselines_is_refused_before_any_vm(
