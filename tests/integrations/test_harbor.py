@@ -106,6 +106,7 @@ def _command(
     *,
     offline: bool = True,
     driver: str = "qemu",
+    ek: tuple[str, ...] = (),
 ) -> list[str]:
     return [
         *(_offline() if offline else []),
@@ -121,6 +122,7 @@ def _command(
         f"store={store}",
         "--ek",
         f"driver={driver}",
+        *(arg for pair in ek for arg in ("--ek", pair)),
         "-k",
         str(n),
         "-n",
@@ -306,9 +308,9 @@ def test_the_agent_runs_as_the_tasks_user(harbor: Path, tmp_path: Path, ledger: 
     _check_cleanroom(ledger, store, before, trials, 1.0)
 
 
-def _refused(harbor: Path, tmp_path: Path, task: Path) -> dict[str, object]:
+def _refused(harbor: Path, tmp_path: Path, task: Path, **how: Any) -> dict[str, object]:
     """The one trial of ``task``, which must have failed before any VM was created."""
-    trials, _ = _run(harbor, tmp_path, task, 1)
+    trials, _ = _run(harbor, tmp_path, task, 1, **how)
     [trial] = trials
     assert trial.get("exception_info"), trial
     return trial["exception_info"]  # type: ignore[return-value]
@@ -345,6 +347,22 @@ def test_a_refused_task_fails_only_its_trial_and_the_dataset_runs_on(
     assert "no-network" in str((refused.get("exception_info") or {}).get("exception_message"))
     assert _reward(good) == 1.0 and good.get("exception_info") is None, good
     _check_cleanroom(ledger, store, before, [good], 1.0)
+
+
+def test_public_allowed_on_purpose_becomes_the_operators_allowlist(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects the operator's switch for ``public`` (``--ek public_as=HOST,...``): the task is
+    no longer refused for its mode; its session gets that allowlist through the egress
+    machinery, which here refuses a host the baseline's ``network.allow`` does not cover, by
+    name (an intent, no VM): the switch reaches the same checks as an ``allowlist`` task."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path, network='network_mode = "public"')
+    info = _refused(harbor, tmp_path, task, ek=("public_as=example.com",))
+    message = str(info["exception_message"])
+    assert "example.com:443" in message and "no-network" not in message, info
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    assert [e.created_at for e in ledger.envs(run_id=run_id)] == [None]
 
 
 def test_an_allowlist_beyond_the_baselines_is_refused_before_any_vm(

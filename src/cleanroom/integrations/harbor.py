@@ -15,10 +15,12 @@ the ledger, or ``stop`` raises. A trial Harbor cancelled ends ``cancelled``. No 
 (``delete=False`` is logged and ignored). Network: ``no-network`` is no network at all (even on
 a baseline with an allowlist); an ``allowlist`` becomes the session's egress allowlist (each
 host on ports 443 and 80, within the baseline's ``network.allow``); ``public`` is refused, since
-cleanroom never gives a guest the open internet.
+cleanroom never gives a guest the open internet, and fails only that task's trial, unless the
+operator says on purpose what ``public`` means for this job: ``--ek public_as=HOST,HOST``, an
+allowlist the egress machinery enforces as for an ``allowlist`` task.
 
 Options (``--ek key=value``): ``driver`` (qemu or gvisor, or auto; default qemu), ``store`` (a
-folder or URL; default the cleanroom home's store).
+folder or URL; default the cleanroom home's store), ``public_as`` (above; default none).
 """
 
 from __future__ import annotations
@@ -165,8 +167,16 @@ def _return_code(exit_code: int | None, signal: int | None) -> int:
 class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has no stubs here
     """One Harbor trial's environment: one cleanroom session on a fresh VM (module docstring)."""
 
-    def __init__(self, *args: Any, driver: str = "qemu", store: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        driver: str = "qemu",
+        store: str | None = None,
+        public_as: str | None = None,
+        **kwargs: Any,
+    ):
         self._driver_name = _vm_driver(driver)
+        self._public_as = [h.strip() for h in (public_as or "").split(",") if h.strip()]
         self._store_ref = store
         self._session_cm: contextlib.AbstractAsyncContextManager[AsyncSession] | None = None
         self._sb: AsyncSession | None = None
@@ -209,7 +219,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         ``start`` raises it, so only this task's trial fails, with the reason. At run time (a
         step's policy switch) it raises at once, failing that trial."""
         policy = network_policy or self.network_policy
-        if policy.network_mode == NetworkMode.PUBLIC:
+        if policy.network_mode == NetworkMode.PUBLIC and not getattr(self, "_public_as", None):
             why = (
                 "network_mode='public' is not supported by the cleanroom environment: a "
                 "guest never reaches the open internet. Set [environment] network_mode = "
@@ -222,6 +232,16 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         super().validate_network_policy_support(network_policy)
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def _egress(self) -> list[str]:
+        """The session's egress allowlist: a ``public`` task gets the operator's
+        ``public_as`` hosts (validation refused it without them), any other Harbor's policy."""
+        policy = self.network_policy
+        if policy.network_mode == NetworkMode.PUBLIC:
+            return egress_allowlist(
+                NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=self._public_as)
+            )
+        return egress_allowlist(policy)
 
     async def _baseline(self, force_build: bool) -> Baseline:
         spec = baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
@@ -255,7 +275,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             episode_id=_ident(self.environment_name),
             run_id="harbor-" + _ident(self.session_id),
             options=RunOptions(parallel=1, spares=0),
-            network=egress_allowlist(self.network_policy),
+            network=self._egress(),
         )
         self._owner = asyncio.current_task()
         try:
