@@ -232,6 +232,42 @@ def test_the_gvisor_driver_runs_a_trial_too(harbor: Path, tmp_path: Path, ledger
     assert ledger.get_run(run_id).driver == "gvisor"  # type: ignore[union-attr]
 
 
+def _multi_step(task: Path) -> Path:
+    """``task`` made a two-step task: step ``one`` is the greeting (reward 1), step ``two``
+    writes ``reward.json`` with a reward of 0.5; Harbor's trial reward is their mean."""
+    with (task / "task.toml").open("a") as f:
+        f.write('\n[[steps]]\nname = "one"\n\n[[steps]]\nname = "two"\n')
+    for name in ("one", "two"):
+        step = task / "steps" / name
+        (step / "tests").mkdir(parents=True)
+        shutil.copytree(task / "solution", step / "solution")
+        shutil.copy(task / "instruction.md", step / "instruction.md")
+    shutil.copy(task / "tests" / "test.sh", task / "steps" / "one" / "tests" / "test.sh")
+    (task / "steps" / "two" / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "echo '{\"reward\": 0.5}' > /logs/verifier/reward.json\n"
+    )
+    return task
+
+
+def test_a_multi_step_trial_is_recorded_with_the_reward_harbor_saw(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects issue 36: a multi-step task scored by Harbor (the mean of its steps' rewards,
+    1 and 0.5) was ``episode_error`` in our record (no trial-level reward file): the session
+    now finishes with Harbor's reward, each step's in the record's info."""
+    before = set(_runs(ledger))
+    trials, store = _run(harbor, tmp_path, _multi_step(_task(tmp_path)), 1)
+    [trial] = trials
+    assert _reward(trial) == 0.75 and trial.get("exception_info") is None, trial
+    _check_cleanroom(ledger, store, before, trials, 0.75)
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    [row] = ledger.episodes(run_id)
+    record = LocalStore(store).get_record(run_id, row.episode_id)
+    assert record is not None
+    assert record["info"]["step_rewards"] == {"one": {"reward": 1.0}, "two": {"reward": 0.5}}
+
+
 def test_a_broken_solution_gets_reward_zero(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
     """Protects: the reward is the guest's verdict, not a constant: a solution that writes the
     wrong greeting gets 0 from Harbor's verifier, and the cleanroom record says 0 too."""

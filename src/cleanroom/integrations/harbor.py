@@ -318,20 +318,39 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     def _finish(self, sb: AsyncSession) -> None:
         """The reward Harbor's verifier left in the trial folder (read, never written) as the
-        session's result; a trial without one ends ``episode_error`` (no ``finish``)."""
-        text, data = self.trial_paths.reward_text_path, self.trial_paths.reward_json_path
+        session's result; for a multi-step task, the steps' rewards (``steps/<name>/verifier``)
+        combined as Harbor combines them (``_step_reward``). A trial without one ends
+        ``episode_error`` (no ``finish``)."""
         info: dict[str, Any] = {"harbor_trial": self.session_id}
         try:
-            if text.is_file():
-                with text.open("rb") as f:  # the guest wrote it: read a number's worth
-                    sb.finish(float(f.read(64).decode().strip()), info)
-            elif data.is_file() and data.stat().st_size <= REWARDS_MAX:
-                rewards = json.loads(data.read_text())
-                reward = rewards.get("reward") if isinstance(rewards, dict) else None
-                if isinstance(reward, int | float) and not isinstance(reward, bool):
-                    sb.finish(float(reward), {**info, "rewards": rewards})
+            rewards = _rewards_in(self.trial_paths.verifier_dir)
+            if rewards is None:
+                rewards, steps = self._step_reward()
+                info["step_rewards"] = steps
+            reward = rewards.get("reward") if rewards is not None else None
+            if isinstance(reward, int | float) and not isinstance(reward, bool):
+                sb.finish(float(reward), {**info, "rewards": rewards})
         except (OSError, ValueError) as exc:
             self.logger.warning("no reward for %s: %s", self.session_id, exc)
+
+    def _step_reward(self) -> tuple[dict[str, float] | None, dict[str, dict[str, float]]]:
+        """A multi-step trial's reward from its steps' verifier folders, in the task's step
+        order: the last step's (``multi_step_reward_strategy = "final"``) or each key's mean
+        over the steps that have one, a missing key counting 0 (``mean``, Harbor's default)."""
+        config = _task_config(self.environment_dir.parent)
+        steps: dict[str, dict[str, float]] = {}
+        for step in (config.steps or []) if config is not None else []:
+            found = _rewards_in(self.trial_paths.trial_dir / "steps" / step.name / "verifier")
+            if found is not None:
+                steps[step.name] = found
+        if not steps:
+            return None, steps
+        strategy = getattr(config, "multi_step_reward_strategy", None)
+        if strategy is not None and str(getattr(strategy, "value", strategy)) == "final":
+            return list(steps.values())[-1], steps
+        keys = {key for found in steps.values() for key in found}
+        mean = {k: sum(found.get(k, 0.0) for found in steps.values()) / len(steps) for k in keys}
+        return mean, steps
 
     def _confirm_absent(self, sb: AsyncSession) -> None:
         assert self._ledger is not None
@@ -450,6 +469,34 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         target.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             tar.extractall(path=target, filter=_guest_member)
+
+
+def _rewards_in(folder: Path) -> dict[str, float] | None:
+    """The rewards a verifier wrote in ``folder``: ``reward.txt`` (one number: ``reward``) or
+    ``reward.json`` (numbers by key), read as data the guest wrote (a bounded size)."""
+    text, data = folder / "reward.txt", folder / "reward.json"
+    if text.is_file():
+        with text.open("rb") as f:  # the guest wrote it: read a number's worth
+            return {"reward": float(f.read(64).decode().strip())}
+    if data.is_file() and data.stat().st_size <= REWARDS_MAX:
+        rewards = json.loads(data.read_text())
+        if isinstance(rewards, dict):
+            return {
+                str(k): float(v)
+                for k, v in rewards.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+    return None
+
+
+def _task_config(task_dir: Path) -> Any:
+    """The task's ``task.toml`` as Harbor reads it (None if it cannot be read)."""
+    from harbor.models.task.config import TaskConfig
+
+    try:
+        return TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    except Exception:  # a task Harbor ran but we cannot read: no step reward
+        return None
 
 
 def _guest_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
