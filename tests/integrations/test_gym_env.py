@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,10 +155,163 @@ def test_an_unknown_env_is_a_gym_env_error(tmp_path: Path) -> None:
 def test_registered_under_the_cleanroom_namespace(tmp_path: Path) -> None:
     """``gymnasium.make("cleanroom/<id>")`` makes a CleanroomEnv of ``<id>`` (and passes the
     baseline and settings on); the module prefix form needs no import of cleanroom.gym."""
-    env = gymnasium.make("cleanroom/CartPole-v1", baseline=tmp_path, driver="fake")
+    baseline = make_fake_baseline(tmp_path)
+    env = gymnasium.make("cleanroom/CartPole-v1", baseline=baseline, driver="fake")
     assert isinstance(env.unwrapped, cgym.CleanroomEnv)
     assert env.unwrapped.env_id == "CartPole-v1"
     env.close()
-    again = gymnasium.make("cleanroom.gym:cleanroom/MountainCar-v0", baseline=tmp_path)
+    again = gymnasium.make(
+        "cleanroom.gym:cleanroom/MountainCar-v0", baseline=baseline, driver="fake"
+    )
     assert again.unwrapped.env_id == "MountainCar-v0"  # type: ignore[attr-defined]
     again.close()
+
+
+def _wrappers(env: Any) -> list[str]:
+    names = []
+    while isinstance(env, gymnasium.Wrapper):
+        names.append(type(env).__name__)
+        env = env.env
+    return names
+
+
+def test_make_wraps_as_for_the_native_id(tmp_path: Path) -> None:
+    """Protects issue 36: ``gymnasium.make("cleanroom/CartPole-v1")`` gets the wrappers and
+    spec the native id gets (the checker, order enforcing, a TimeLimit of the native
+    ``max_episode_steps``), so a step before reset is Gymnasium's ResetNeeded and the outer
+    TimeLimit truncates exactly where the native one does."""
+    baseline = make_fake_baseline(tmp_path)
+    native = gymnasium.make("CartPole-v1")
+    ours = gymnasium.make("cleanroom/CartPole-v1", baseline=baseline, driver="fake")
+    try:
+        assert _wrappers(ours) == _wrappers(native)
+        assert ours.spec is not None and native.spec is not None
+        assert ours.spec.max_episode_steps == native.spec.max_episode_steps == 500
+        assert ours.spec.reward_threshold == native.spec.reward_threshold
+        with pytest.raises(gymnasium.error.ResetNeeded):
+            ours.step(0)
+        short = gymnasium.make(
+            "cleanroom/CartPole-v1",
+            baseline=baseline,
+            driver="fake",
+            max_episode_steps=3,
+        )
+        try:
+            short.reset(seed=0)
+            flags = [short.step(i % 2)[3] for i in range(3)]
+            assert flags == [False, False, True]  # truncated by the host's TimeLimit at 3
+        finally:
+            short.close()
+    finally:
+        ours.close()
+        native.close()
+
+
+def test_render_rgb_array_returns_the_in_vm_frames(tmp_path: Path) -> None:
+    """``render_mode="rgb_array"``: each reset and step brings the in-VM env's frame back in
+    its answer; ``render()`` is that frame, as the native env draws it for the same state."""
+    pytest.importorskip("pygame", reason="CartPole draws its frames with pygame")
+    env = gymnasium.make(
+        "cleanroom/CartPole-v1",
+        baseline=make_fake_baseline(tmp_path),
+        driver="fake",
+        render_mode="rgb_array",
+    )
+    native = gymnasium.make("CartPole-v1", render_mode="rgb_array")
+    try:
+        obs, _ = env.reset(seed=4)
+        first = env.render()
+        assert isinstance(first, np.ndarray) and first.shape == (400, 600, 3)
+        assert first.dtype == np.uint8
+        native.reset()
+        native.unwrapped.state = np.array(obs, dtype=np.float64)  # type: ignore[attr-defined]
+        assert np.array_equal(first, native.render())
+        for _ in range(8):
+            env.step(1)
+        assert not np.array_equal(first, env.render())  # the cart moved
+    finally:
+        env.close()
+        native.close()
+    with pytest.raises(GymError, match="render_mode"):
+        cgym.make("CartPole-v1", baseline=tmp_path, render_mode="human")
+
+
+def _nothing_running(home: Path) -> None:
+    runs = home / "run" / "fake"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+    assert not FakeDriver().list_owned()
+
+
+def test_an_unknown_make_keyword_fails_cleanly_and_leaves_nothing(tmp_path: Path) -> None:
+    """Protects issue 36: a keyword the native env does not take fails at ``make`` as for the
+    native id, before anything starts; one only the guest refuses (a ``module:Class`` env)
+    fails the first look at the spaces, and the env closes itself there: no spare, no run
+    folder, no run left ``running``."""
+    from cleanroom.host import paths
+
+    baseline = make_fake_baseline(tmp_path)
+    with pytest.raises(GymError, match="order_enforce"):
+        gymnasium.make(
+            "cleanroom/CartPole-v1", baseline=baseline, driver="fake", order_enforce=True
+        )
+    _nothing_running(paths.home())
+    forget_spaces()
+    env = cgym.CleanroomEnv(baseline, env=CARTPOLE, env_kwargs={"no_such": 1}, driver="fake")
+    with pytest.raises(GymEnvError, match="no_such"):
+        env.action_space  # noqa: B018 - the probe fails in the guest
+    with pytest.raises(GymError, match="closed"):
+        env.reset(seed=0)
+    _nothing_running(paths.home())
+    with Ledger() as ledger:
+        run = ledger.get_run(env.run_id)
+        assert run is not None and run.status == "failed"
+
+
+def test_a_closed_gym_run_is_completed_and_warns_of_nothing(tmp_path: Path) -> None:
+    """Protects issue 36: the episode opened ahead and never used ends ``cancelled`` but is
+    no failure of the run (``cleanroom runs`` says completed), and ``close`` leaves no unclosed
+    stream or socket behind (no ResourceWarning)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        env = cgym.CleanroomEnv(make_fake_baseline(tmp_path), env=CARTPOLE, driver="fake")
+        play(env, 1, [0, 1, 0])
+        play(env, 2, [1, 0])
+        env.close()
+        run_id = env.run_id
+        del env
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks
+    with Ledger() as ledger:
+        run = ledger.get_run(run_id)
+        assert run is not None and run.status == "completed"
+
+
+def test_a_lookahead_keeps_several_episodes_opened_ahead(tmp_path: Path) -> None:
+    """``lookahead=3`` (episodes shorter than a VM's start, early in training): three
+    episodes are open ahead of the one stepping, each reset takes the oldest, in order; at
+    close the three unused end ``cancelled`` and the run is still ``completed``."""
+    store = LocalStore(tmp_path / "store")
+    env = cgym.CleanroomEnv(
+        make_fake_baseline(tmp_path),
+        env=CARTPOLE,
+        driver="fake",
+        store=tmp_path / "store",
+        lookahead=3,
+    )
+    try:
+        ids = [play(env, seed, [0, 1])[0] and env._episode.episode_id for seed in (1, 2)]  # type: ignore[union-attr]
+        _wait_for_env_row(env.run_id, "ep-000005")  # the first, then three opened ahead
+    finally:
+        env.close()
+    assert ids == ["ep-000001", "ep-000002"]
+    records = assert_run_is_evidence(env, FakeDriver(), store, expected=2, ahead=3)
+    assert [r["info"]["reset_seed"] for r in records] == [1, 2]
+    with Ledger() as ledger:
+        run = ledger.get_run(env.run_id)
+        assert run is not None and run.status == "completed"
+    with pytest.raises(GymError, match="lookahead"):
+        cgym.CleanroomEnv(tmp_path, lookahead=0)

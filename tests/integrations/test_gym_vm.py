@@ -175,3 +175,41 @@ def test_a_sigkilled_fork_worker_leaves_no_vm_and_reap_records_it(
         assert_nothing_left(QemuDriver(), ledger, victim_run)
         assert all(row.outcome is not None for row in ledger.episodes(victim_run))
     _assert_no_vm_left(since)
+
+
+def test_make_wraps_renders_and_closes_cleanly_on_real_vms(
+    gym_baseline: Baseline, tmp_path: Path
+) -> None:
+    """Issue 36 on real VMs: ``gymnasium.make("cleanroom/CartPole-v1")`` wraps as for the
+    native id, ``render()`` gives the in-VM frames (pygame in the guest), ``close`` leaves no
+    unclosed stream or socket, every VM gone and the run ``completed`` (not ``failed`` for
+    the episode opened ahead and never used)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        env = gymnasium.make(
+            "cleanroom/CartPole-v1",
+            baseline=gym_baseline,
+            store=tmp_path / "store",
+            render_mode="rgb_array",
+        )
+        try:
+            assert env.spec is not None and env.spec.max_episode_steps == 500
+            assert type(env).__name__ == "TimeLimit"
+            env.reset(seed=3)
+            frame = env.render()
+            assert isinstance(frame, np.ndarray) and frame.shape == (400, 600, 3)
+            env.step(0)
+        finally:
+            env.close()
+        run_id = env.unwrapped.run_id  # type: ignore[attr-defined]
+        del env
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks
+    with Ledger() as ledger:
+        run = ledger.get_run(run_id)
+        assert run is not None and run.status == "completed", run
+    assert QemuDriver().list_owned() == []

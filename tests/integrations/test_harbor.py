@@ -106,6 +106,7 @@ def _command(
     *,
     offline: bool = True,
     driver: str = "qemu",
+    ek: tuple[str, ...] = (),
 ) -> list[str]:
     return [
         *(_offline() if offline else []),
@@ -121,6 +122,7 @@ def _command(
         f"store={store}",
         "--ek",
         f"driver={driver}",
+        *(arg for pair in ek for arg in ("--ek", pair)),
         "-k",
         str(n),
         "-n",
@@ -169,14 +171,14 @@ def _harbor(
 
 
 def _run(
-    harbor: Path, tmp_path: Path, task: Path, n: int, **how: Any
+    harbor: Path, tmp_path: Path, task: Path, n: int, expect: int | None = None, **how: Any
 ) -> tuple[list[dict[str, object]], Path]:
     """``harbor run`` of ``n`` trials of ``task`` (``how``: ``offline``, ``driver``), which
-    must succeed: each trial's result."""
+    must succeed: each trial's result (``expect`` of them: ``n`` unless a dataset)."""
     done = _harbor(harbor, tmp_path, task, n, **how)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     trials = _trials(tmp_path / "jobs")
-    assert len(trials) == n, done.stdout[-4000:]
+    assert len(trials) == (expect or n), done.stdout[-4000:]
     return trials, tmp_path / "store"
 
 
@@ -228,6 +230,42 @@ def test_the_gvisor_driver_runs_a_trial_too(harbor: Path, tmp_path: Path, ledger
     _check_cleanroom(ledger, store, before, trials, 1.0, GvisorDriver())
     [run_id] = sorted(set(_runs(ledger)) - before)
     assert ledger.get_run(run_id).driver == "gvisor"  # type: ignore[union-attr]
+
+
+def _multi_step(task: Path) -> Path:
+    """``task`` made a two-step task: step ``one`` is the greeting (reward 1), step ``two``
+    writes ``reward.json`` with a reward of 0.5; Harbor's trial reward is their mean."""
+    with (task / "task.toml").open("a") as f:
+        f.write('\n[[steps]]\nname = "one"\n\n[[steps]]\nname = "two"\n')
+    for name in ("one", "two"):
+        step = task / "steps" / name
+        (step / "tests").mkdir(parents=True)
+        shutil.copytree(task / "solution", step / "solution")
+        shutil.copy(task / "instruction.md", step / "instruction.md")
+    shutil.copy(task / "tests" / "test.sh", task / "steps" / "one" / "tests" / "test.sh")
+    (task / "steps" / "two" / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "echo '{\"reward\": 0.5}' > /logs/verifier/reward.json\n"
+    )
+    return task
+
+
+def test_a_multi_step_trial_is_recorded_with_the_reward_harbor_saw(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects issue 36: a multi-step task scored by Harbor (the mean of its steps' rewards,
+    1 and 0.5) was ``episode_error`` in our record (no trial-level reward file): the session
+    now finishes with Harbor's reward, each step's in the record's info."""
+    before = set(_runs(ledger))
+    trials, store = _run(harbor, tmp_path, _multi_step(_task(tmp_path)), 1)
+    [trial] = trials
+    assert _reward(trial) == 0.75 and trial.get("exception_info") is None, trial
+    _check_cleanroom(ledger, store, before, trials, 0.75)
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    [row] = ledger.episodes(run_id)
+    record = LocalStore(store).get_record(run_id, row.episode_id)
+    assert record is not None
+    assert record["info"]["step_rewards"] == {"one": {"reward": 1.0}, "two": {"reward": 0.5}}
 
 
 def test_a_broken_solution_gets_reward_zero(harbor: Path, tmp_path: Path, ledger: Ledger) -> None:
@@ -306,9 +344,9 @@ def test_the_agent_runs_as_the_tasks_user(harbor: Path, tmp_path: Path, ledger: 
     _check_cleanroom(ledger, store, before, trials, 1.0)
 
 
-def _refused(harbor: Path, tmp_path: Path, task: Path) -> dict[str, object]:
+def _refused(harbor: Path, tmp_path: Path, task: Path, **how: Any) -> dict[str, object]:
     """The one trial of ``task``, which must have failed before any VM was created."""
-    trials, _ = _run(harbor, tmp_path, task, 1)
+    trials, _ = _run(harbor, tmp_path, task, 1, **how)
     [trial] = trials
     assert trial.get("exception_info"), trial
     return trial["exception_info"]  # type: ignore[return-value]
@@ -318,12 +356,49 @@ def test_public_network_is_refused_before_any_vm(
     harbor: Path, tmp_path: Path, ledger: Ledger
 ) -> None:
     """Protects: Harbor's ``public`` mode is refused with a message saying what to set (a
-    provider must enforce the policy or reject the task): the job fails, no cleanroom run."""
+    provider must enforce the policy or reject the task), and only its own trial fails (issue
+    36: the refusal, raised while Harbor planned the job, ended the whole job): the job runs to
+    its end, the trial's exception names the fix, and no cleanroom run was opened."""
     before = set(_runs(ledger))
-    done = _harbor(harbor, tmp_path, _task(tmp_path, network='network_mode = "public"'), 1)
-    output = " ".join((done.stdout + done.stderr).split())  # rich wraps the message
-    assert done.returncode != 0 and "network_mode = 'no-network'" in output, output[-4000:]
+    info = _refused(harbor, tmp_path, _task(tmp_path, network='network_mode = "public"'))
+    message = " ".join(str(info["exception_message"]).split())
+    assert "network_mode = 'no-network'" in message, info
     assert set(_runs(ledger)) == before
+
+
+def test_a_refused_task_fails_only_its_trial_and_the_dataset_runs_on(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects issue 36: a dataset of a ``public`` task and a good one, run as one job: the
+    refused task's trial fails with the reason, the other still runs to reward 1 in its VM
+    (before, the refusal ended the job and no trial after it ran)."""
+    before = set(_runs(ledger))
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    shutil.move(_task(tmp_path / "a", network='network_mode = "public"'), dataset / "a-public")
+    shutil.move(_task(tmp_path / "b"), dataset / "b-good")
+    trials, store = _run(harbor, tmp_path, dataset, 1, expect=2)
+    by_task = {str(t["task_name"]): t for t in trials}
+    refused, good = by_task["a-public"], by_task["b-good"]
+    assert "no-network" in str((refused.get("exception_info") or {}).get("exception_message"))
+    assert _reward(good) == 1.0 and good.get("exception_info") is None, good
+    _check_cleanroom(ledger, store, before, [good], 1.0)
+
+
+def test_public_allowed_on_purpose_becomes_the_operators_allowlist(
+    harbor: Path, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Protects the operator's switch for ``public`` (``--ek public_as=HOST,...``): the task is
+    no longer refused for its mode; its session gets that allowlist through the egress
+    machinery, which here refuses a host the baseline's ``network.allow`` does not cover, by
+    name (an intent, no VM): the switch reaches the same checks as an ``allowlist`` task."""
+    before = set(_runs(ledger))
+    task = _task(tmp_path, network='network_mode = "public"')
+    info = _refused(harbor, tmp_path, task, ek=("public_as=example.com",))
+    message = str(info["exception_message"])
+    assert "example.com:443" in message and "no-network" not in message, info
+    [run_id] = sorted(set(_runs(ledger)) - before)
+    assert [e.created_at for e in ledger.envs(run_id=run_id)] == [None]
 
 
 def test_an_allowlist_beyond_the_baselines_is_refused_before_any_vm(

@@ -21,6 +21,7 @@ import pytest
 from cleanroom.batch.result import RunResult
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.host import hostproc
 from cleanroom.integrations.ray import RayCluster
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
 from cleanroom.integrations.ray.scheduler import run_on_cluster
@@ -637,3 +638,61 @@ async def test_qemu_group_forks_on_one_node(
                 [snap] = ledger.snapshots(run_id="qemu-group")
                 assert snap.state == "absent"
     assert len(ran) == 1, f"the group ran on {ran}"
+
+
+def _qemu_of(home: Path) -> list[int]:
+    """Live QEMU processes started under ``home`` (its run folder is in their command line)."""
+    needle = str(home).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        head = cmd.split(b"\0")[0]
+        if b"qemu-system" in head and needle in cmd and hostproc.pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+async def test_a_killed_raylet_leaves_no_vm_running_and_its_node_starts_nothing(
+    cluster: LocalCluster, tmp_path: Path, tiny_baseline: Any
+) -> None:
+    """Issue 36 on real microVMs: a node's raylet SIGKILLed while its VMs run (an episode's
+    and a spare's, jailed, each with a deadline of minutes): every QEMU of that node is gone
+    within 60 s, long before its deadline, the node's ledger shows no env started after the
+    kill, and the run still completes every episode elsewhere."""
+    name = "vmkill"
+    cluster.add(name)
+    home = cluster.root / name
+    limits = {"timeout_s": 300}
+    ms = [manifest(f"vk{i}", seed=i, mode="sleep", seconds=20, limits=limits) for i in range(6)]
+    run = asyncio.ensure_future(
+        run_on_cluster(
+            RayCluster(parallel_per_node=1),
+            ms,
+            tiny_baseline,
+            store=tmp_path / "store",
+            run_id="vmkill",
+            driver="qemu",
+            options=RunOptions(parallel=1, spares=1, cleanup_window_s=5),
+        )
+    )
+    ledger = cluster.ledger(name)
+    await _until(lambda: run.done() or len(_qemu_of(home)) >= 2, 300)  # an episode + a spare
+    assert not run.done(), run.result()
+    raylet = cluster.nodes[name].all_processes["raylet"][0].process
+    killed_at = time.time()
+    os.kill(raylet.pid, signal.SIGKILL)
+    await _until(lambda: not _qemu_of(home), 60)
+    result = await asyncio.wait_for(run, 400)
+    assert result.counts() == {"completed": 6}, [e.error for e in result.episodes]
+    late = [e.env_id for e in ledger.envs("vmkill") if e.intent_at > killed_at]
+    assert not late, f"the dead node started {late}"
+    assert not _qemu_of(home)
+    ledger.close()
+    cluster.remove(name)

@@ -156,3 +156,27 @@ async def test_a_run_uses_spares_and_leaves_none_behind(
     for event in released:
         assert_gone(driver, str(event.env_id))
     assert driver.list_owned() == []
+
+
+async def test_released_spares_leave_no_unclosed_stream(tiny_baseline: Baseline) -> None:
+    """Protects issue 36 (``ResourceWarning: unclosed StreamWriter/socket`` after a Gym env's
+    ``close``): a spare nobody took is destroyed with its load monitor's and its agent's
+    streams closed, not left to the garbage collector."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        driver = QemuDriver(start="snapshot")
+        driver.keep_spares(1)
+        limits = request(tiny_baseline).limits
+        first = request_for(driver.next_env_id(tiny_baseline, limits), tiny_baseline)
+        await (await driver.create(first)).aclose()
+        await driver.spares.settled()
+        assert sum(len(queue) for queue in driver.spares.ready.values()) == 1
+        released = await driver.release_spares()
+        del driver
+        gc.collect()
+    assert len(released) == 1 and released[0].confirmed_absent
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks

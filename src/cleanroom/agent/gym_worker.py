@@ -151,17 +151,25 @@ class Server:
             raise RuntimeError("no env: GYM_MAKE comes first")
         if kind == Kind.GYM_RESET:
             obs, info = self.env.reset(seed=header.get("seed"), options=header.get("options"))
-            return Kind.GYM_OBS, (obs, info), {}
+            return Kind.GYM_OBS, self.framed(header, obs, info), {}
         if kind == Kind.GYM_STEP:
             action = gym_codec.decode(header.get("tree"), body)
             obs, reward, terminated, truncated, info = self.env.step(action)
             flags = {"r": float(reward), "te": bool(terminated), "tr": bool(truncated)}
-            return Kind.GYM_OBS, (obs, info), flags
+            return Kind.GYM_OBS, self.framed(header, obs, info), flags
         if kind == Kind.GYM_CLOSE:
             self.env.close()
             self.env = None
             return Kind.GYM_OBS, None, {}
         raise RuntimeError(f"unexpected frame {kind}")
+
+    def framed(self, header: dict[str, Any], obs: Any, info: Any) -> tuple[Any, ...]:
+        """(obs, info), and the env's ``render()`` frame after them when the host asks
+        (``"render": true``: an env made with ``render_mode="rgb_array"``), raw bytes in the
+        same answer as the observation."""
+        if header.get("render"):
+            return (obs, info, self.env.render())
+        return (obs, info)
 
 
 def rehearse(env: Any) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from cleanroom.gym.env import CleanroomEnv
-from cleanroom.gym.registration import NAMESPACE, register_envs
+from cleanroom.gym.registration import NAMESPACE, check_kwargs, register_envs
 
 __all__ = ["NAMESPACE", "CleanroomEnv", "make", "register_envs"]
 
@@ -22,9 +22,10 @@ __all__ = ["NAMESPACE", "CleanroomEnv", "make", "register_envs"]
 def make(env: str, *, baseline: Any, **kwargs: Any) -> CleanroomEnv:
     """``CleanroomEnv(baseline, env=env, ...)``: the keyword arguments other than the
     ``CleanroomEnv`` ones (``driver``, ``store``, ``run_id``, ``step_timeout_s``, ``trajectory``,
-    ``options``) go to the in-VM env (``env_kwargs``)."""
-    own = {"driver", "store", "run_id", "step_timeout_s", "trajectory", "options"}
+    ``options``, ``lookahead``) go to the in-VM env (``env_kwargs``)."""
+    own = {"driver", "store", "run_id", "step_timeout_s", "trajectory", "options", "lookahead"}
     env_kwargs = {k: v for k, v in kwargs.items() if k not in own}
+    check_kwargs(env, env_kwargs)
     settings = {k: v for k, v in kwargs.items() if k in own}
     return CleanroomEnv(baseline, env=env, env_kwargs=env_kwargs, **settings)
 

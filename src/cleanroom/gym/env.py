@@ -23,8 +23,11 @@ as an episode of policy ``gym-probe``).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import math
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +45,24 @@ from cleanroom.gym.loop import LoopThread
 from cleanroom.lifecycle.context import RunOptions
 
 SEED_RANGE = 2**31 - 1
+MAX_LOOKAHEAD = 8  # episodes opened ahead at most (each a running VM)
+RENDER_MODES = ("rgb_array",)  # a VM has no display: frames come back with each answer
+_OPEN: weakref.WeakSet[CleanroomEnv] = weakref.WeakSet()  # closed at exit if their owner did not
+
+
+@atexit.register
+def _close_left_open() -> None:
+    """A script that raised before ``close`` leaves no VM, run folder or running run."""
+    for env in list(_OPEN):
+        with contextlib.suppress(Exception):
+            env.close()
 
 
 class CleanroomEnv(gymnasium.Env[Any, Any]):
     """A Gymnasium env (``env``: a Gymnasium id or ``module:Class``, made with ``env_kwargs``)
     run inside fresh VMs of ``baseline`` (a ``Baseline``, a spec path or a digest)."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": list(RENDER_MODES)}
 
     def __init__(
         self,
@@ -62,12 +76,22 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         step_timeout_s: float = 60.0,
         trajectory: bool = True,
         options: RunOptions | None = None,
+        lookahead: int = 1,
     ) -> None:
         if not isinstance(env, str) or not env:
             raise GymError(f"CleanroomEnv: env must be a Gymnasium id or module:Class, not {env!r}")
+        if not isinstance(lookahead, int) or not 1 <= lookahead <= MAX_LOOKAHEAD:
+            raise GymError(f"CleanroomEnv: lookahead must be 1..{MAX_LOOKAHEAD}, not {lookahead!r}")
         if not math.isfinite(step_timeout_s) or step_timeout_s <= 0:
             raise GymError(f"CleanroomEnv: step_timeout_s must be > 0, not {step_timeout_s!r}")
         self.env_id, self.env_kwargs = env, dict(env_kwargs or {})
+        self.render_mode = self.env_kwargs.get("render_mode")
+        if self.render_mode is not None and self.render_mode not in RENDER_MODES:
+            raise GymError(
+                f"CleanroomEnv({env}): render_mode {self.render_mode!r} is not supported "
+                f"(only {list(RENDER_MODES)}: the env runs in a VM without a display)"
+            )
+        self._frame: np.ndarray[Any, Any] | None = None
         self.trajectory = trajectory
         self._run = GymRun(
             baseline,
@@ -78,11 +102,13 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             run_id or "",
             options or RunOptions(parallel=1, spares=1),
             step_timeout_s,
+            lookahead=lookahead,
         )
         self._loop: LoopThread | None = None
         self._episode: GymEpisode | None = None
         self._spaces: tuple[gymnasium.Space[Any], gymnasium.Space[Any]] | None = None
         self._closed = False
+        _OPEN.add(self)
 
     # -- spaces (from the in-VM env) -------------------------------------------------------------
 
@@ -109,7 +135,11 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
 
     def _learned_spaces(self) -> tuple[gymnasium.Space[Any], gymnasium.Space[Any]]:
         if self._spaces is None:
-            self._spaces = self._call(self._probe())
+            try:
+                self._spaces = self._call(self._probe())
+            except BaseException:
+                self.close()  # nothing of a failed first look stays: no spare, no run open
+                raise
         return self._spaces
 
     async def _probe(self) -> tuple[gymnasium.Space[Any], gymnasium.Space[Any]]:
@@ -160,7 +190,12 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         episode.facts = {**facts, "seed": inner_seed, "reset_seed": seed}
         if self._spaces is None:
             self._spaces = (obs_space, act_space)
-        _, answer = await episode.ask(Kind.GYM_RESET, {"seed": inner_seed, "options": options})
+        fps = (episode.made.get("metadata") or {}).get("render_fps")
+        if isinstance(fps, int | float) and "render_fps" not in self.metadata:
+            self.metadata = {**self.metadata, "render_fps": fps}  # the in-VM env's
+        header = {"seed": inner_seed, "options": options, **self._render_ask()}
+        _, answer = await episode.ask(Kind.GYM_RESET, header)
+        self._frame = wire.frame(answer)
         self._episode = episode
         self._run.prepare()  # the next reset's episode, opening while this one steps
         obs, info = wire.reset(answer)
@@ -182,8 +217,9 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
     async def _step(
         self, episode: GymEpisode, node: dict[str, Any], body: bytes, action: Any
     ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        frame, answer = await episode.ask(Kind.GYM_STEP, {"tree": node}, body)
+        frame, answer = await episode.ask(Kind.GYM_STEP, {"tree": node, **self._render_ask()}, body)
         obs, reward, terminated, truncated, info = wire.step(frame, answer)
+        self._frame = wire.frame(answer)
         episode.steps += 1
         episode.total += reward
         if terminated or truncated:
@@ -199,6 +235,14 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             )
         return obs, reward, terminated, truncated, info
 
+    def _render_ask(self) -> dict[str, Any]:
+        return {"render": True} if self.render_mode == "rgb_array" else {}
+
+    def render(self) -> np.ndarray[Any, Any] | None:
+        """The frame of the last reset or step (``render_mode="rgb_array"``: the in-VM env's
+        ``render()``, sent with that answer), None before the first reset or without it."""
+        return None if self._frame is None else self._frame.copy()
+
     def close(self) -> None:
         """End the last episode (exported, VM confirmed gone), release the spares. Idempotent."""
         if self._closed:
@@ -210,6 +254,7 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
             finally:
                 loop.stop()
         self._closed = True
+        _OPEN.discard(self)
 
     async def _aclose(self) -> None:
         episode, self._episode = self._episode, None

@@ -11,7 +11,8 @@ of its answers (``ProtocolError``), a step (or make, or reset) with no answer wi
 cancellation ends it the way any episode ends.
 
 A reset should only reset: ``GymRun`` keeps the *next* episode opened ahead (``prepare``: its
-session open on a fresh VM, the env made in it, policy ``gym-ahead``), which ``take`` hands out
+session open on a fresh VM, the env made in it, policy ``gym-ahead``; ``lookahead`` of them for
+episodes shorter than a VM's start, as early in training), which ``take`` hands out
 and names (seed, policy ``gym``); the episode a reset leaves behind ends in the background
 (``end_later``) and ``settle`` waits for every such end, raising the first failure. An episode
 opened ahead that no reset took ends ``cancelled`` at ``aclose`` (its transcript says why).
@@ -66,7 +67,8 @@ class GymRun:
     ledger: Ledger | None = None
     store: Store | None = None
     count: int = 0
-    ahead: asyncio.Task[GymEpisode] | None = None  # the next episode, opening (``prepare``)
+    lookahead: int = 1  # episodes kept opened ahead (``prepare``): more for short episodes
+    ahead: list[asyncio.Task[GymEpisode]] = field(default_factory=list)  # the next, opening
     ending: list[asyncio.Task[float]] = field(default_factory=list)  # ``end_later``'s
     end_s: list[float] = field(default_factory=list)  # how long each background end took
     owner: Owner | None = None  # every episode's: the run lock is this env's
@@ -90,7 +92,7 @@ class GymRun:
         self.hold = RunHold(self.ledger, self.run_id)
         self.hold.take()  # let go at ``aclose``: episodes overlap, the run stays held between
         spares = self.options.spares
-        self.driver.keep_spares(1 if spares is None else spares)
+        self.driver.keep_spares(max(self.lookahead, 1 if spares is None else spares))
 
     async def open_episode(self, policy: str) -> GymEpisode:
         """A fresh VM with the env made in it (the GYM_SPACES answer is ``episode.made``),
@@ -103,13 +105,13 @@ class GymRun:
         return episode
 
     def prepare(self) -> None:
-        """Open the next episode in the background (unless one is opening or open)."""
-        if self.ahead is None:
-            self.ahead = asyncio.ensure_future(self.open_episode(AHEAD))
+        """Open the next ``lookahead`` episodes in the background (those not opening yet)."""
+        while len(self.ahead) < self.lookahead:
+            self.ahead.append(asyncio.ensure_future(self.open_episode(AHEAD)))
 
     async def take(self, seed: int, reset_seed: int | None) -> GymEpisode:
         """The episode opened ahead (or one opened now), begun with ``seed``."""
-        ahead, self.ahead = self.ahead, None
+        ahead = self.ahead.pop(0) if self.ahead else None
         episode = await ahead if ahead is not None else await self.open_episode("gym")
         episode.begin(seed, reset_seed, "gym")
         return episode
@@ -149,6 +151,7 @@ class GymRun:
             f"{self.run_id}-{os.getpid()}" if started and self.run_id else self.run_id,
             self.options,
             self.step_timeout_s,
+            lookahead=self.lookahead,
         )
 
     async def aclose(self) -> None:
@@ -156,16 +159,18 @@ class GymRun:
         the spares (confirmed, in the ledger), then close the ledger; raise the first failure
         of those ends."""
         try:
-            ahead, self.ahead = self.ahead, None
-            if ahead is not None:
+            ahead, self.ahead = self.ahead, []
+            for task in ahead:
                 with contextlib.suppress(Exception):  # its failure is in its record already
-                    self.end_later(await ahead)
+                    self.end_later(await task)
             await self.settle()
         finally:
             if self.driver is not None and self.ledger is not None:
                 ctx = RunContext(self.driver, self.ledger, self.store, Owner("gym-" + self.run_id))
                 await release_spares(ctx, self.run_id)
             if self.hold is not None and self.count:  # a session started the run
+                # an episode opened ahead for a reset that never came is no failure of the run
+                self.hold.failed = self._failed(self.ledger)
                 with contextlib.suppress(LedgerError):  # none did after all (it failed first)
                     self.hold.let_go(True)
             if self.ledger is not None:
@@ -173,6 +178,16 @@ class GymRun:
             self.driver = self.ledger = self.store = self.hold = None
             if not isinstance(self.baseline_ref, Baseline):
                 self.baseline = None
+
+    def _failed(self, ledger: Ledger | None) -> bool:
+        """True if an episode of this run failed (one opened ahead and never used did not)."""
+        if ledger is None:
+            return False
+        return any(
+            row.outcome not in (Outcome.COMPLETED.value, None)
+            and not (row.outcome == Outcome.CANCELLED.value and UNUSED in (row.error or ""))
+            for row in ledger.episodes(self.run_id)
+        )
 
 
 def _guest_fault(sb: AsyncSession, exc: BaseException) -> None:

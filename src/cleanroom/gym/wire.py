@@ -118,10 +118,22 @@ def spaces_of(answer: Any) -> tuple[spaces.Space[Any], spaces.Space[Any], dict[s
 
 
 def reset(answer: Any) -> tuple[Any, dict[str, Any]]:
-    """(obs, info) of a GYM_RESET answer."""
-    if not (isinstance(answer, tuple) and len(answer) == 2):
-        raise ProtocolError("a reset answer is not (obs, info)")
+    """(obs, info) of a GYM_RESET answer (a frame after them: ``frame``)."""
+    if not (isinstance(answer, tuple) and len(answer) in (2, 3)):
+        raise ProtocolError("a reset answer is not (obs, info) or (obs, info, frame)")
     return answer[0], _dict(answer[1], "info")
+
+
+def frame(answer: Any) -> np.ndarray[Any, Any] | None:
+    """The rendered frame of a GYM_RESET/STEP answer (an (H, W, 3) uint8 array), if any."""
+    if not (isinstance(answer, tuple) and len(answer) == 3) or answer[2] is None:
+        return None
+    image = answer[2]
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        raise ProtocolError("a frame is not a uint8 array")
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise ProtocolError(f"a frame of shape {image.shape} is not an RGB image")
+    return image
 
 
 def step(frame: Frame, answer: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:

@@ -297,6 +297,8 @@ async def wait_gone(pids: list[int], timeout_s: float) -> bool:
 
 
 JAIL_BOUNDING_SET = "-all,+dac_override,+sys_chroot,+setuid,+setgid"  # a VMM until it drops
+# a jailed VMM's deadline keeper is the first process of its own PID namespace (see supervised)
+PID_NAMESPACE = ("unshare", "--pid", "--kill-child=KILL")
 
 
 def supervised(
@@ -316,8 +318,17 @@ def supervised(
     chain to its hard deadline (a spare started just then outlived a SIGKILLed controller by
     that long), so once the signal is set a shell checks that its parent is still ``parent``
     (default: this process, the one that forks it) and starts nothing if not.
+
+    A jailed child has lost its own parent-death signal, so ``timeout`` alone held it: a
+    ``timeout`` SIGKILLed by someone else (Ray's worker exit kills its children) left the
+    jailed QEMU re-parented to init, running past its deadline. So ``timeout`` runs as the
+    first process of a PID namespace of its own (``unshare --pid --kill-child``): when it dies,
+    for whatever reason, the kernel SIGKILLs every process in that namespace, whatever its uid;
+    and ``unshare``, which holds the chain's parent-death signal now, SIGKILLs ``timeout`` when
+    it dies itself. Whatever dies, the VMM dies by its deadline at the latest.
     """
     trim = [f"--bounding-set={JAIL_BOUNDING_SET}", "--inh-caps=-all"] if jailed else []
+    anchor = [*PID_NAMESPACE, "--"] if jailed else []
     return [
         "setpriv",
         "--pdeathsig",
@@ -327,6 +338,7 @@ def supervised(
         "-c",
         'test "$PPID" = "$0" && exec "$@"',  # the parent died before the signal was set: stop
         str(os.getpid() if parent is None else parent),
+        *anchor,
         "timeout",
         "--signal=KILL",
         f"{max(deadline_s, 1.0):.0f}s",

@@ -15,10 +15,12 @@ the ledger, or ``stop`` raises. A trial Harbor cancelled ends ``cancelled``. No 
 (``delete=False`` is logged and ignored). Network: ``no-network`` is no network at all (even on
 a baseline with an allowlist); an ``allowlist`` becomes the session's egress allowlist (each
 host on ports 443 and 80, within the baseline's ``network.allow``); ``public`` is refused, since
-cleanroom never gives a guest the open internet.
+cleanroom never gives a guest the open internet, and fails only that task's trial, unless the
+operator says on purpose what ``public`` means for this job: ``--ek public_as=HOST,HOST``, an
+allowlist the egress machinery enforces as for an ``allowlist`` task.
 
 Options (``--ek key=value``): ``driver`` (qemu or gvisor, or auto; default qemu), ``store`` (a
-folder or URL; default the cleanroom home's store).
+folder or URL; default the cleanroom home's store), ``public_as`` (above; default none).
 """
 
 from __future__ import annotations
@@ -165,15 +167,26 @@ def _return_code(exit_code: int | None, signal: int | None) -> int:
 class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has no stubs here
     """One Harbor trial's environment: one cleanroom session on a fresh VM (module docstring)."""
 
-    def __init__(self, *args: Any, driver: str = "qemu", store: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        driver: str = "qemu",
+        store: str | None = None,
+        public_as: str | None = None,
+        **kwargs: Any,
+    ):
         self._driver_name = _vm_driver(driver)
+        self._public_as = [h.strip() for h in (public_as or "").split(",") if h.strip()]
         self._store_ref = store
         self._session_cm: contextlib.AbstractAsyncContextManager[AsyncSession] | None = None
         self._sb: AsyncSession | None = None
         self._ledger: Ledger | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._interrupted = False  # a command was cut short while the guest ran it
+        self._refusal: str | None = None  # a policy refused while Harbor builds the trial
+        self._building = True
         super().__init__(*args, **kwargs)
+        self._building = False
 
     # -- what Harbor asks before a trial --------------------------------------------------------
 
@@ -201,16 +214,34 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             raise FileNotFoundError(str(exc)) from exc
 
     def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None) -> None:
+        """Refuse ``public``. Harbor builds every trial's environment while it plans the job,
+        and a refusal raised then ended the whole job (no later trial ran): it is kept, and
+        ``start`` raises it, so only this task's trial fails, with the reason. At run time (a
+        step's policy switch) it raises at once, failing that trial."""
         policy = network_policy or self.network_policy
-        if policy.network_mode == NetworkMode.PUBLIC:
-            raise ValueError(
+        if policy.network_mode == NetworkMode.PUBLIC and not getattr(self, "_public_as", None):
+            why = (
                 "network_mode='public' is not supported by the cleanroom environment: a "
                 "guest never reaches the open internet. Set [environment] network_mode = "
                 "'no-network' in task.toml."
             )
+            if getattr(self, "_building", False):
+                self._refusal = self._refusal or why
+                return
+            raise ValueError(why)
         super().validate_network_policy_support(network_policy)
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def _egress(self) -> list[str]:
+        """The session's egress allowlist: a ``public`` task gets the operator's
+        ``public_as`` hosts (validation refused it without them), any other Harbor's policy."""
+        policy = self.network_policy
+        if policy.network_mode == NetworkMode.PUBLIC:
+            return egress_allowlist(
+                NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=self._public_as)
+            )
+        return egress_allowlist(policy)
 
     async def _baseline(self, force_build: bool) -> Baseline:
         spec = baseline_spec_for(self.environment_dir, self.task_env_config, self.environment_name)
@@ -224,6 +255,8 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         """Build (or find) the baseline, then open the trial's session on a fresh VM."""
         if self._session_cm is not None:
             raise CleanroomError(f"{self.session_id}: already started")
+        if self._refusal is not None:
+            raise ValueError(self._refusal)  # this trial only, before anything starts
         baseline = await self._baseline(force_build)
         self._ledger = Ledger()
         trial = {
@@ -242,7 +275,7 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             episode_id=_ident(self.environment_name),
             run_id="harbor-" + _ident(self.session_id),
             options=RunOptions(parallel=1, spares=0),
-            network=egress_allowlist(self.network_policy),
+            network=self._egress(),
         )
         self._owner = asyncio.current_task()
         try:
@@ -285,20 +318,39 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
 
     def _finish(self, sb: AsyncSession) -> None:
         """The reward Harbor's verifier left in the trial folder (read, never written) as the
-        session's result; a trial without one ends ``episode_error`` (no ``finish``)."""
-        text, data = self.trial_paths.reward_text_path, self.trial_paths.reward_json_path
+        session's result; for a multi-step task, the steps' rewards (``steps/<name>/verifier``)
+        combined as Harbor combines them (``_step_reward``). A trial without one ends
+        ``episode_error`` (no ``finish``)."""
         info: dict[str, Any] = {"harbor_trial": self.session_id}
         try:
-            if text.is_file():
-                with text.open("rb") as f:  # the guest wrote it: read a number's worth
-                    sb.finish(float(f.read(64).decode().strip()), info)
-            elif data.is_file() and data.stat().st_size <= REWARDS_MAX:
-                rewards = json.loads(data.read_text())
-                reward = rewards.get("reward") if isinstance(rewards, dict) else None
-                if isinstance(reward, int | float) and not isinstance(reward, bool):
-                    sb.finish(float(reward), {**info, "rewards": rewards})
+            rewards = _rewards_in(self.trial_paths.verifier_dir)
+            if rewards is None:
+                rewards, steps = self._step_reward()
+                info["step_rewards"] = steps
+            reward = rewards.get("reward") if rewards is not None else None
+            if isinstance(reward, int | float) and not isinstance(reward, bool):
+                sb.finish(float(reward), {**info, "rewards": rewards})
         except (OSError, ValueError) as exc:
             self.logger.warning("no reward for %s: %s", self.session_id, exc)
+
+    def _step_reward(self) -> tuple[dict[str, float] | None, dict[str, dict[str, float]]]:
+        """A multi-step trial's reward from its steps' verifier folders, in the task's step
+        order: the last step's (``multi_step_reward_strategy = "final"``) or each key's mean
+        over the steps that have one, a missing key counting 0 (``mean``, Harbor's default)."""
+        config = _task_config(self.environment_dir.parent)
+        steps: dict[str, dict[str, float]] = {}
+        for step in (config.steps or []) if config is not None else []:
+            found = _rewards_in(self.trial_paths.trial_dir / "steps" / step.name / "verifier")
+            if found is not None:
+                steps[step.name] = found
+        if not steps:
+            return None, steps
+        strategy = getattr(config, "multi_step_reward_strategy", None)
+        if strategy is not None and str(getattr(strategy, "value", strategy)) == "final":
+            return list(steps.values())[-1], steps
+        keys = {key for found in steps.values() for key in found}
+        mean = {k: sum(found.get(k, 0.0) for found in steps.values()) / len(steps) for k in keys}
+        return mean, steps
 
     def _confirm_absent(self, sb: AsyncSession) -> None:
         assert self._ledger is not None
@@ -417,6 +469,34 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
         target.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             tar.extractall(path=target, filter=_guest_member)
+
+
+def _rewards_in(folder: Path) -> dict[str, float] | None:
+    """The rewards a verifier wrote in ``folder``: ``reward.txt`` (one number: ``reward``) or
+    ``reward.json`` (numbers by key), read as data the guest wrote (a bounded size)."""
+    text, data = folder / "reward.txt", folder / "reward.json"
+    if text.is_file():
+        with text.open("rb") as f:  # the guest wrote it: read a number's worth
+            return {"reward": float(f.read(64).decode().strip())}
+    if data.is_file() and data.stat().st_size <= REWARDS_MAX:
+        rewards = json.loads(data.read_text())
+        if isinstance(rewards, dict):
+            return {
+                str(k): float(v)
+                for k, v in rewards.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+    return None
+
+
+def _task_config(task_dir: Path) -> Any:
+    """The task's ``task.toml`` as Harbor reads it (None if it cannot be read)."""
+    from harbor.models.task.config import TaskConfig
+
+    try:
+        return TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    except Exception:  # a task Harbor ran but we cannot read: no step reward
+        return None
 
 
 def _guest_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:

@@ -144,7 +144,7 @@ class Spares:
 
     def discard(self, spare: Spare) -> None:
         """Destroy a spare in the background (``release`` waits for it)."""
-        task = asyncio.ensure_future(self.ctx.destroy(spare.env_id))
+        task = asyncio.ensure_future(self._destroy(spare))
         self.chores.add(task)
         task.add_done_callback(self.chores.discard)
 
@@ -168,6 +168,7 @@ class Spares:
     async def _start(self, request: EnvRequest, accel: accel_mod.Accel, shape: Shape) -> None:
         env_id = request.env_id
         monitor: socket.socket | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
             await self.quiet.wait()
             template, _ = await self.templates.template_for(request, accel)
@@ -183,6 +184,8 @@ class Spares:
         except BaseException as exc:
             if monitor is not None:
                 monitor.close()
+            if writer is not None:  # cancelled (release) after the streams took the monitor
+                writer.close()
             await asyncio.shield(self.ctx.destroy(env_id))
             if not isinstance(exc, Exception):
                 raise  # cancelled (release): nothing to report
@@ -212,7 +215,16 @@ class Spares:
         await asyncio.gather(*self.chores, return_exceptions=True)
         spares = [s for queue in self.ready.values() for s in queue]
         self.ready.clear()
-        return [await self.ctx.destroy(s.env_id) for s in spares]
+        return [await self._destroy(s) for s in spares]
+
+    async def _destroy(self, spare: Spare) -> DestroyReport:
+        """Destroy a spare nobody will take, its load monitor and agent streams closed first
+        (left to the garbage collector they were ``ResourceWarning: unclosed`` after a Gym
+        env's ``close``)."""
+        _close_monitor(spare)
+        with contextlib.suppress(Exception):
+            await spare.session.aclose()
+        return await self.ctx.destroy(spare.env_id)
 
     def forget(self, env_id: str) -> None:
         """``env_id`` is being destroyed: no longer a spare anyone can take."""

@@ -33,6 +33,7 @@ from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.secrets import provider_from
 from cleanroom.host import paths
 from cleanroom.integrations.ray import shared_store
+from cleanroom.integrations.ray.anchor import Anchor
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
@@ -74,6 +75,14 @@ class NodeController:
         )
         self.ctx = self.controller.context()
         self._runs: dict[str, Batch] = {}
+        self.anchor = Anchor()
+        self.anchor.hold()  # its node's death is this controller's: nothing starts after it
+
+    def _alive(self) -> None:
+        """Refuse new work on a node that is gone (its raylet died): start no env, no spare."""
+        if self.anchor.gone():
+            self.ctx.driver.keep_spares(0)
+            raise ConfigError(f"node {self.node} is gone (its raylet died): nothing starts here")
 
     async def start(self, marker: str | None) -> NodeInfo:
         """Refuse a store this node does not share; reap what a predecessor here left."""
@@ -97,6 +106,7 @@ class NodeController:
         """Resolve and verify the run's baseline here, run the local preflight; its digest.
         ``secrets_from``: the run's secret provider (``secrets.provider_from``), resolved on
         this node (its environment, its file, its command): no value travels through Ray."""
+        self._alive()
         if run_id in self._runs:
             return self._runs[run_id].baseline.digest
         ctx = dataclasses.replace(self.ctx, secret_provider=provider_from(secrets_from))
@@ -110,6 +120,7 @@ class NodeController:
 
     async def episode(self, run_id: str, manifest: dict[str, Any], attempt: int) -> EpisodeResult:
         """Run one attempt to its confirmed end (``Batch.episode``: never raises but cancel)."""
+        self._alive()
         batch = self._batch(run_id)
         item = Manifest.model_validate(manifest)
         self.ctx.ledger.episode_queued(run_id, item.episode_id, attempt)
@@ -121,6 +132,7 @@ class NodeController:
     ) -> tuple[list[EpisodeResult], GroupReport]:
         """One group's attempts, all on this node (``run_group``: forked from one warm parent
         where the driver can fork, else the setup in each env); a result per member."""
+        self._alive()
         batch = self._batch(run_id)
         items = [(Manifest.model_validate(m), attempt) for m, attempt in members]
         for item, attempt in items:
