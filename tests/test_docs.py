@@ -1,0 +1,163 @@
+"""The docs site stays true to the code it documents (issue 34).
+
+- ``mkdocs build --strict`` passes: every page is in the nav, every link and anchor resolves.
+- The CLI reference (``docs/reference/cli.md``) is what ``scripts/cli_reference.py`` generates
+  from the CLI now: a new command or option without regenerated docs fails, naming the command
+  that fixes it.
+- Every ``cleanroom SUBCOMMAND`` shown in the README or the docs exists in the CLI.
+- Every test the docs name (``tests/...py::test_name``, the security model's table) exists.
+- The README stays short: the docs site holds the manual.
+
+The Python blocks of the README and the docs run in ``tests/test_readme.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES = 250
+# Commands the docs may name before they exist, each with the page that says it is coming. Once
+# the command exists, the test below says to drop it from here and finish its page.
+PLANNED = {("serve",): "docs/serve.md"}
+
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+FENCED = re.compile(r"^```([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+SHELL_LANGS = {"", "sh", "bash", "console", "shell", "text"}
+COMMAND = re.compile(r"(?<![\w./-])cleanroom((?: [a-z][a-z-]*){1,2})")
+TEST_REF = re.compile(r"(tests/[\w/]+\.py)::(test_\w+)")
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _script() -> ModuleType:
+    path = ROOT / "scripts" / "cli_reference.py"
+    spec = importlib.util.spec_from_file_location("cli_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_builds_with_strict_checks(tmp_path: Path) -> None:
+    """A page missing from the nav, a broken link or anchor, or a bad fence fails the build."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "site" / "security" / "index.html").is_file()
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert "runnable" not in api, "a runnable marker reached the page: scripts/docs_hooks.py"
+    assert '<div class="highlight">' in api
+
+
+def test_the_cli_reference_is_generated_from_the_cli_now() -> None:
+    module = _script()
+    committed = module.TARGET.read_text(encoding="utf-8") if module.TARGET.is_file() else ""
+    assert committed == module.render(), f"docs/reference/cli.md is stale: run `{module.COMMAND}`"
+
+
+def test_the_cli_reference_names_every_command() -> None:
+    """The generator is not blind: every command path has its heading."""
+    module = _script()
+    text = module.render()
+    commands = module.subcommands()
+    assert ("run",) in commands and ("baseline", "build") in commands
+    missing = [c for c in commands if f"`cleanroom {' '.join(c)}`" not in text]
+    assert missing == []
+
+
+def _shown_commands() -> list[tuple[str, tuple[str, ...]]]:
+    """(page, words after ``cleanroom``) for each command in a code span or a shell block."""
+    found = []
+    for page in _pages():
+        text = page.read_text(encoding="utf-8")
+        code = [m.group(2) for m in FENCED.finditer(text) if m.group(1).strip() in SHELL_LANGS]
+        prose = FENCED.sub("", text)
+        code += CODE_SPAN.findall(prose)
+        for snippet in code:
+            for m in COMMAND.finditer(snippet):
+                found.append((str(page.relative_to(ROOT)), tuple(m.group(1).split())))
+    return found
+
+
+def test_the_scan_sees_commands_in_spans_and_shell_blocks() -> None:
+    shown = _shown_commands()
+    assert ("README.md", ("doctor",)) in shown
+    assert any(words[:2] == ("baseline", "build") for _, words in shown)
+
+
+def test_every_cleanroom_command_the_docs_show_exists() -> None:
+    commands = _script().subcommands()
+    groups = {c[:1] for c in commands if len(c) == 2}
+    wrong = set()
+    for page, words in _shown_commands():
+        path = words[:2] if words[:1] in groups else words[:1]
+        if path not in commands and path not in PLANNED:
+            wrong.add(f"{page}: cleanroom {' '.join(path)}")
+    assert sorted(wrong) == [], "not in the CLI (scripts/cli_reference.py lists what is)"
+
+
+def test_a_planned_command_is_still_only_planned() -> None:
+    commands = _script().subcommands()
+    arrived = {c: page for c, page in PLANNED.items() if c in commands}
+    assert arrived == {}, (
+        f"{arrived}: the command exists now; drop it from PLANNED in tests/test_docs.py and "
+        "replace its placeholder page with the real one"
+    )
+
+
+def _functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    named = {(m.group(1), m.group(2)) for p in _pages() for m in TEST_REF.finditer(p.read_text())}
+    assert len(named) >= 30, "the security model names the test behind each promise"
+    missing = [
+        f"{file}::{name}"
+        for file, name in sorted(named)
+        if not (ROOT / file).is_file() or name not in _functions(ROOT / file)
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("promise", range(1, 10))
+def test_the_security_model_names_a_test_or_a_gap_for_each_promise(promise: int) -> None:
+    rows = [
+        line
+        for line in (DOCS / "security.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith(f"| {promise}. ")
+    ]
+    assert len(rows) == 1
+    assert TEST_REF.search(rows[0]), f"promise {promise} names no test"
+
+
+def test_the_readme_stays_short() -> None:
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move the detail to docs/"
