@@ -161,3 +161,33 @@ def test_the_security_model_names_a_test_or_a_gap_for_each_promise(promise: int)
 def test_the_readme_stays_short() -> None:
     lines = README.read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move the detail to docs/"
+
+
+def test_the_readmes_two_commands_are_make_targets() -> None:
+    readme = README.read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    for target in ("demo", "test", "docs"):
+        assert f"make {target}" in readme
+        assert re.search(rf"^{target}:", makefile, re.MULTILINE), f"no `{target}:` in the Makefile"
+
+
+def test_the_demo_runs_as_many_episodes_as_the_readme_says() -> None:
+    readme = README.read_text(encoding="utf-8")
+    said = re.search(r"runs its (\d+) episodes", readme)
+    assert said is not None
+    manifests = (ROOT / "examples" / "cartpole" / "manifests.jsonl").read_text(encoding="utf-8")
+    assert len([line for line in manifests.splitlines() if line.strip()]) == int(said.group(1))
+
+
+def test_every_number_in_the_readmes_speed_table_is_on_the_performance_page() -> None:
+    """The README quotes the performance page; it never keeps numbers of its own."""
+    readme = README.read_text(encoding="utf-8")
+    table = readme[readme.index("## How fast") : readme.index("## Documentation")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    numbers = {n for row in rows[1:] for n in re.findall(r"\d+(?:\.\d+)?", row.split("|")[2])}
+    assert len(numbers) >= 6
+    page = (DOCS / "performance.md").read_text(encoding="utf-8")
+    missing = sorted(
+        n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", page)
+    )
+    assert missing == [], f"README numbers not on docs/performance.md: {missing}"
