@@ -42,7 +42,7 @@ lint: setup
 
 # The documentation site (MkDocs Material) into site/; the suite runs the same build --strict.
 docs: setup
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # libFuzzer (ASan, UBSan) over the native agent's frame reader (agent/native), FUZZ_RUNS inputs
 fuzz-native: setup
