@@ -100,9 +100,10 @@ def render() -> str:
     return "\n".join(head + body).rstrip() + "\n"
 
 
-def subcommands() -> set[tuple[str, ...]]:
-    """Every command path below ``cleanroom``: ``("run",)``, ``("baseline", "build")``, ..."""
-    found: set[tuple[str, ...]] = set()
+def commands() -> dict[tuple[str, ...], set[str]]:
+    """Every command path below ``cleanroom`` (``("run",)``, ``("baseline", "build")``, ...) with
+    the option names it takes (``--parallel``, ``--no-allow-baseline-change``, ``--help``)."""
+    found: dict[tuple[str, ...], set[str]] = {}
 
     def walk(command: Any, ctx: Any, path: tuple[str, ...]) -> None:
         if not _is_group(command):
@@ -110,12 +111,23 @@ def subcommands() -> set[tuple[str, ...]]:
         for name in command.list_commands(ctx):
             sub = command.get_command(ctx, name)
             if sub is not None:
-                found.add((*path, name))
-                walk(sub, sub.context_class(sub, info_name=name, parent=ctx), (*path, name))
+                sub_ctx = sub.context_class(sub, info_name=name, parent=ctx)
+                found[(*path, name)] = {
+                    opt
+                    for param in sub.get_params(sub_ctx)
+                    for opt in (*param.opts, *param.secondary_opts)
+                    if opt.startswith("-")
+                }
+                walk(sub, sub_ctx, (*path, name))
 
     group = root()
     walk(group, group.context_class(group, info_name="cleanroom"), ())
     return found
+
+
+def subcommands() -> set[tuple[str, ...]]:
+    """Every command path below ``cleanroom``: ``("run",)``, ``("baseline", "build")``, ..."""
+    return set(commands())
 
 
 def main(argv: list[str]) -> int:

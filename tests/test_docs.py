@@ -4,7 +4,7 @@
 - The CLI reference (``docs/reference/cli.md``) is what ``scripts/cli_reference.py`` generates
   from the CLI now: a new command or option without regenerated docs fails, naming the command
   that fixes it.
-- Every ``cleanroom SUBCOMMAND`` shown in the README or the docs exists in the CLI.
+- Every ``cleanroom SUBCOMMAND --option`` shown in the README or the docs exists in the CLI.
 - Every test the docs name (``tests/...py::test_name``, the security model's table) exists.
 - The README stays short: the docs site holds the manual.
 
@@ -87,34 +87,60 @@ def test_the_cli_reference_names_every_command() -> None:
     assert missing == []
 
 
-def _shown_commands() -> list[tuple[str, tuple[str, ...]]]:
-    """(page, words after ``cleanroom``) for each command in a code span or a shell block."""
+def _logical_lines(block: str) -> list[str]:
+    """A shell block's lines, comments dropped, an indented ``[--opt ...]`` line joined on."""
+    lines: list[str] = []
+    for raw in block.splitlines():
+        line = re.sub(r"(^|\s)#.*", "", raw).rstrip()
+        if lines and re.match(r"\s+[\[-]", line):
+            lines[-1] += " " + line.strip()
+        elif line:
+            lines.append(line)
+    return lines
+
+
+def _shown_commands() -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(page, words after ``cleanroom``, ``--options`` after them) for each command shown in a
+    code span or a shell block of the README or the docs."""
     found = []
     for page in _pages():
         text = page.read_text(encoding="utf-8")
-        code = [m.group(2) for m in FENCED.finditer(text) if m.group(1).strip() in SHELL_LANGS]
-        prose = FENCED.sub("", text)
-        code += CODE_SPAN.findall(prose)
+        code = [
+            line
+            for m in FENCED.finditer(text)
+            if m.group(1).strip() in SHELL_LANGS
+            for line in _logical_lines(m.group(2))
+        ]
+        code += CODE_SPAN.findall(FENCED.sub("", text))
         for snippet in code:
             for m in COMMAND.finditer(snippet):
-                found.append((str(page.relative_to(ROOT)), tuple(m.group(1).split())))
+                rest = snippet[m.end() :].split("cleanroom ")[0]
+                options = re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)
+                found.append((str(page.relative_to(ROOT)), tuple(m.group(1).split()), options))
     return found
 
 
 def test_the_scan_sees_commands_in_spans_and_shell_blocks() -> None:
     shown = _shown_commands()
-    assert ("README.md", ("doctor",)) in shown
-    assert any(words[:2] == ("baseline", "build") for _, words in shown)
+    assert ("README.md", ("doctor",), []) in shown
+    assert any(words[:2] == ("baseline", "build") for _, words, _ in shown)
+    assert any(words[:1] == ("run",) and "--spares" in opts for _, words, opts in shown)
 
 
-def test_every_cleanroom_command_the_docs_show_exists() -> None:
-    commands = _script().subcommands()
+def test_every_cleanroom_command_the_docs_show_exists_with_its_options() -> None:
+    commands = _script().commands()
     groups = {c[:1] for c in commands if len(c) == 2}
     wrong = set()
-    for page, words in _shown_commands():
+    for page, words, options in _shown_commands():
         path = words[:2] if words[:1] in groups else words[:1]
-        if path not in commands and path not in PLANNED:
+        if path in PLANNED:
+            continue
+        if path not in commands:
             wrong.add(f"{page}: cleanroom {' '.join(path)}")
+            continue
+        for option in options:
+            if option not in commands[path]:
+                wrong.add(f"{page}: cleanroom {' '.join(path)} {option}")
     assert sorted(wrong) == [], "not in the CLI (scripts/cli_reference.py lists what is)"
 
 
