@@ -217,3 +217,11 @@ def test_every_number_in_the_readmes_speed_table_is_on_the_performance_page() ->
         n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", page)
     )
     assert missing == [], f"README numbers not on docs/performance.md: {missing}"
+
+
+def test_every_link_in_the_readme_leads_to_a_file() -> None:
+    """The site build checks the docs' links; the README is not part of the site."""
+    links = re.findall(r"\]\(([^)\s]+)\)", README.read_text(encoding="utf-8"))
+    local = [link.split("#")[0] for link in links if "://" not in link and link[0] != "#"]
+    assert len(local) >= 10
+    assert [link for link in local if not (ROOT / link).exists()] == []
