@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint bench fuzz fuzz-native mutation clean distclean
+.PHONY: all setup demo test lint docs bench fuzz fuzz-native mutation clean distclean
 
 all: test
 
@@ -39,6 +39,10 @@ lint: setup
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
+
+# The documentation site (MkDocs Material) into site/; the suite runs the same build --strict.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # libFuzzer (ASan, UBSan) over the native agent's frame reader (agent/native), FUZZ_RUNS inputs
 fuzz-native: setup

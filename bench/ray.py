@@ -42,7 +42,7 @@ for _key, _value in {
     "RAY_AUTH_MODE": "disabled",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
     # Ray's own background (metrics, task events, event stats): the cluster's processes inherit
-    # these; off, an idle 3-node cluster takes ~1/4 less CPU (README, "Scaling out")
+    # these; off, an idle 3-node cluster takes ~1/4 less CPU (docs/performance.md, "Ray")
     "RAY_enable_metrics_collection": "0",
     "RAY_metrics_report_interval_ms": "0",
     "RAY_task_events_report_interval_ms": "0",

@@ -1,7 +1,7 @@
 """The result record and the attempt summary as ``export`` writes them (``export_episode``,
-``export_attempt``): every field the README documents, with the values given, redacted where a
-secret could hide (the error message, logs, diagnostics), and read back from the store as
-returned. Real ``LocalStore``; no VM.
+``export_attempt``): every field docs/manifests.md documents, with the values given, redacted
+where a secret could hide (the error message, logs, diagnostics), and read back from the store
+as returned. Real ``LocalStore``; no VM.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``bench/host_profile.py``: how a ``perf report`` row is counted (no perf, no VM here).
 
-Protects the split the README quotes ("half of a function episode's host CPU is TCG
+Protects the split docs/performance.md quotes ("half of a function episode's host CPU is TCG
 translation"): a QEMU sample in a translator symbol counts as translation, and so does one in a
 static function that lies next to a translator symbol (Debian's QEMU names only exported
 symbols); one next to other symbols, in translated guest code (perf's ``[JIT]``, or

@@ -1,11 +1,12 @@
-"""Every Python example in the README runs as written (issue 14 §3).
+"""Every Python example in the README and on the docs site runs as written (issues 14 §3, 34).
 
-A block opens with ```` ```python runnable ```` (runs in every suite run: no VM) or
-```` ```python runnable vm ```` (boots real VMs: marked ``vm``, skipped without QEMU). Each runs
-as its own ``python -c`` from the repository root, so relative paths like
-``examples/cartpole`` mean what they mean to a reader, in a home of its own that shares the
-test home's baselines, download cache and templates. A Python block with neither marker fails
-the suite: an example nobody runs is an example that rots.
+The README and every page under ``docs/`` are read. A block opens with ```` ```python runnable ````
+(runs in every suite run: no VM) or ```` ```python runnable vm ```` (boots real VMs: marked
+``vm``, skipped without QEMU). Each runs as its own ``python -c`` from the repository root, so
+relative paths like ``examples/cartpole`` mean what they mean to a reader, in a home of its own
+that shares the test home's baselines, download cache and templates. A Python block with
+neither marker fails the suite: an example nobody runs is an example that rots. A block that
+appears verbatim in two places (the README's tour repeats a page's example) runs once.
 """
 
 from __future__ import annotations
@@ -21,23 +22,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SHARED = ("baselines", "cache", "templates")
 
 
-def blocks() -> list[tuple[int, str, str]]:
-    """(line, tags, code) of each ```python block of the README."""
-    text = README.read_text(encoding="utf-8")
-    return [
-        (text.count("\n", 0, m.start()) + 1, m.group(1).strip(), m.group(2))
-        for m in FENCE.finditer(text)
-    ]
+def pages() -> list[Path]:
+    """The README, then every Markdown page of the docs site, in a fixed order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    """(place, tags, code) of each ```python block of the README and the docs (place: file:line)."""
+    found = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            place = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            found.append((place, m.group(1).strip(), m.group(2)))
+    return found
 
 
 def test_every_python_block_is_marked_runnable() -> None:
-    unmarked = [line for line, tags, _ in blocks() if not tags.startswith("runnable")]
-    assert unmarked == [], f"README.md lines {unmarked}: mark them ```python runnable [vm]"
-    assert len(blocks()) >= 4
+    unmarked = [place for place, tags, _ in blocks() if not tags.startswith("runnable")]
+    assert unmarked == [], f"{unmarked}: mark them ```python runnable [vm]"
+    assert len([place for place, _, _ in blocks() if place.startswith("README.md")]) >= 3
+    assert len(blocks()) >= 8
 
 
 def _home(tmp_path: Path) -> Path:
@@ -68,11 +78,12 @@ def _run(code: str, tmp_path: Path) -> None:
 
 
 def _params(vm: bool) -> list[object]:
-    return [
-        pytest.param(code, id=f"line-{line}")
-        for line, tags, code in blocks()
-        if tags.startswith("runnable") and ("vm" in tags.split()) == vm
-    ]
+    """One test per distinct block (a block repeated verbatim elsewhere runs once)."""
+    seen: dict[str, str] = {}
+    for place, tags, code in blocks():
+        if tags.startswith("runnable") and ("vm" in tags.split()) == vm:
+            seen.setdefault(code, place)
+    return [pytest.param(code, id=place) for code, place in seen.items()]
 
 
 @pytest.mark.parametrize("code", _params(vm=False))

@@ -83,7 +83,7 @@ def assert_nothing_left(
 
 def assert_records_match(ledger: Ledger, store: Store, run_id: str) -> None:
     """Every final outcome has a durable record with that outcome; every non-final one, and
-    every episode that never started, has none (the README's promise for resumes)."""
+    every episode that never started, has none (the promise for resumes in docs/concepts.md)."""
     for row in ledger.episodes(run_id):
         record = store.get_record(run_id, row.episode_id)
         if row.outcome is None:  # never started (a cancelled run): nothing durable

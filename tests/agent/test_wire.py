@@ -277,7 +277,7 @@ def test_a_verifiers_verdict_crosses_the_same_boundary(raw: bytes) -> None:
 def test_nesting_up_to_the_depth_limit_is_accepted_one_more_refused(kind: str) -> None:
     """``max_depth`` is exact for objects and arrays alike: ``depth`` containers pass,
     ``depth + 1`` is a ProtocolError naming the document (an off-by-one lets a guest nest one
-    level deeper than the limit the README states, or refuses an honest document)."""
+    level deeper than the limit docs/manifests.md states, or refuses an honest document)."""
     limits = wire.JsonLimits(max_bytes=1 << 20, max_depth=5)
 
     def nested(depth: int) -> bytes:

@@ -30,7 +30,7 @@ def rollouts(*args: str) -> dict[str, str]:
 
 @pytest.mark.vm
 def test_two_rollouts_each_judged_in_a_fresh_env() -> None:
-    """Protects (real VMs): the example runs as the README says: each rollout's agent reads,
+    """Protects (real VMs): the example runs as docs/sessions.md says: each rollout's agent reads,
     tests, patches and retests in its session; the verifier's hidden tests tell a right fix
     (reward 1) from a wrong one that passes the public tests (reward < 1); both complete."""
     rows = rollouts("--n", "2", "--parallel", "2")

@@ -34,7 +34,7 @@ MAGIC = b"CR"
 PREFIX = struct.Struct(">2sBII")
 HEARTBEAT_S = 1.0
 
-# The limits of what one side may send the other: the one set (README, "Limits"). The host
+# The limits of what one side may send the other: the one set (docs/manifests.md). The host
 # enforces each at its boundary (``cleanroom.agent.wire``, ``session``); the guest keeps to them.
 MAX_HEADER = 256 * 1024  # bytes of one frame's JSON header
 DEFAULT_MAX_BODY = 1024 * 1024  # bytes of one frame's body (a driver may negotiate another)

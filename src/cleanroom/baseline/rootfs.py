@@ -247,6 +247,7 @@ NATIVE_WORKER = "worker.py"
 
 def _stage_copy(src: Path, dest: Path) -> None:
     """A spec source copied for the sandbox (skipping host caches), readable by it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)  # a single file first: no folder made yet
     if src.is_dir() and not src.is_symlink():
         ignore = shutil.ignore_patterns(*SKIP_NAMES, "*.pyc")
         shutil.copytree(src, dest, symlinks=True, ignore=ignore)
