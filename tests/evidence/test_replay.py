@@ -72,6 +72,45 @@ async def test_a_session_replays_step_by_step(
         assert audit.ok and audit.records == 1, audit.problems
 
 
+async def test_file_writes_replay_from_the_command_log_but_never_a_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A written file's bytes are kept in the command log, so the replay writes them again and
+    the command reading them compares equal; a write holding a secret and one over 1 MiB are
+    not kept (no stored byte holds the secret) and replay says why it skipped them."""
+    secret = "wr1te-s3cret-7f3a"
+    monkeypatch.setenv("WRITE_TOKEN", secret)
+    driver = FakeDriver(run_root=tmp_path / "run")
+    baseline = make_fake_baseline(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        async with session(
+            baseline,
+            driver=driver,
+            ledger=ledger,
+            store=store,
+            run_id="orig",
+            options=OPTIONS,
+            secrets=["WRITE_TOKEN"],
+        ) as sb:
+            await sb.files.write("/tmp/in.txt", b"fixed input\n")
+            await sb.exec(["cat", "/tmp/in.txt"])
+            await sb.files.write("/tmp/key", f"token={secret}\n")
+            await sb.files.write("/tmp/big", b"z" * ((1 << 20) + 1))
+            sb.finish(reward=1.0)
+        report = await replay(
+            "orig", "session", store=store, driver=driver, ledger=ledger, baseline=baseline
+        )
+    ops = [(s.op, s.same, s.detail) for s in report.steps]
+    assert ops[:2] == [("put", True, "written again"), ("exec", True, "")], ops
+    assert ops[2] == ("put", None, "skipped: holds a secret"), ops
+    assert ops[3] == ("put", None, f"skipped: over {1 << 20} bytes"), ops
+    assert report.identical
+    for path in (tmp_path / "store").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
 def test_a_batch_episode_compares_its_deterministic_fields() -> None:
     old = {
         "outcome": "completed",

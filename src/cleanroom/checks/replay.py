@@ -4,10 +4,11 @@ where (if anywhere) it came out differently.
 A **session** is replayed from its durable transcript (``sessions.transcript``), in order: each
 command (argv, cwd, user) is run again and its exit status and the sha256 of its stdout and
 stderr are compared with the step's; each file read (``get``) is read again and its digest
-compared; a file write (``put``) is written again when its bytes are given (``contents``, by
-sha256: the transcript keeps only the digest), else reported ``skipped`` (what follows may
-then diverge for that reason). Background commands, artifacts, forks and the finish are not
-steps of the guest's state and are skipped. Environment variable *values* were never recorded
+compared; a file write (``put``) is written again from the bytes the command log kept
+(``content_log``: up to 1 MiB, never a secret) or given (``contents``, by sha256), else
+reported ``skipped`` with the reason (what follows may then diverge for that reason).
+Background commands, artifacts, forks and the finish are not steps of the guest's state and
+are skipped. Environment variable *values* were never recorded
 (names only), so a command that needed a secret replays without it.
 
 A **batch** episode is run again from its manifest (rebuilt from the record, and checked
@@ -33,6 +34,7 @@ from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.statements import TRANSCRIPT_LOG
 from cleanroom.ledger import Ledger
 from cleanroom.sessions import AsyncSession
+from cleanroom.sessions.transcript import COMMANDS_LOG
 
 DETERMINISTIC = (
     "outcome",
@@ -90,6 +92,31 @@ def transcript_of(store: Any, run_id: str, record: dict[str, Any]) -> list[dict[
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
 
 
+def kept_writes(
+    store: Any, run_id: str, record: dict[str, Any], steps: list[dict[str, Any]]
+) -> dict[str, bytes]:
+    """The bytes of the session's file writes that its command log kept, by sha256 (each
+    checked against its step; none if the log is missing or altered)."""
+    entry = next((e for e in record.get("logs") or [] if e.get("name") == COMMANDS_LOG), None)
+    if entry is None:
+        return {}
+    raw = store.get_bytes(run_id, record["episode_id"], entry.get("path") or "")
+    if raw is None or _digest(raw) != entry.get("sha256"):
+        return {}
+    kept: dict[str, bytes] = {}
+    for s in steps:
+        span = s.get("content_log") if s.get("op") == "put" else None
+        if not isinstance(span, dict):
+            continue
+        start, size = span.get("offset"), span.get("size")
+        if not isinstance(start, int) or not isinstance(size, int) or start < 0 or size < 0:
+            continue
+        data = raw[start : start + size]
+        if _digest(data) == s.get("sha256"):
+            kept[_digest(data)] = data
+    return kept
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -114,7 +141,8 @@ async def replay_steps(
         elif op == "put":
             content = (contents or {}).get(str(s.get("sha256")))
             if content is None:
-                out.append(Step(n, op, None, "skipped: the transcript keeps only its digest"))
+                why = s.get("content_withheld") or "the transcript keeps only its digest"
+                out.append(Step(n, op, None, f"skipped: {why}"))
                 continue
             await sb.files.write(s["path"], content)
             out.append(Step(n, op, True, "written again"))
@@ -216,6 +244,7 @@ async def replay(
     report = ReplayReport(run_id, episode_id, new_run, "session" if is_session else "batch")
     if is_session:
         steps = transcript_of(st, run_id, record)
+        contents = {**kept_writes(st, run_id, record, steps), **(contents or {})}
         async with session(
             base,
             driver=drv,

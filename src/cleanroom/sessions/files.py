@@ -34,7 +34,8 @@ class Files:
         raw = data.encode() if isinstance(data, str) else bytes(data)
         async with self._guard.call() as env:
             await env.put(path, raw, mode)
-        self._guard.transcript.add("put", path=path, mode=mode, **digest(raw))
+        transcript = self._guard.transcript
+        transcript.add("put", path=path, mode=mode, **digest(raw), **transcript.content(raw))
 
     async def read(self, path: str) -> bytes:
         """The bytes of ``path`` in the guest."""

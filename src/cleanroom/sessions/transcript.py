@@ -4,8 +4,11 @@
 duration, exit status, a redacted tail of its output) and every file moved (path, size,
 sha256). The full output of each command goes, redacted, into ``logs/commands.log``; the step
 names its span there (``offset``, ``size``, ``sha256`` of the stored bytes), so a reader can
-check what the transcript says against the log. Both files are bounded by the episode's output
-quota: past it, output is dropped (``truncated``), never the step itself.
+check what the transcript says against the log. The bytes of a file written into the env
+(``put``, up to ``WRITE_KEEP``) are kept there too (``content_log``), unless redaction would
+change them (a secret is never stored: ``content_withheld``), so ``cleanroom replay`` can write
+them again. Both files are bounded by the episode's output quota: past it, output is dropped
+(``truncated``), never the step itself.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cleanroom.evidence.secrets import Redactor
 TRANSCRIPT = "transcript.jsonl"
 COMMANDS_LOG = "commands.log"
 TAIL = 4096  # bytes of each stream kept inline in the step
+WRITE_KEEP = 1 << 20  # the largest written file whose bytes the log keeps for replay
 
 
 def digest(data: bytes) -> dict[str, Any]:
@@ -57,16 +61,32 @@ class Transcript:
             f.write(line)
         return dict(entry)
 
+    def _keep(self, data: bytes) -> dict[str, Any]:
+        """Append ``data`` to the log; its span."""
+        span = {"log": COMMANDS_LOG, "offset": self._log_size, **digest(data)}
+        if data:
+            with self.log_path.open("ab") as f:
+                f.write(data)
+            self._log_size += len(data)
+        self._left -= len(data)
+        return span
+
+    def content(self, data: bytes) -> dict[str, Any]:
+        """What a ``put`` step records of the bytes written: their span in the log
+        (``content_log``), or why they were not kept (``content_withheld``)."""
+        if len(data) > WRITE_KEEP:
+            return {"content_withheld": f"over {WRITE_KEEP} bytes"}
+        if len(data) > self._left:
+            return {"content_withheld": "over the output quota"}
+        if self.redactor is not None and self.redactor.redact(data) != data:
+            return {"content_withheld": "holds a secret"}
+        return {"content_log": self._keep(data)}
+
     def output(self, stream: str, data: bytes) -> dict[str, Any]:
         """Keep one stream of a command in the log; what its step records about it."""
         clean = self.redactor.redact(data) if self.redactor else data
         kept = clean[: max(self._left, 0)]
-        self._left -= len(kept)
-        span = {"log": COMMANDS_LOG, "offset": self._log_size, **digest(kept)}
-        if kept:
-            with self.log_path.open("ab") as f:
-                f.write(kept)
-            self._log_size += len(kept)
+        span = self._keep(kept)
         tail = clean[-TAIL:].decode(errors="replace")
         return {
             stream: tail,
