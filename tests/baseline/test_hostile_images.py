@@ -22,7 +22,22 @@ from tests.baseline.hostile_images import CASES, Case
 from tests.baseline.testimages import save
 
 pytestmark = pytest.mark.build
-RING_PARENT = Path(__file__).resolve().parents[2] / ".cache"
+SCRUBBED_ROOTS = ("/tmp", "/var/tmp", "/run")  # emptied in a built tree (treefiles.SCRUBBED)
+
+
+def _ring_parent() -> Path:
+    """Where canary rings go: not under a folder the build empties in the tree (there the
+    attack's landing place inside the tree would vanish): the checkout's .cache, unless the
+    checkout itself is under /tmp (a CI clone), then the home's."""
+    for parent in (
+        Path(__file__).resolve().parents[2] / ".cache",
+        Path.home().resolve() / ".cache" / "cleanroom-test-rings",
+        Path("/var/lib/cleanroom-test-rings"),
+    ):
+        if not any(parent.is_relative_to(root) for root in SCRUBBED_ROOTS):
+            parent.mkdir(parents=True, exist_ok=True)
+            return parent
+    raise AssertionError("no folder for canary rings outside /tmp, /var/tmp and /run")
 
 Snapshot = dict[str, tuple[int, int, int, int, bytes]]
 
@@ -73,7 +88,7 @@ def extract(rootfs: Path, into: Path) -> Path:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_hostile_image_touches_nothing_outside_its_tree(case: Case, tmp_path: Path) -> None:
     needs_root_tools()
-    ring = Path(tempfile.mkdtemp(dir=RING_PARENT)) / "ring"  # not under /tmp: the scrub empties
+    ring = Path(tempfile.mkdtemp(dir=_ring_parent())) / "ring"  # not under /tmp: the scrub empties
     make_ring(ring)  # the guest's /tmp, where the attack would land in the tree
     before = snapshot(ring)
     scratch = scratch_parent()
