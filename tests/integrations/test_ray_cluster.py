@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from cleanroom.batch.result import RunResult
+from cleanroom.checks.audit import verify_run
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
+from cleanroom.evidence import keys
 from cleanroom.host import hostproc
 from cleanroom.integrations.ray import RayCluster
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
@@ -193,7 +195,9 @@ async def test_slots_are_respected_and_every_episode_has_one_record(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """8 episodes over 2 nodes of 2 slots: both nodes used, never more than 2 envs at once on a
-    node, one record per episode, and the driver's ledger holds the run's aggregate."""
+    node, one record per episode, and the driver's ledger holds the run's aggregate. The run
+    audits clean with the driver's and the nodes' public keys: its chain names each node's
+    sealed part, whose envs the audit checks; a node's part altered breaks the audit there."""
     baseline = make_fake_baseline(tmp_path)
     ms = [manifest(f"e{i}", seed=i, mode="sleep", seconds=0.5) for i in range(8)]
     result = await _fake_run(ms, baseline, tmp_path, "slots")
@@ -212,6 +216,16 @@ async def test_slots_are_respected_and_every_episode_has_one_record(
         run = ledger.get_run("slots")
         assert run is not None and run.driver == "ray:fake" and run.status == "completed"
         assert ledger.outcome_counts("slots") == {"completed": 8}
+    homes = [Path(os.environ["CLEANROOM_HOME"]), *cluster.homes.values()]
+    trusted = [keys.load_private(h / "keys" / keys.HOME_KEY).public_key() for h in homes]
+    audit = verify_run(store, "slots", trusted)
+    assert audit.ok and audit.records == 8 and audit.envs >= 8, audit.problems
+    parts = sorted((tmp_path / "store" / "runs" / "slots" / "ledger" / "nodes").iterdir())
+    assert len(parts) >= 2, parts  # a sealed part per node
+    events = parts[0] / "events.jsonl"
+    events.write_bytes(events.read_bytes().replace(b"env_destroyed", b"env_Destroyed", 1))
+    audit = verify_run(store, "slots", trusted)
+    assert not audit.ok and f"of node {parts[0].name}" in audit.problems[0], audit.problems
 
 
 def _store_at(where: str, tmp_path: Path, bucket: str) -> str | Path:

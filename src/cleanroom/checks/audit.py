@@ -4,7 +4,9 @@ Reads only the store (any copy of it: a folder, ``s3://``) and the public keys i
 
 1. **the chain**: ``ledger/head.dsse.json`` is signed by a trusted key and names this run; its
    subject is the stored ``ledger/events.jsonl``; every link holds (``ledger.chain``); the
-   count and the last hash are the head's (so no event was dropped from the end either).
+   count and the last hash are the head's (so no event was dropped from the end either). A Ray
+   run's chain names each node's sealed part (``node_chain``): each is checked the same way at
+   ``ledger/nodes/<node>/``, must end where the run's chain says, and adds its envs.
 2. **the envs** (from the chain): every env the run made was destroyed and confirmed absent;
    no env was made twice, none served two episodes.
 3. **the outcomes**: every final outcome in the chain (completed, episode_error, timeout) has
@@ -31,7 +33,7 @@ from cleanroom.core.states import Outcome
 from cleanroom.errors import EvidenceError, StoreError
 from cleanroom.evidence import attest
 from cleanroom.evidence.attest import sha256, subjects_of
-from cleanroom.evidence.seal import CHAIN_EVENTS, CHAIN_HEAD, RunFiles
+from cleanroom.evidence.seal import NODE_CHAIN, RunFiles, chain_paths
 from cleanroom.evidence.statements import files_of
 from cleanroom.ledger import chain
 from cleanroom.store import RECORD
@@ -84,14 +86,51 @@ def _verify_chain(
     if not isinstance(store, RunFiles):
         report.broken(f"run {run_id} ledger chain", "this store keeps no run-level files")
         return None
-    where = f"run {run_id} ledger chain"
-    raw_head = store.get_run_bytes(run_id, CHAIN_HEAD)
-    raw = store.get_run_bytes(run_id, CHAIN_EVENTS)
+    events = _signed_chain(store, run_id, None, keys, report)
+    if events is None:
+        return None
+    report.events = len(events)
+    told, seen = _Chain(), {e["hash"] for e in events}
+    for event in events:
+        _fold(told, event, env_only=False)
+    for event in events:  # a Ray run: each node's part of the chain, as the driver recorded it
+        if event["kind"] != NODE_CHAIN:
+            continue
+        link = json.loads(event["data"])
+        node = str(link.get("node"))
+        part = _signed_chain(store, run_id, node, keys, report)
+        if part is None:
+            return None
+        if (len(part), part[-1]["hash"] if part else None) != (
+            link.get("events"),
+            link.get("head"),
+        ):
+            report.broken(
+                f"run {run_id} node {node} chain",
+                f"ends at event {len(part)}, the run's chain says {link.get('events')}",
+            )
+            return None
+        for e in part:
+            if e["hash"] not in seen:  # a node whose ledger is the driver's holds both
+                seen.add(e["hash"])
+                _fold(told, e, env_only=True)
+    return told
+
+
+def _signed_chain(
+    store: Any, run_id: str, node: str | None, keys: list[Ed25519PublicKey], report: AuditReport
+) -> list[dict[str, Any]] | None:
+    """The run's chain (or ``node``'s part), checked: its head signed by a trusted key and
+    naming this run (and node), every link, its count and last hash, its digest."""
+    events_path, head_path = chain_paths(node)
+    where = f"run {run_id} ledger chain" + (f" of node {node}" if node else "")
+    raw_head = store.get_run_bytes(run_id, head_path)
+    raw = store.get_run_bytes(run_id, events_path)
     if raw_head is None or raw is None:
-        report.broken(where, f"missing ({CHAIN_HEAD} and {CHAIN_EVENTS}): the run was never sealed")
+        report.broken(where, f"missing ({head_path} and {events_path}): the run was never sealed")
         return None
     try:
-        stmt = attest.open_envelope(raw_head, keys, CHAIN_HEAD)
+        stmt = attest.open_envelope(raw_head, keys, head_path)
         subjects = subjects_of(stmt)
     except EvidenceError as exc:
         report.broken(where, f"head: {exc}")
@@ -100,12 +139,14 @@ def _verify_chain(
     if stmt.get("predicateType") != attest.CHAIN or pred.get("run_id") != run_id:
         report.broken(where, f"the signed head is of run {pred.get('run_id')!r}, not this run")
         return None
+    if pred.get("node") != node:
+        report.broken(where, f"the signed head is of node {pred.get('node')!r}")
+        return None
     try:
         events = list(chain.parse(raw))
     except ValueError as exc:
-        report.broken(where, f"{CHAIN_EVENTS} does not parse: {exc}")
+        report.broken(where, f"{events_path} does not parse: {exc}")
         return None
-    report.events = len(events)
     bad = chain.broken_link(events)
     if bad is not None:
         report.broken(where, bad[1])
@@ -118,23 +159,27 @@ def _verify_chain(
         )
         report.broken(where, f"the chain ends at event {ends}, its signed head at {signed}")
         return None
-    if subjects.get(CHAIN_EVENTS) != sha256(raw):
-        report.broken(where, f"{CHAIN_EVENTS} does not match its signed digest")
+    if subjects.get(events_path) != sha256(raw):
+        report.broken(where, f"{events_path} does not match its signed digest")
         return None
-    told = _Chain()
     for event in events:
         if event["run_id"] != run_id:
             report.broken(where, f"event {event['seq']} belongs to run {event['run_id']!r}")
             return None
-        data = json.loads(event["data"])
-        kind, env, eid = event["kind"], event["env_id"], event["episode_id"]
-        if kind == "env_intent" and env:
-            told.intents[env].append((eid, data.get("attempt")))
-        elif kind == "env_destroyed" and env:
-            told.absent[env] = bool(data.get("confirmed_absent"))
-        elif kind == "episode_finished" and eid:
-            told.finished[(eid, data.get("attempt"))] = str(data.get("outcome"))
-    return told
+    return events
+
+
+def _fold(told: _Chain, event: dict[str, Any], *, env_only: bool) -> None:
+    """What ``event`` tells of the run's envs (and, unless ``env_only``, of its outcomes: a
+    node's part names its attempts' ends as the node saw them; the driver's are the run's)."""
+    data = json.loads(event["data"])
+    kind, env, eid = event["kind"], event["env_id"], event["episode_id"]
+    if kind == "env_intent" and env:
+        told.intents[env].append((eid, data.get("attempt")))
+    elif kind == "env_destroyed" and env:
+        told.absent[env] = bool(data.get("confirmed_absent"))
+    elif kind == "episode_finished" and eid and not env_only:
+        told.finished[(eid, data.get("attempt"))] = str(data.get("outcome"))
 
 
 def _verify_envs(told: _Chain, report: AuditReport) -> None:

@@ -107,10 +107,16 @@ def destroy_statement(
 
 
 def chain_statement(
-    run_id: str, events_path: str, events_bytes: bytes, count: int, head: str | None
+    run_id: str,
+    events_path: str,
+    events_bytes: bytes,
+    count: int,
+    head: str | None,
+    node: str | None = None,
 ) -> dict[str, Any]:
+    pred = {"run_id": run_id, "events": count, "head": head, "cleanroom": {"version": __version__}}
     return statement(
         CHAIN,
         [subject(events_path, sha256(events_bytes))],
-        {"run_id": run_id, "events": count, "head": head, "cleanroom": {"version": __version__}},
+        {**pred, **({"node": node} if node is not None else {})},
     )

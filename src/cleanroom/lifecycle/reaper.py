@@ -107,7 +107,7 @@ async def reap(
     report.staging = reap_staging(ledger, staging_root or paths.home() / "staging")
     if store is not None:  # a crashed run's chain, with what reaping it added, signed
         for run_id in sorted(touched):
-            if seal_or_alert(ledger, store, run_id, None, _quiet):
+            if seal_or_alert(ledger, store, run_id, None, _quiet) is not None:
                 report.sealed.append(run_id)
     return report
 

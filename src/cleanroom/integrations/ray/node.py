@@ -10,7 +10,7 @@ Ray here): ``actor`` makes it a Ray actor, and tests can drive it directly.
     await node.open_run(run_id, BaselineRef.of(b), [m.model_dump(mode="json") for m in ms])
     result = await node.episode(run_id, manifest_json, attempt=1)   # one EpisodeResult
     results, report = await node.group(run_id, [(manifest_json, 1), ...])  # one group, here
-    await node.close_run(run_id)                   # the spares nobody took
+    closed = await node.close_run(run_id)          # the spares nobody took; its chain sealed
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cleanroom.batch.runner import Batch, Controller
 from cleanroom.drivers import get_driver
 from cleanroom.errors import ConfigError
 from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.seal import NODE_RUN, seal_or_alert
 from cleanroom.evidence.secrets import provider_from
 from cleanroom.host import paths
 from cleanroom.integrations.ray import shared_store
@@ -53,6 +54,15 @@ class NodeInfo:
     pid: int
     slots: int
     reaped: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClosedRun:
+    """What a node says when a run closes there: the spares still present, and its part of
+    the run's ledger chain as sealed in the store (events, head), or None if that failed."""
+
+    leaked: list[str]
+    chain: tuple[int, str | None] | None
 
 
 class NodeController:
@@ -115,6 +125,7 @@ class NodeController:
         verifiers = Verifiers(ctx)
         await preflight(ctx, verifiers, items, baseline)
         ctx.driver.keep_spares(ctx.options.spare_count())
+        ctx.ledger.event(NODE_RUN, run_id=run_id, node=self.node)  # its chain is this node's part
         self._runs[run_id] = Batch(ctx, verifiers, run_id, baseline, RunResult(run_id))
         return baseline.digest
 
@@ -167,13 +178,24 @@ class NodeController:
         assert not missing, f"Batch.episode always lands its result: {missing}"
         return [found[k] for k in keys]
 
-    async def close_run(self, run_id: str) -> list[str]:
-        """Destroy the spares nobody took, drop the run's staging; the ids still present."""
+    async def close_run(self, run_id: str) -> ClosedRun:
+        """Destroy the spares nobody took, drop the run's staging, seal this node's part of the
+        run's chain (``ledger/nodes/<node>/`` in the store)."""
         if self._runs.pop(run_id, None) is None:
-            return []
+            return ClosedRun([], None)
         leaked = await release_spares(self.ctx, run_id)
         shutil.rmtree(self.ctx.staging_root() / run_id, ignore_errors=True)
-        return leaked
+        ctx = self.ctx
+        sealed = await asyncio.to_thread(
+            seal_or_alert,
+            ctx.ledger,
+            ctx.store,
+            run_id,
+            ctx.options.signing_key,
+            ctx.emit,
+            self.node,
+        )
+        return ClosedRun(leaked, sealed)
 
     async def ping(self) -> str:
         return self.node

@@ -28,6 +28,7 @@ from cleanroom.batch.runner import new_run_id
 from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.errors import BaselineNotFound, ConfigError
 from cleanroom.evidence.manifest import Manifest
+from cleanroom.evidence.seal import NODE_CHAIN, seal_or_alert
 from cleanroom.integrations.ray import actor, baseline_share, reaper, shared_store
 from cleanroom.integrations.ray.aggregate import Aggregate, cause_of, from_record, refusal
 from cleanroom.integrations.ray.baseline_ref import BaselineRef
@@ -128,6 +129,8 @@ class Scheduler:
         finally:
             await self._stop_nodes(run_id)
             shared_store.unmark(self.store, marker)
+            # the aggregate, naming each node's sealed part (``evidence.seal``), signed last
+            seal_or_alert(self.ledger, self.store, run_id, opts.signing_key, self.emit, None)
 
     async def _run(
         self, manifests: list[Manifest], baseline: Baseline, run_id: str, driver: str
@@ -367,7 +370,12 @@ class Scheduler:
         for node in self.nodes:
             if node.alive:
                 with contextlib.suppress(ray.exceptions.RayError):
-                    await node.handle.close_run.remote(run_id)
+                    closed = await node.handle.close_run.remote(run_id)
+                    if closed.chain is not None:
+                        events, head = closed.chain
+                        self.ledger.event(
+                            NODE_CHAIN, run_id=run_id, node=node.node_id, events=events, head=head
+                        )
         if self.pool is not None:
             self.pool.release(self.nodes)
         self.nodes = []
