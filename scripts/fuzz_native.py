@@ -48,6 +48,9 @@ def seeds() -> list[bytes]:
         protocol.encode(Kind.DATA, {"id": 2, "offset": 0, "eof": True}, b"data"),
         protocol.encode(Kind.ACK, {"id": 3, "size": 262144}),
         protocol.encode(Kind.KILL, {"id": 1.5}),
+        protocol.encode(Kind.CONNECT, {"id": 4, "port": 8000}),
+        protocol.encode(Kind.CONNECT, {"id": 5, "port": 65536}),
+        protocol.encode(Kind.DATA, {"id": 4, "offset": 0, "eof": True}, b"GET / HTTP/1.0\r\n\r\n"),
     ]
     return [*frames, frames[0] + frames[3]]
 

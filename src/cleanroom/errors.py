@@ -171,6 +171,10 @@ class UnknownUser(GuestOperationError):
     """``user=`` names no user of the guest."""
 
 
+class PortUnreachable(GuestOperationError):
+    """A guest port could not be connected to (nothing listens there, or it did not answer)."""
+
+
 class GuestUnsafePath(GuestOperationError):
     """The guest refused a tar member that would escape its folder or is a device node."""
 

@@ -72,7 +72,7 @@ def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
         return session.features
 
     features = drive(agent_binary, root, body)
-    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream", "tar", "fs"}
+    assert features == {"mux", "stdin", "spawn", "pty", "user", "stream", "tar", "fs", "port"}
 
 
 def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Path) -> None:

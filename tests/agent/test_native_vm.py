@@ -293,7 +293,7 @@ async def test_a_native_env_multiplexes_and_moves_folders_as_tar(
     driver = QemuDriver(start="cold")
     env = await driver.create(vmkit.request(busybox_baseline))
     try:
-        features = ["mux", "stdin", "spawn", "pty", "user", "stream", "tar", "fs", "bulk"]
+        features = ["mux", "stdin", "spawn", "pty", "user", "stream", "tar", "fs", "port", "bulk"]
         assert env.hello["features"] == features
 
         async def chunks() -> AsyncIterator[bytes]:

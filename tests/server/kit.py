@@ -116,3 +116,75 @@ def outcome(sandbox_id: str, driver: RunFolderDriver | None = None, timeout_s: f
             for env in envs:
                 assert_gone(driver, env.env_id)
         return str(rows[0].outcome)
+
+
+def via_host(server: Server, host: str, method: str = "GET", path: str = "/", **kw: Any) -> Any:
+    """An HTTP request for ``host`` (what ``sandbox.get_host(port)`` returns) sent to the
+    server's address: what DNS naming ``*.{domain}`` the server would deliver."""
+    headers = {"Host": host, **kw.pop("headers", {})}
+    return httpx.request(method, server.url + path, headers=headers, timeout=60, **kw)
+
+
+def wait_http(server: Server, host: str, headers: dict[str, str], timeout_s: float = 60.0) -> Any:
+    """The first answer that is not the proxy's 502 (the guest server is up), by a deadline."""
+    end = time.monotonic() + timeout_s
+    while True:
+        r = via_host(server, host, headers=headers)
+        if r.status_code != 502 or time.monotonic() > end:
+            return r
+        time.sleep(0.1)
+
+
+class WsRefused(Exception):
+    """The WebSocket handshake was refused (or the connection closed before it)."""
+
+
+def ws_echo(server: Server, host: str, headers: dict[str, str], messages: list[Any]) -> list[Any]:
+    """A WebSocket client (wsproto on a socket) for ``host`` through the server: each message
+    sent, each answer read back, then a clean close."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import (
+        AcceptConnection,
+        BytesMessage,
+        CloseConnection,
+        Message,
+        Request,
+        TextMessage,
+    )
+
+    ws = WSConnection(ConnectionType.CLIENT)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    queued: list[Any] = []
+
+    def next_event() -> Any:
+        while not queued:
+            data = sock.recv(65536)
+            if not data:
+                raise WsRefused("the server closed the connection")
+            ws.receive_data(data)
+            queued.extend(ws.events())
+        return queued.pop(0)
+
+    try:
+        extra = [(k.encode(), v.encode()) for k, v in headers.items()]
+        sock.sendall(ws.send(Request(host=host, target="/echo", extra_headers=extra)))
+        first = next_event()
+        if not isinstance(first, AcceptConnection):
+            raise WsRefused(repr(first))
+        answers: list[Any] = []
+        for message in messages:
+            sock.sendall(ws.send(Message(data=message)))
+            parts = []
+            while True:
+                event = next_event()
+                if isinstance(event, CloseConnection):
+                    raise AssertionError(f"closed by the server: {event.code} {event.reason}")
+                assert isinstance(event, TextMessage | BytesMessage), event
+                parts.append(event.data)
+                if event.message_finished:
+                    break
+            answers.append("".join(parts) if isinstance(message, str) else b"".join(parts))
+        sock.sendall(ws.send(CloseConnection(code=1000)))
+        return answers
+    finally:
+        sock.close()

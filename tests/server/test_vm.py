@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from e2b import CommandExitException, Sandbox
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 
-from .kit import Server, new_key, outcome
+from .kit import Server, WsRefused, new_key, outcome, via_host, wait_http, ws_echo
 
 
 @pytest.mark.vm
@@ -41,6 +42,49 @@ def test_a_served_sandbox_on_a_real_vm(
         assert not sbx.files.exists("/srv/d")
         h = sbx.commands.run("sleep 300", background=True)
         assert sbx.commands.kill(h.pid) is True
+        sid = sbx.sandbox_id
+        sbx.kill()
+        assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()
+
+
+@pytest.mark.vm
+def test_get_host_reaches_a_server_in_a_real_vm(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: on qemu (no NIC), ``python3 -m http.server`` started in the guest through the
+    SDK answers through ``get_host(port)`` over the agent channel, a file coming back whole; a
+    WebSocket echo in the guest answers text and binary; a closed guest port is a 502; without
+    the traffic token the unknown sandbox's 404."""
+    srv = Server(
+        ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
+    )
+    try:
+        for name, value in srv.sdk_env(new_key()).items():
+            monkeypatch.setenv(name, value)
+        sbx = Sandbox.create("tiny", timeout=600)
+        blob = bytes(range(256)) * 1024
+        sbx.files.write("/srv/www/blob.bin", blob)
+        sbx.files.write("/srv/wsecho.py", (Path(__file__).parent / "wsecho.py").read_text())
+        sbx.commands.run("cd /srv/www && exec python3 -m http.server 8000", background=True)
+        sbx.commands.run("exec python3 /srv/wsecho.py 8001", background=True)
+        auth = {"e2b-traffic-access-token": sbx.traffic_access_token or ""}
+        host = sbx.get_host(8000)
+        assert wait_http(srv, host, auth, timeout_s=120).status_code == 200
+        r = via_host(srv, host, path="/blob.bin", headers=auth)
+        assert r.status_code == 200 and r.content == blob
+        assert via_host(srv, host, path="/blob.bin").status_code == 404
+        assert via_host(srv, sbx.get_host(8009), headers=auth).status_code == 502
+        end = time.monotonic() + 120
+        while True:
+            try:
+                answers = ws_echo(srv, sbx.get_host(8001), auth, ["hi", b"\x00bin"])
+                break
+            except WsRefused:  # not listening yet
+                assert time.monotonic() < end, "no WebSocket echo in the guest within 120 s"
+                time.sleep(0.2)
+        assert answers == ["hi", b"\x00bin"]
         sid = sbx.sandbox_id
         sbx.kill()
         assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"

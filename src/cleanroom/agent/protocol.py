@@ -88,6 +88,8 @@ class Kind:
     BULK_PUT = 30  # [h->g] {id, path, mode, offset, size}: the disk's first bytes into the file
     BULK_GET = 31  # [h->g] {id, path, offset, max}: the file's bytes onto it; DONE {size, eof}
     FS = 32  # [h->g] {id, op, path, dest, depth}: stat/list/mkdir/rename/remove; DONE (``fs.py``)
+    # A guest TCP port (HELLO ``features`` has "port"; ``ports.py``): STARTED, DATA/ACK both ways
+    CONNECT = 33  # [h->g] {id, port}: 127.0.0.1:port in the guest; DONE {size, received}
     # 40-49: Gymnasium envs in the guest (``gym_worker.py``; values: ``gym_codec.py``)
     GYM_MAKE = 40  # [h->g] {env, kwargs}: construct the env (or take the premade one); SPACES
     GYM_SPACES = 41  # [g->h] {tree}, body: the env's spaces, metadata and versions
@@ -99,7 +101,7 @@ class Kind:
 
 
 NAMES = {v: k for k, v in vars(Kind).items() if isinstance(v, int)}
-FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym", "bulk", "fs")
+FEATURES = ("mux", "stdin", "spawn", "pty", "user", "stream", "tar", "gym", "bulk", "fs", "port")
 WINDOW = 16 * CHUNK  # bytes of a stream sent and not yet acknowledged (ACK), either way
 EXTENSION_KINDS = range(20, 50)  # 20-39 this protocol, 40-49 other modules (``register_kind``)
 

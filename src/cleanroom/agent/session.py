@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Unpack
 
-from cleanroom.agent import commands, fs, protocol, transfers, wire
+from cleanroom.agent import commands, fs, ports, protocol, transfers, wire
 from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.channel import Channel, Inbox
 from cleanroom.agent.commands import MAX_OUTPUT, CommandOptions, GuestProcess, SpawnOptions
@@ -321,6 +321,11 @@ class AgentSession:
     ) -> fs.Listing:
         """A filesystem operation in the guest (``fs.OPS``): stat and list answer entries."""
         return await fs.request(self.channel, op, path, dest=dest, depth=depth)
+
+    async def connect_port(self, port: int) -> ports.PortStream:
+        """A TCP connection to ``127.0.0.1:port`` in the guest over this channel (``ports``);
+        ``PortUnreachable`` where nothing listens; the caller closes it (``aclose``)."""
+        return await ports.connect(self.channel, port)
 
     async def put_stream(self, path: str, chunks: AsyncIterable[bytes], mode: int = 0o644) -> int:
         """Write a stream of any size to ``path``; returns its size."""

@@ -10,7 +10,11 @@ One port serves both halves of E2B's protocol:
 - envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
   ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
   with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
-- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why).
+- a guest port (``sandbox.get_host(port)``: Host ``{port}-{id}.{domain}``, or
+  ``E2b-Sandbox-Id`` with ``E2b-Sandbox-Port``): HTTP and WebSocket proxied over the agent
+  channel (``ports``), with the sandbox's traffic access token or its key;
+- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why,
+  port bytes and requests).
 
 Errors are E2B's JSON (``{"code", "message"}``); 429s carry ``Retry-After``; bodies past
 ``max_body`` are 413.
@@ -23,6 +27,7 @@ import json
 import math
 import urllib.parse
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +45,7 @@ from cleanroom.server.envd.filesystem import FilesystemService
 from cleanroom.server.envd.process import ProcessService
 from cleanroom.server.envd.routing import sandbox_of
 from cleanroom.server.keys import KeyRing, Limits, Throttle
+from cleanroom.server.ports import PortCounts, PortProxy, target_of
 
 CONTROL_BODY_MAX = 1024 * 1024
 
@@ -53,6 +59,7 @@ class Served:
     limits: Limits = field(default_factory=Limits)
     max_body: int = 256 * 1024 * 1024
     counts: Counter[str] = field(default_factory=Counter)
+    ports: PortCounts = field(default_factory=PortCounts)
 
     def __post_init__(self) -> None:
         self.throttle = Throttle(self.limits)
@@ -71,7 +78,30 @@ def _server_error(exc: CleanroomError) -> Response:
     return _err(500, f"{type(exc).__name__}: {exc}")
 
 
-def build_app(served: Served) -> Starlette:
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+def build_app(served: Served) -> ASGIApp:
+    """The server's ASGI app: guest-port requests (``ports.target_of``) to the port proxy,
+    everything else to the control and envd routes."""
+    routes = _routes(served)
+    proxy = PortProxy(served.sandboxes, served.keys, served.max_body, served.ports)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
+            target = target_of(headers)
+            if target is not None:
+                await proxy(scope, receive, send, target)
+                return
+        await routes(scope, receive, send)
+
+    return app
+
+
+def _routes(served: Served) -> Starlette:
     sandboxes = served.sandboxes
 
     def key_of(request: Request) -> str | None:
@@ -231,6 +261,7 @@ def build_app(served: Served) -> Starlette:
                 for k, n in sorted(served.counts.items())
                 if k.startswith("refused:")
             ),
+            *served.ports.lines(),
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 

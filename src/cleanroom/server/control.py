@@ -107,6 +107,7 @@ class Sandbox:
     ended: str | None = None  # why it ended (once it has)
     processes: dict[int, Process] = field(default_factory=dict)
     next_pid: int = 1000
+    traffic_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # its ports
 
     @property
     def live(self) -> bool:
@@ -308,6 +309,7 @@ class Sandboxes:
             "clientID": "cleanroom",
             "envdVersion": ENVD_VERSION,
             "envdAccessToken": sbx.access_token,
+            "trafficAccessToken": sbx.traffic_token,
             "alias": sbx.template,
             **({"domain": self.config.domain} if self.config.domain else {}),
         }
@@ -334,5 +336,6 @@ class Sandboxes:
         return {
             **self.listed(sbx),
             "envdAccessToken": sbx.access_token,
+            "trafficAccessToken": sbx.traffic_token,
             **({"domain": self.config.domain} if self.config.domain else {}),
         }

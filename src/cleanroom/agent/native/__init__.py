@@ -17,16 +17,16 @@ from cleanroom.host import hostbuild
 
 NATIVE_DIR = Path(__file__).resolve().parent
 SOURCES = (
-    "agent.c", "bulk.c", "fastseed.c", "frame.c", "gym.c", "json.c", "mux.c", "net.c", "proc.c",
-    "pty.c", "tar.c", "tarpack.c", "warm.c",
+    "agent.c", "bulk.c", "fastseed.c", "frame.c", "gym.c", "json.c", "mux.c", "net.c", "port.c",
+    "proc.c", "pty.c", "tar.c", "tarpack.c", "warm.c",
 )  # fmt: skip
 HEADERS = (
-    "bulk.h", "fastseed.h", "frame.h", "gym.h", "json.h", "mux.h", "net.h", "proc.h", "pty.h",
-    "tar.h", "warm.h",
+    "bulk.h", "fastseed.h", "frame.h", "gym.h", "json.h", "mux.h", "net.h", "port.h", "proc.h",
+    "pty.h", "tar.h", "warm.h",
 )  # fmt: skip
 FUZZ_SOURCES = (
-    "fuzz_frame.c", "bulk.c", "fastseed.c", "frame.c", "json.c", "mux.c", "proc.c", "pty.c",
-    "tar.c", "tarpack.c",
+    "fuzz_frame.c", "bulk.c", "fastseed.c", "frame.c", "json.c", "mux.c", "port.c", "proc.c",
+    "pty.c", "tar.c", "tarpack.c",
 )  # fmt: skip
 FUZZ_TAR_SOURCES = ("fuzz_tar.c", "tar.c")
 """The tar reader's fuzz target (``make fuzz-native``): the reader and the name checks."""

@@ -199,7 +199,8 @@ static void hello_fields(jbuf *h) {
     jb_key(h, "pid");
     jb_int(h, getpid());
     /* of protocol.FEATURES what mux.c serves, and gym where gym.c can run a gym process */
-    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\",\"fs\"");
+    jb_lit(h, ",\"features\":[\"mux\",\"stdin\",\"spawn\",\"pty\",\"user\",\"stream\",\"tar\",\"fs\","
+              "\"port\"");
     if (bulk_size() > 0)
         jb_lit(h, ",\"bulk\"");
     jb_lit(h, gym_available() ? ",\"gym\"]" : "]");

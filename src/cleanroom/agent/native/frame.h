@@ -19,7 +19,7 @@ enum {
     MAX_BODY = 1024 * 1024,    /* protocol.DEFAULT_MAX_BODY */
     CHUNK = 256 * 1024,        /* protocol.CHUNK: FILE, RESULT and PUT chunks */
     RESULT_MAX_BYTES = 4 * 1024 * 1024,
-    KIND_MAX = 32, /* protocol.Kind.FS: the multiplexed kinds too (mux.c) */
+    KIND_MAX = 33, /* protocol.Kind.CONNECT: the multiplexed kinds too (mux.c) */
 };
 
 enum kind {
@@ -55,6 +55,7 @@ enum kind {
     K_BULK_PUT = 30, /* a piece of a file through the bulk disk (bulk.h; mux.c) */
     K_BULK_GET = 31,
     K_FS = 32, /* stat / list / mkdir / rename / remove of a guest path (mux.c: fs_request) */
+    K_CONNECT = 33, /* a TCP connection to a guest port, relayed (port.h; mux.c) */
     K_GYM_MAKE = 40, /* protocol.Kind.GYM_*: relayed to the gym process (gym.c) */
     K_GYM_SPACES = 41,
     K_GYM_RESET = 42,

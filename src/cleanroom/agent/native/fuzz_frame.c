@@ -4,6 +4,7 @@
  * as the agent would: its keys, strings and numbers decoded. The same bytes as a guest file
  * name must encode to one valid JSON string (jb_name). A frame with an id is classified as
  * mux.c's reading thread does, and a request's "user" looked up in /etc/passwd, /etc/group.
+ * A CONNECT's port is read as port.c reads it: whatever it takes is 1..65535.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "fastseed.h"
 #include "frame.h"
 #include "mux.h"
+#include "port.h"
 
 struct mem {
     const uint8_t *p;
@@ -85,6 +87,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int what = mux_classify(&f, &id, &idv);
         if (what != MUX_NOT && json_check(idv.p, idv.n))
             abort(); /* the id it echoes in a FAILED must be one JSON value */
+        int port = 0;
+        if (!port_of(h, &port) && (port < 1 || port > 65535))
+            abort(); /* a CONNECT may only ever dial a port of the guest's own loopback */
         char *user = json_get(h, "user", &v) ? NULL : json_strdup(v);
         if (user) {
             unsigned uid, gid, groups[8];

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "mux.h"
 #include "bulk.h"
+#include "port.h"
 #include "pty.h"
 #include "tar.h"
 
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,6 +57,7 @@ static struct mux_host host;
 static struct request table[MAX_REQUESTS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static int ports_open; /* CONNECT requests running (port.h: PORT_MAX_OPEN) */
 static __thread int64_t current = -1;
 
 void mux_init(const struct mux_host *h) { host = *h; }
@@ -920,6 +923,155 @@ out:
     free(dest);
 }
 
+/* -- CONNECT {port} (port.h): a guest TCP port relayed both ways -------------------------- */
+/* STARTED {port} once connected (else FAILED {code: refused, timeout, busy, os_error}); then
+ * the host's DATA into the socket (ACK {size} after each chunk; its eof shuts the socket's
+ * sending half) while what the socket gives goes out as DATA within the host's window; DONE
+ * {size, received, stopped} once the guest's end closed (or KILL: stopped). */
+
+struct port_out {
+    struct request *r;
+    int fd;
+    int64_t written; /* bytes of the host's DATA taken (ACKed) */
+};
+
+/* `n` bytes into the socket; -1 once it failed (its peer went) or the request ended */
+static int port_send(struct port_out *o, const unsigned char *p, size_t n) {
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = send(o->fd, p + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            off += (size_t)w;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pf = {o->fd, POLLOUT, 0};
+            poll(&pf, 1, 100);
+            pthread_mutex_lock(&lock);
+            int stop = o->r->killed;
+            pthread_mutex_unlock(&lock);
+            if (stop)
+                return -1;
+        } else if (!(w < 0 && errno == EINTR)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* the host's side: its chunks into the socket (a socket that failed: taken and dropped, so
+ * the host's window never stalls) until its eof, then the sending half shut */
+static void *port_feed(void *arg) {
+    struct port_out *o = arg;
+    current = o->r->id;
+    int broken = 0;
+    struct chunk *c;
+    while ((c = next_input(o->r))) {
+        if (!broken && port_send(o, c->data, c->n))
+            broken = 1;
+        o->written += (int64_t)c->n;
+        chunk_free(c);
+        send_size(K_ACK, o->written, NULL);
+    }
+    pthread_mutex_lock(&lock);
+    int ended = o->r->eof && !o->r->killed;
+    pthread_mutex_unlock(&lock);
+    if (ended && !broken)
+        shutdown(o->fd, SHUT_WR);
+    return NULL;
+}
+
+/* the guest's side: what the socket gives as DATA until it ends or the host stops it */
+static int64_t port_relay(struct request *r, int fd, unsigned char *buf, int *stopped) {
+    int64_t sent = 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        int killed = r->killed;
+        pthread_mutex_unlock(&lock);
+        if (killed) {
+            *stopped = 1;
+            return sent;
+        }
+        struct pollfd pf = {fd, POLLIN, 0};
+        int ready = poll(&pf, 1, 200);
+        if (ready < 0 && errno != EINTR)
+            return sent;
+        if (ready <= 0)
+            continue;
+        ssize_t got = recv(fd, buf, CHUNK, 0);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (got <= 0) /* its end closed (or reset) */
+            return sent;
+        if (!wait_window(r, sent, (size_t)got)) {
+            *stopped = 1;
+            return sent;
+        }
+        jbuf h = {0};
+        jb_lit(&h, "{\"offset\":");
+        jb_int(&h, sent);
+        jb_lit(&h, ",\"eof\":false}");
+        host.send(K_DATA, h.failed ? NULL : h.p, buf, (size_t)got);
+        jb_free(&h);
+        sent += got;
+    }
+}
+
+static void port_request(struct request *r) {
+    int port, fd = -1;
+    if (port_of(frame_header(&r->f), &port)) {
+        failed("error", "ValueError: CONNECT needs a port, an integer 1..65535");
+        return;
+    }
+    pthread_mutex_lock(&lock);
+    int busy = ports_open >= PORT_MAX_OPEN;
+    ports_open += !busy;
+    pthread_mutex_unlock(&lock);
+    char msg[200];
+    unsigned char *buf = busy ? NULL : malloc(CHUNK);
+    if (busy || !buf) {
+        snprintf(msg, sizeof msg, "%s (%d connections at most)",
+                 busy ? "too many port connections at once" : "MemoryError", PORT_MAX_OPEN);
+        failed("busy", msg);
+    } else if ((fd = port_dial(port, PORT_CONNECT_MS)) < 0) {
+        int err = errno;
+        snprintf(msg, sizeof msg, "connect to 127.0.0.1:%d: [Errno %d] %s", port, err,
+                 strerror(err));
+        failed(port_error_code(err), msg);
+    } else {
+        jbuf h = {0};
+        jb_lit(&h, "{\"port\":");
+        jb_int(&h, port);
+        jb_lit(&h, "}");
+        host.send(K_STARTED, h.failed ? NULL : h.p, NULL, 0);
+        jb_free(&h);
+        struct port_out out = {.r = r, .fd = fd};
+        pthread_attr_t small;
+        pthread_attr_init(&small);
+        pthread_attr_setstacksize(&small, 64 * 1024);
+        int has_writer = pthread_create(&r->writer, &small, port_feed, &out) == 0;
+        pthread_attr_destroy(&small);
+        int stopped = 0;
+        int64_t sent = has_writer ? port_relay(r, fd, buf, &stopped) : 0;
+        set_killed(r); /* the writer stops */
+        if (has_writer)
+            pthread_join(r->writer, NULL); /* its last ACK before DONE */
+        close(fd);
+        jbuf d = {0};
+        jb_lit(&d, "{\"size\":");
+        jb_int(&d, sent);
+        jb_lit(&d, ",\"received\":");
+        jb_int(&d, out.written);
+        jb_lit(&d, stopped || !has_writer ? ",\"stopped\":true}" : ",\"stopped\":false}");
+        host.send(K_DONE, d.failed ? NULL : d.p, NULL, 0);
+        jb_free(&d);
+    }
+    free(buf);
+    if (!busy) {
+        pthread_mutex_lock(&lock);
+        ports_open--;
+        pthread_mutex_unlock(&lock);
+    }
+}
+
 /* -- routing ------------------------------------------------------------------------------- */
 
 static void *serve(void *arg) {
@@ -935,6 +1087,8 @@ static void *serve(void *arg) {
         bulk_get(r);
     else if (r->kind == K_FS)
         fs_request(r);
+    else if (r->kind == K_CONNECT)
+        port_request(r);
     else
         download(r);
     pthread_mutex_lock(&lock);
@@ -962,7 +1116,7 @@ int mux_classify(const struct frame *f, int64_t *id, jspan *idv) {
         f->kind == K_ACK)
         return is_int ? MUX_INPUT : MUX_LATE;
     if (is_int && (f->kind == K_EXEC || f->kind == K_UPLOAD || f->kind == K_DOWNLOAD ||
-                   f->kind == K_FS))
+                   f->kind == K_FS || f->kind == K_CONNECT))
         return MUX_NEW;
     if (is_int && (f->kind == K_BULK_PUT || f->kind == K_BULK_GET) && bulk_size() > 0)
         return MUX_NEW; /* without a bulk disk: refused, FAILED {code: "unsupported"} */

@@ -7,7 +7,8 @@
  * receiver's ACK; with "tar", a folder unpacked or packed: tar.c) each run in a thread of
  * their own, so several run at once; their frames go out whole through the agent's one
  * sender, each tagged with its id. BULK_PUT and BULK_GET move a piece of a file through the
- * bulk disk (bulk.h) where the VM has one.
+ * bulk disk (bulk.h) where the VM has one. CONNECT relays a TCP connection to a port of the
+ * guest (127.0.0.1 only; port.h) both ways as DATA within the window.
  * Anything else with an id is FAILED {code: "unsupported"}; the agent itself goes on.
  */
 #ifndef CLEANROOM_MUX_H

@@ -83,13 +83,20 @@ static int write_resolv_conf(void) {
 void net_setup(void) {
     struct stat st;
     const char *sock_env = getenv("CLEANROOM_AGENT_SOCKET");
-    if ((sock_env && *sock_env) || stat("/sys/class/net/" IFACE, &st))
-        return;
+    if (sock_env && *sock_env)
+        return; /* not a VM: the host's network is not ours to touch */
     int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     const char *step = "socket";
     int ok = sock >= 0;
     if (ok && (step = "lo up", up(sock, "lo")))
         ok = 0;
+    /* lo is up in every VM (a guest's own 127.0.0.1: its servers, CONNECT's port.c); the rest
+     * only with a NIC */
+    if (stat("/sys/class/net/" IFACE, &st)) {
+        if (sock >= 0)
+            close(sock);
+        return;
+    }
     if (ok && (step = "address", address(sock, SIOCSIFADDR, GUEST_ADDR)))
         ok = 0;
     if (ok && (step = "netmask", address(sock, SIOCSIFNETMASK, NETMASK)))

@@ -3,7 +3,8 @@
  * an egress allowlist (QEMU user-mode networking, restrict=on: the only ways out are forwards
  * to the host's egress proxy). The layout is fixed: eth0 GUEST_ADDR/24, a default route via
  * GATEWAY, lo up, /etc/resolv.conf naming DNS_ADDR over TCP; every process the agent starts
- * gets the proxy variables. Without a NIC (or outside a VM) nothing happens.
+ * gets the proxy variables. Without a NIC only lo is brought up (the guest's own 127.0.0.1,
+ * for its servers and CONNECT: port.h); outside a VM nothing happens.
  */
 #ifndef CLEANROOM_NET_H
 #define CLEANROOM_NET_H
