@@ -4,11 +4,12 @@ fake-snap`` (the fake driver with a faithful fake snapshot of the guest's files)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
-from e2b.exceptions import SandboxException
+from e2b.exceptions import SandboxException, ServiceBusyException
 
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.fake_snap import DISK, SnapshotFake
@@ -165,3 +166,27 @@ def test_fork_into_branches(key: str) -> None:
         assert eps == {sid, f"{sid}.b1", f"{sid}.b2"}
         assert "env_forked" in [e.kind for e in ledger.events(f"serve-{sid}")]
     assert outcome(sid, FakeDriver()) == "completed"
+
+
+def test_a_pause_while_a_command_runs_is_refused(key: str) -> None:
+    """Protects: a pause while a command runs in the sandbox is refused (503, the SDK's
+    ``ServiceBusyException``: the agent
+    prepares a snapshot between requests, never during one) and the sandbox serves on; once
+    the command is killed, the pause goes through."""
+    sbx = Sandbox.create("fake")
+    sleeper = sbx.commands.run("sleep 600", background=True)
+    with pytest.raises(ServiceBusyException, match="while commands run"):
+        sbx.pause()
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert sbx.commands.kill(sleeper.pid) is True
+    end = time.monotonic() + 30
+    while True:  # the kill's end reaches the server's process table a moment later
+        try:
+            assert sbx.pause() is True
+            break
+        except ServiceBusyException:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+    Sandbox.kill(sbx.sandbox_id)

@@ -75,6 +75,13 @@ class Conflict(ServerError):
     status = 409
 
 
+class Busy(ServerError):
+    """A sandbox that cannot do it now (a pause while commands run): E2B's 503, which its SDK
+    raises as ``ServiceBusyException`` (its 409 on pause would read as "already paused")."""
+
+    status = 503
+
+
 class SnapshotRefused(Conflict):
     """A paused sandbox whose snapshot no longer matches its digest: it stays paused, and is
     never restored (``SnapshotDrift`` names the files)."""
@@ -385,6 +392,9 @@ class Sandboxes:
         if not sbx.forkable:
             why = "it has egress" if sbx.network else "the server made it unforkable"
             raise Conflict(f"sandbox {sandbox_id} cannot be paused: {why}")
+        running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
+        if running:  # the agent prepares a snapshot between requests, never during one
+            raise Busy(f"sandbox {sandbox_id} cannot be paused while commands run: {running}")
         if sbx.pausing is None:
             sbx.pausing = asyncio.get_running_loop().create_future()
             sbx.stop.set()
