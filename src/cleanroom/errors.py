@@ -20,7 +20,8 @@ this tree at the boundary that meets them, so nothing above a module sees a fore
     ├── DriverError
     │   ├── LaunchError             the environment could not be created / never became ready
     │   ├── EnvCrashed              the environment died or went silent under us
-    │   └── DestroyError            the environment could not be confirmed absent
+    │   ├── DestroyError            the environment could not be confirmed absent
+    │   └── SnapshotDrift           a saved snapshot's files no longer match their digest
     ├── GuestOperationError         one operation in a guest failed; the guest itself is fine
     │   ├── CommandFailed           ``ExecResult.check()``: a non-zero exit or a signal
     │   │   └── CommandTimeout      ...or the command ran past its ``timeout_s`` (group killed)
@@ -144,6 +145,18 @@ class EnvCrashed(DriverError):
 
 class DestroyError(DriverError):
     """An environment could not be confirmed absent within the cleanup window."""
+
+
+class SnapshotDrift(DriverError):
+    """A saved snapshot (a paused sandbox's) whose files no longer match the digest recorded
+    when it was sealed; ``drifted`` names them. Nothing is restored from it."""
+
+    def __init__(self, snapshot_id: str, drifted: list[str]) -> None:
+        self.snapshot_id = snapshot_id
+        self.drifted = drifted
+        super().__init__(
+            f"snapshot {snapshot_id} no longer matches its digest: {', '.join(drifted)}"
+        )
 
 
 class GuestOperationError(CleanroomError):

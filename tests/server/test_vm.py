@@ -10,6 +10,7 @@ from e2b import CommandExitException, Sandbox
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
+from cleanroom.ledger import Ledger
 
 from .kit import Server, WsRefused, new_key, outcome, via_host, wait_http, ws_echo
 
@@ -88,5 +89,38 @@ def test_get_host_reaches_a_server_in_a_real_vm(
         sid = sbx.sandbox_id
         sbx.kill()
         assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()
+
+
+@pytest.mark.vm
+def test_pause_and_resume_a_served_sandbox_on_a_real_vm(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: on qemu, ``pause`` saves the guest (RAM, and with it its tmpfs disk) as a
+    sealed snapshot and destroys the VM (confirmed absent); the sandbox lists ``paused``;
+    ``connect`` restores it into a new VM under the same id where a file written before the
+    pause is there; kill ends it, and its snapshot rows
+    are all confirmed absent."""
+    srv = Server(
+        ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
+    )
+    try:
+        for name, value in srv.sdk_env(new_key()).items():
+            monkeypatch.setenv(name, value)
+        sbx = Sandbox.create("tiny", timeout=600)
+        sid = sbx.sandbox_id
+        sbx.commands.run("echo before-pause > /root/kept.txt")
+        assert sbx.pause() is True
+        assert Sandbox.get_info(sid).state.value == "paused"
+        with Ledger() as ledger:
+            assert all(e.confirmed_absent_at for e in ledger.envs(run_id=f"serve-{sid}"))
+        again = Sandbox.connect(sid, timeout=600)
+        assert again.commands.run("cat /root/kept.txt").stdout == "before-pause\n"
+        assert again.commands.run("cat /proc/sys/kernel/random/boot_id").exit_code == 0
+        again.kill()
+        assert outcome(sid, QemuDriver(), timeout_s=10) == "completed"
+        with Ledger() as ledger:
+            assert all(s.confirmed_absent_at for s in ledger.snapshots(f"serve-{sid}"))
     finally:
         assert srv.stop() == 0, srv.log.read_text()

@@ -2,9 +2,10 @@
 
 ``get_driver(name)`` maps a name to an instance: ``qemu`` (microVM; KVM when usable, else TCG),
 ``gvisor`` (a runsc sandbox: gVisor's user-space kernel, no VM), ``fake`` (the real agent as a
-host process, no isolation; for tests), ``auto``: qemu when KVM is known to work here (hardware
-isolation, fast), otherwise ``$CLEANROOM_DRIVER_DEFAULT`` (``qemu`` or ``gvisor``; ``qemu`` when
-unset).
+host process, no isolation; for tests), ``fake-snap`` (the fake with a faithful fake
+snapshot of its files: fork, pause, resume; for tests), ``auto``: qemu when KVM is known to
+work here (hardware isolation, fast), otherwise ``$CLEANROOM_DRIVER_DEFAULT`` (``qemu`` or
+``gvisor``; ``qemu`` when unset).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from cleanroom.drivers.base import Driver
 from cleanroom.errors import ConfigError
 
-DRIVERS = ("qemu", "gvisor", "fake", "auto")
+DRIVERS = ("qemu", "gvisor", "fake", "fake-snap", "auto")
 DEFAULT_ENV = "CLEANROOM_DRIVER_DEFAULT"
 
 
@@ -43,6 +44,10 @@ def get_driver(name: str) -> Driver:
         from cleanroom.drivers.fake import FakeDriver
 
         return FakeDriver()
+    if name == "fake-snap":
+        from cleanroom.drivers.fake_snap import SnapshotFake
+
+        return SnapshotFake()
     raise ConfigError(f"unknown driver {name!r}; choose one of {', '.join(DRIVERS)}")
 
 

@@ -93,6 +93,7 @@ class EnvInfo:
     start_note: str | None = None  # why a snapshot start fell back to cold (or was rebuilt)
     group: dict[str, Any] | None = None  # the group it belongs to (set by groups.py)
     branch: dict[str, Any] | None = None  # the live session it forked from (sessions/fork.py)
+    resumed: dict[str, Any] | None = None  # the paused session it resumes (sessions/pause.py)
     spare_s: float | None = None  # a spare clone: how long it waited, paused, before its use
     jail: dict[str, Any] | None = None  # what confines it and names its processes (cgroup, ...)
     console: hostproc.Ring | None = field(default=None, compare=False, repr=False)  # its ring
@@ -105,7 +106,7 @@ class EnvInfo:
     def start_facts(self) -> dict[str, Any]:
         """How this env started, for provenance (``start``, ``template``, ``start_note``,
         ``group``, ``spare_s``, ``jail`` where the driver records one, ``branch`` for a
-        session's branch), and
+        session's branch, ``resumed`` for a resumed one), and
         ``console_bytes``: what its console printed so far, where the driver reads one."""
         facts: dict[str, Any] = {
             "start": self.start_kind,
@@ -118,6 +119,8 @@ class EnvInfo:
             facts["jail"] = self.jail
         if self.branch is not None:
             facts["branch"] = self.branch
+        if self.resumed is not None:
+            facts["resumed"] = self.resumed
         if self.console is not None:
             facts["console_bytes"] = self.console.total
         return facts
@@ -339,6 +342,16 @@ class Driver(abc.ABC):
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         """A new env restored from ``snap``, with its own entropy and clone id."""
         raise DriverError(f"the {self.name} driver cannot fork")
+
+    async def fork_resume(self, request: EnvRequest, snap: ForkSnapshot, snapshot_id: str) -> Env:
+        """A fork parent (as ``fork_parent``: its RAM in a file of its own, ``snapshot_id``)
+        restored from the sealed ``snap``: a paused session resumed, forkable again."""
+        raise Unsupported(f"the {self.name} driver cannot resume a snapshot")
+
+    async def verify_snapshot(self, snap: ForkSnapshot) -> None:
+        """Hash ``snap``'s files again; ``SnapshotDrift`` naming those that no longer match
+        the digest it was sealed with (a paused sandbox is checked so before it resumes)."""
+        raise Unsupported(f"the {self.name} driver cannot verify a snapshot")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         """Delete a snapshot's files; True once confirmed absent. Idempotent."""

@@ -5,8 +5,10 @@ One port serves both halves of E2B's protocol:
 - the control API (``X-API-Key``; no or a wrong key: 401): ``POST /sandboxes``,
   ``GET /sandboxes`` and ``/v2/sandboxes`` (metadata filter, ``limit`` / ``nextToken``),
   ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout`` and ``/refreshes``,
-  ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect``, ``GET .../logs``
-  (the session's transcript as log entries);
+  ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect`` (a paused sandbox is
+  resumed: 201), ``/resume``, ``POST .../pause`` (204; 409 if paused already), ``POST
+  .../fork`` (``count`` new sandboxes: 201 and one ``{"sandbox"}`` or ``{"error"}`` each),
+  ``GET .../logs`` (the session's transcript as log entries);
 - envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
   ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
   with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
@@ -39,7 +41,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from cleanroom.errors import CleanroomError
-from cleanroom.server.control import LimitReached, Sandbox, Sandboxes, ServerError, iso
+from cleanroom.server.control import (
+    Conflict,
+    LimitReached,
+    Sandbox,
+    Sandboxes,
+    ServerError,
+    iso,
+)
 from cleanroom.server.envd.files import BodyTooLarge, get_file, post_file, read_body
 from cleanroom.server.envd.filesystem import FilesystemService
 from cleanroom.server.envd.process import ProcessService
@@ -162,14 +171,12 @@ def _routes(served: Served) -> Starlette:
 
     async def listing(request: Request, key_id: str) -> Response:
         wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
-        state = request.query_params.get("state", "running")
+        states = set(request.query_params.get("state", "running,paused").split(","))
         found = [
             s
-            for s in sandboxes.of_key(key_id)
-            if all(s.metadata.get(k) == v for k, v in wanted.items())
+            for s in sandboxes.of_key(key_id, paused=True)
+            if s.state in states and all(s.metadata.get(k) == v for k, v in wanted.items())
         ]
-        if "running" not in state.split(","):
-            found = []
         found.sort(key=lambda s: (s.started_at, s.sandbox_id))
         limit = int(request.query_params.get("limit") or 100)
         start = request.query_params.get("nextToken")
@@ -180,7 +187,7 @@ def _routes(served: Served) -> Starlette:
         return JSONResponse([sandboxes.listed(s) for s in page], headers=headers)
 
     async def info(request: Request, key_id: str) -> Response:
-        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        sbx = sandboxes.get_any(key_id, request.path_params["sid"])
         return JSONResponse(sandboxes.detail(sbx))
 
     async def kill(request: Request, key_id: str) -> Response:
@@ -204,11 +211,41 @@ def _routes(served: Served) -> Starlette:
 
     async def connect(request: Request, key_id: str) -> Response:
         body = await body_json(request)
-        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        sid = request.path_params["sid"]
+        if body.get("memory") is False:
+            raise ServerError("a resume from disk alone (memory: false) is not served here")
+        paused = sandboxes.get_paused(key_id, sid) is not None
+        if not paused and request.url.path.endswith("/resume"):
+            raise Conflict(f"sandbox {sid} is not paused")
         seconds = _number(body.get("timeout"))
-        if seconds is not None:
+        if paused and seconds is not None:
+            sandboxes.get_any(key_id, sid).timeout_s = seconds
+        sbx = await sandboxes.resume(key_id, sid)
+        if seconds is not None and not paused:
             sandboxes.set_timeout(key_id, sbx.sandbox_id, seconds)
-        return JSONResponse(sandboxes.created(sbx), 200)
+        return JSONResponse(sandboxes.created(sbx), 201 if paused else 200)
+
+    async def pause(request: Request, key_id: str) -> Response:
+        await body_json(request)  # memory / requireHealthyGuest: the snapshot holds both
+        if not await sandboxes.pause(key_id, request.path_params["sid"]):
+            return _err(409, "the sandbox is already paused")
+        served.counts["paused"] += 1
+        return Response(status_code=204)
+
+    async def fork(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ServerError("count must be a whole number")
+        children = await sandboxes.fork(
+            key_id,
+            request.path_params["sid"],
+            count,
+            _number(body.get("timeout")),
+            served.limits.max_sandboxes,
+        )
+        served.counts["forked"] += len(children)
+        return JSONResponse([{"sandbox": sandboxes.created(c)} for c in children], 201)
 
     async def logs(request: Request, key_id: str) -> Response:
         sbx = sandboxes.get(key_id, request.path_params["sid"])
@@ -277,6 +314,9 @@ def _routes(served: Served) -> Starlette:
         Route(sid + "/refreshes", control(refresh), methods=["POST"]),
         Route(sid + "/connect", control(connect), methods=["POST"]),
         Route("/v2" + sid + "/connect", control(connect), methods=["POST"]),
+        Route(sid + "/resume", control(connect), methods=["POST"]),
+        Route(sid + "/pause", control(pause), methods=["POST"]),
+        Route(sid + "/fork", control(fork), methods=["POST"]),
         Route(sid + "/logs", control(logs), methods=["GET"]),
         Route("/v2" + sid + "/logs", control(logs), methods=["GET"]),
         Route(sid + "/metrics", control(sandbox_metrics), methods=["GET"]),

@@ -51,7 +51,7 @@ def serve(
         list[str] | None,
         typer.Option(help="NAME=BASELINE (name, digest or baseline.toml); repeatable"),
     ] = None,
-    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake")] = "qemu",
+    driver: Annotated[str, typer.Option(help="qemu | gvisor | fake | fake-snap")] = "qemu",
     max_sandboxes: Annotated[int, typer.Option(help="sandboxes alive at once, all keys")] = 64,
     per_key: Annotated[int, typer.Option(help="sandboxes alive at once per key")] = 16,
     creates_per_s: Annotated[float, typer.Option(help="creates a second per key")] = 5.0,
@@ -60,6 +60,9 @@ def serve(
     certfile: Annotated[str | None, typer.Option(help="TLS certificate (PEM)")] = None,
     keyfile: Annotated[str | None, typer.Option(help="TLS private key (PEM)")] = None,
     domain: Annotated[str | None, typer.Option(help="sandbox domain behind real DNS")] = None,
+    forkable: Annotated[
+        bool, typer.Option(help="sandboxes can pause and fork (docs/server.md: what it costs)")
+    ] = True,
 ) -> None:
     """Serve E2B's API (control + envd) on one port: every sandbox is a cleanroom session."""
     from cleanroom.drivers import get_driver
@@ -83,6 +86,7 @@ def serve(
             certfile=certfile,
             keyfile=keyfile,
             domain=domain,
+            forkable=forkable,
         )
         if not KeyRing().list():
             err.print("[yellow]no API keys yet[/]: make one with `cleanroom keys create`")

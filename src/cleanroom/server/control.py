@@ -10,7 +10,18 @@ its own that holds ``session(...)`` open (ledger intent first, a run of its own 
 - its timeout (E2B's ``timeout``, moved by ``set_timeout``): ``timeout``, with its record;
 - server shutdown (``close``): every task cancelled: ``cancelled``, durable, destroyed;
 - its guest failing a call (the agent died: ``env_crashed``; broke the protocol:
-  ``episode_error``): the session ends with the guest's outcome; other sandboxes go on.
+  ``episode_error``): the session ends with the guest's outcome; other sandboxes go on;
+- ``pause``: the session is snapshotted (``sessions.pause``) and then ended (``completed``,
+  ``info.ended = "paused"``, env destroyed and confirmed absent); the sandbox stays, paused,
+  with its snapshot files; ``connect`` resumes it: a new session (episode ``<id>.r1``,
+  ``.r2``, ... of the same run) restored from the snapshot, whose files are then deleted;
+  ``kill`` of a paused sandbox deletes them and confirms them gone;
+- ``fork``: the live session's branches (``sessions.fork``), each served as a new sandbox
+  (episode ``<id>.b1``, ... of the parent's run, its record naming the parent and step).
+
+Served sandboxes are forkable (``ServerConfig.forkable``; pause needs it too) unless they have
+egress (a NIC has no snapshot) or the driver cannot fork a live env. A paused sandbox counts
+against its key's ``max_per_key`` as a live one does.
 
 The E2B timeout is the session's own ``timeout_s`` clock (``Lifetime``), moved to the
 sandbox's deadline; the session is opened with ``max_lifetime_s`` as its manifest timeout, so
@@ -32,9 +43,12 @@ from typing import Any
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Driver, Owner
-from cleanroom.errors import CleanroomError, SessionTimeout
-from cleanroom.lifecycle.context import RunOptions
+from cleanroom.errors import CleanroomError, SessionTimeout, SnapshotDrift, Unsupported
+from cleanroom.ledger import Ledger
+from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.sessions import AsyncSession, CommandHandle, session
+from cleanroom.sessions.fork import MAX_BRANCHES, Branch
+from cleanroom.sessions.pause import Paused, discard, pause_session
 
 ENVD_VERSION = "0.5.7"  # what the SDK may use: stdin, default user, octet-stream uploads
 DEFAULT_TIMEOUT_S = 300
@@ -53,6 +67,24 @@ class SandboxNotFound(ServerError):
 
 class TemplateNotFound(ServerError):
     status = 404
+
+
+class Conflict(ServerError):
+    """A sandbox not in the state the call needs (E2B's 409)."""
+
+    status = 409
+
+
+class Busy(ServerError):
+    """A sandbox that cannot do it now (a pause while commands run): E2B's 503, which its SDK
+    raises as ``ServiceBusyException`` (its 409 on pause would read as "already paused")."""
+
+    status = 503
+
+
+class SnapshotRefused(Conflict):
+    """A paused sandbox whose snapshot no longer matches its digest: it stays paused, and is
+    never restored (``SnapshotDrift`` names the files)."""
 
 
 class LimitReached(ServerError):
@@ -108,10 +140,20 @@ class Sandbox:
     processes: dict[int, Process] = field(default_factory=dict)
     next_pid: int = 1000
     traffic_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # its ports
+    forkable: bool = False
+    episode_id: str = ""  # its session now: the sandbox id, then ``<id>.r1``, ... once resumed
+    resumes: int = 0
+    pausing: asyncio.Future[Paused] | None = None  # a pause asked for, answered by ``_life``
+    paused: Paused | None = None  # paused: its snapshot (no session, no env)
+    branch: Branch | None = None  # a fork's branch: its session (served by ``_branch_life``)
 
     @property
     def live(self) -> bool:
         return self.ended is None and self.sb is not None
+
+    @property
+    def state(self) -> str:
+        return "paused" if self.paused is not None and self.ended is None else "running"
 
     def new_pid(self) -> int:
         self.next_pid += 1
@@ -132,6 +174,7 @@ class ServerConfig:
     max_lifetime_s: float = 24 * 3600
     options: RunOptions = field(default_factory=lambda: RunOptions(spares=0))
     domain: str | None = None
+    forkable: bool = True  # sandboxes made forkable (pause and fork), where they can be
 
 
 class Sandboxes:
@@ -155,8 +198,35 @@ class Sandboxes:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
         return sbx
 
-    def of_key(self, key_id: str) -> list[Sandbox]:
-        return [s for s in self.by_id.values() if s.key_id == key_id and s.live]
+    def of_key(self, key_id: str, *, paused: bool = False) -> list[Sandbox]:
+        """The key's live sandboxes (and its paused ones with ``paused``)."""
+        return [
+            s
+            for s in self.by_id.values()
+            if s.key_id == key_id and (s.live or (paused and s.state == "paused"))
+        ]
+
+    def get_any(self, key_id: str, sandbox_id: str) -> Sandbox:
+        """The sandbox ``sandbox_id`` of ``key_id``, live or paused (else ``SandboxNotFound``)."""
+        return self.get_paused(key_id, sandbox_id) or self.get(key_id, sandbox_id)
+
+    def get_paused(self, key_id: str, sandbox_id: str) -> Sandbox | None:
+        """The paused sandbox ``sandbox_id`` of ``key_id``, else None."""
+        sbx = self.by_id.get(sandbox_id)
+        if sbx is None or sbx.key_id != key_id or sbx.state != "paused":
+            return None
+        return sbx
+
+    def _quota(self, key_id: str, max_per_key: int, more: int = 1) -> None:
+        """``LimitReached`` unless ``more`` sandboxes fit the key's and the server's limits
+        (a paused sandbox counts: its snapshot holds the guest's state on disk)."""
+        if len(self.of_key(key_id, paused=True)) + more > max_per_key:
+            raise LimitReached(
+                f"at most {max_per_key} sandboxes per key at once (paused ones count)", 1.0
+            )
+        live = sum(1 for s in self.by_id.values() if s.ended is None)
+        if live + more > self.config.max_sandboxes:
+            raise LimitReached(f"at most {self.config.max_sandboxes} sandboxes at once", 1.0)
 
     def baseline(self, template: str) -> Baseline:
         """The baseline ``template`` names (resolved once, built if its spec was not yet)."""
@@ -187,15 +257,12 @@ class Sandboxes:
             async with self._resolving:
                 await asyncio.to_thread(self.baseline, template)
         baseline = self.baseline(template)
-        if len(self.of_key(key_id)) >= max_per_key:
-            raise LimitReached(f"at most {max_per_key} sandboxes per key at once", 1.0)
-        live = sum(1 for s in self.by_id.values() if s.ended is None)
-        if live >= self.config.max_sandboxes:
-            raise LimitReached(f"at most {self.config.max_sandboxes} sandboxes at once", 1.0)
+        self._quota(key_id, max_per_key)
         timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
         timeout = max(1.0, min(timeout, self.config.max_lifetime_s))
+        sandbox_id = "i" + secrets.token_hex(10)
         sbx = Sandbox(
-            sandbox_id="i" + secrets.token_hex(10),
+            sandbox_id=sandbox_id,
             key_id=key_id,
             template=template,
             baseline=baseline,
@@ -204,42 +271,219 @@ class Sandboxes:
             access_token=secrets.token_urlsafe(24),
             timeout_s=timeout,
             network=network,
+            episode_id=sandbox_id,
         )
+        cfg = self.config
+        sbx.forkable = (
+            cfg.forkable
+            and cfg.driver.capabilities.fork_live
+            and (network == [] or (network is None and not baseline.network))
+        )
+        self.by_id[sbx.sandbox_id] = sbx
+        await self._start(sbx, self._life(sbx))
+        return sbx
+
+    async def _start(self, sbx: Sandbox, life: Any) -> None:
+        """Run ``life`` (the sandbox's session, held open) in a task; return once it is ready."""
         loop = asyncio.get_running_loop()
         sbx.ready = loop.create_future()
-        self.by_id[sbx.sandbox_id] = sbx
-        sbx.task = loop.create_task(self._life(sbx), name=f"sandbox {sbx.sandbox_id}")
+        sbx.stop = asyncio.Event()
+        sbx.task = loop.create_task(life, name=f"sandbox {sbx.sandbox_id}")
         try:
             await asyncio.shield(sbx.ready)
         except asyncio.CancelledError:
             sbx.stop.set()  # the client went away before it was ready: nobody can use it
             raise
-        return sbx
 
-    async def _life(self, sbx: Sandbox) -> None:
+    async def _serve(self, sbx: Sandbox, sb: AsyncSession) -> None:
+        """Hold the session open until the sandbox is killed (or its guest fails a call)."""
+        while not sbx.stop.is_set():
+            if sb.guard.failed_by is not None:  # the guest broke or died in a call
+                raise sb.guard.failed_by  # its outcome (``interact``), its record
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sbx.stop.wait(), GUEST_CHECK_S)
+
+    async def _life(self, sbx: Sandbox, resume: Paused | None = None) -> None:
         assert sbx.ready is not None
+        paused: Paused | None = None
         try:
             async with session(
                 sbx.baseline,
                 driver=self.config.driver,
-                episode_id=sbx.sandbox_id,
+                episode_id=sbx.episode_id,
                 run_id=f"serve-{sbx.sandbox_id}",
                 options=self.config.options,
                 timeout_s=self.config.max_lifetime_s,
                 network=sbx.network,
                 task={"template": sbx.template, "metadata": sbx.metadata, "served": True},
                 owner=self.owner,
+                forkable=sbx.forkable,
+                resume=resume,
             ) as sb:
-                sbx.sb = sb
+                sbx.sb, sbx.paused = sb, None
                 self._deadline(sbx, sbx.timeout_s)
                 sbx.ready.set_result(None)
-                while not sbx.stop.is_set():
-                    if sb.guard.failed_by is not None:  # the guest broke or died in a call
-                        raise sb.guard.failed_by  # its outcome (``interact``), its record
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(sbx.stop.wait(), GUEST_CHECK_S)
+                paused = await self._until_paused_or_killed(sbx, sb)
+                why = "paused" if paused is not None else "killed"
+                sbx.ended = None if paused is not None else why
+                info: dict[str, Any] = {"ended": why, "sandbox_id": sbx.sandbox_id}
+                if paused is not None:
+                    info.update(snapshot=paused.digest, snapshot_id=paused.snap.snapshot_id)
+                sb.finish(0.0, info=info)
+        except SessionTimeout:
+            sbx.ended = "timeout"
+        except asyncio.CancelledError:
+            sbx.ended = sbx.ended or "cancelled"
+            raise
+        except BaseException as exc:
+            if resume is not None and not sbx.ready.done() and self._kept(resume):
+                paused = resume  # the resume failed before the env was ready: still paused
+            else:
+                sbx.ended = sbx.ended or f"failed: {type(exc).__name__}"
+            if not sbx.ready.done():
+                sbx.ready.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            sbx.sb = None
+            if paused is not None and sbx.ended is None:
+                sbx.paused = paused  # its session ended; the sandbox waits, paused
+                if sbx.pausing is not None and not sbx.pausing.done():
+                    sbx.pausing.set_result(paused)
+                sbx.pausing = None
+            else:
+                sbx.ended = sbx.ended or "closed"
+                self.ended[sbx.ended.split(":")[0]] += 1
+                if not sbx.ready.done():
+                    msg = f"sandbox {sbx.sandbox_id} ended at start"
+                    sbx.ready.set_exception(ServerError(msg))
+                if sbx.pausing is not None and not sbx.pausing.done():
+                    sbx.pausing.set_exception(Conflict(f"sandbox {sbx.sandbox_id} ended"))
+                self.by_id.pop(sbx.sandbox_id, None)
+            for proc in sbx.processes.values():
+                proc.emit("gone", None)
+            sbx.processes.clear()
+
+    async def _until_paused_or_killed(self, sbx: Sandbox, sb: AsyncSession) -> Paused | None:
+        """Serve until killed (None) or paused (its snapshot); a pause that fails is answered
+        with its error and the sandbox serves on."""
+        while True:
+            await self._serve(sbx, sb)
+            if sbx.pausing is None:
+                return None
+            try:
+                return await pause_session(sb)
+            except CleanroomError as exc:
+                sbx.pausing.set_exception(exc)
+                sbx.pausing = None
+                sbx.stop.clear()
+
+    def _kept(self, paused: Paused) -> bool:
+        """Whether a paused snapshot's files are still there (a failed resume keeps them)."""
+        return paused.snap.snapshot_id in self.config.driver.list_snapshots()
+
+    # -- pause, resume ----------------------------------------------------------------------
+
+    async def pause(self, key_id: str, sandbox_id: str) -> bool:
+        """Pause the sandbox (module docstring); False if it was paused already. Returns once
+        its snapshot is sealed and its env destroyed and confirmed absent."""
+        if self.get_paused(key_id, sandbox_id) is not None:
+            return False
+        sbx = self.get(key_id, sandbox_id)
+        if not sbx.forkable:
+            why = "it has egress" if sbx.network else "the server made it unforkable"
+            raise Conflict(f"sandbox {sandbox_id} cannot be paused: {why}")
+        running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
+        if running:  # the agent prepares a snapshot between requests, never during one
+            raise Busy(f"sandbox {sandbox_id} cannot be paused while commands run: {running}")
+        if sbx.pausing is None:
+            sbx.pausing = asyncio.get_running_loop().create_future()
+            sbx.stop.set()
+        try:
+            await asyncio.shield(sbx.pausing)
+        except Unsupported as exc:
+            raise Conflict(f"sandbox {sandbox_id} cannot be paused: {exc}") from exc
+        return True
+
+    async def resume(self, key_id: str, sandbox_id: str) -> Sandbox:
+        """The paused sandbox restored into a new env (a new session, ``<id>.rN``); a running
+        one as it is. ``SnapshotRefused`` if its snapshot no longer matches its digest."""
+        sbx = self.get_paused(key_id, sandbox_id)
+        if sbx is None:
+            return self.get(key_id, sandbox_id)
+        if self.closing:
+            raise LimitReached("the server is shutting down", 5.0)
+        paused = sbx.paused
+        assert paused is not None
+        sbx.resumes += 1
+        sbx.episode_id = f"{sbx.sandbox_id}.r{sbx.resumes}"
+        sbx.started_at = time.time()
+        try:
+            await self._start(sbx, self._life(sbx, resume=paused))
+        except SnapshotDrift as exc:
+            raise SnapshotRefused(f"sandbox {sandbox_id} cannot resume: {exc}") from exc
+        return sbx
+
+    async def _discard(self, sbx: Sandbox) -> bool:
+        """Delete a paused sandbox's snapshot; True once confirmed absent (the ledger says)."""
+        assert sbx.paused is not None
+        with Ledger() as ledger:
+            ctx = RunContext(self.config.driver, ledger, None, self.owner, self.config.options)
+            return await discard(ctx, sbx.paused)
+
+    # -- fork -------------------------------------------------------------------------------
+
+    async def fork(
+        self, key_id: str, sandbox_id: str, count: int, timeout_s: float | None, max_per_key: int
+    ) -> list[Sandbox]:
+        """``count`` new sandboxes, each a branch of this one's session as it is now."""
+        sbx = self.get(key_id, sandbox_id)
+        if not 1 <= count <= MAX_BRANCHES:
+            raise ServerError(f"count must be 1..{MAX_BRANCHES}")
+        if not sbx.forkable:
+            why = "it has egress" if sbx.network else "the server made it unforkable"
+            raise Conflict(f"sandbox {sandbox_id} cannot be forked: {why}")
+        self._quota(key_id, max_per_key, count)
+        assert sbx.sb is not None
+        try:
+            branches = await sbx.sb.fork(count)
+        except Unsupported as exc:
+            raise Conflict(f"sandbox {sandbox_id} cannot be forked: {exc}") from exc
+        timeout = max(1.0, min(float(timeout_s or DEFAULT_TIMEOUT_S), self.config.max_lifetime_s))
+        out = []
+        for branch in branches:
+            assert isinstance(branch, Branch)
+            child = Sandbox(
+                sandbox_id="i" + secrets.token_hex(10),
+                key_id=key_id,
+                template=sbx.template,
+                baseline=sbx.baseline,
+                metadata=dict(sbx.metadata),
+                envs=dict(sbx.envs),
+                access_token=secrets.token_urlsafe(24),
+                timeout_s=timeout,
+                network=sbx.network,
+                episode_id=branch.episode_id,
+                branch=branch,
+            )
+            self.by_id[child.sandbox_id] = child
+            await self._start(child, self._branch_life(child, branch))
+            out.append(child)
+        return out
+
+    async def _branch_life(self, sbx: Sandbox, branch: Branch) -> None:
+        """A fork's branch served as a sandbox: held open until killed, as ``_life``."""
+        assert sbx.ready is not None
+        try:
+            async with branch:
+                sbx.sb = branch
+                if branch.guard.lifetime is None:
+                    branch.start_clocks(self.config.max_lifetime_s, None)
+                self._deadline(sbx, sbx.timeout_s)
+                sbx.ready.set_result(None)
+                await self._serve(sbx, branch)
                 sbx.ended = "killed"
-                sb.finish(0.0, info={"ended": "killed", "sandbox_id": sbx.sandbox_id})
+                branch.finish(0.0, info={"ended": "killed", "sandbox_id": sbx.sandbox_id})
         except SessionTimeout:
             sbx.ended = "timeout"
         except asyncio.CancelledError:
@@ -252,6 +496,7 @@ class Sandboxes:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            sbx.sb = None
             sbx.ended = sbx.ended or "closed"
             self.ended[sbx.ended.split(":")[0]] += 1
             if not sbx.ready.done():
@@ -283,7 +528,12 @@ class Sandboxes:
     # -- end --------------------------------------------------------------------------------
 
     async def kill(self, key_id: str, sandbox_id: str) -> None:
-        """End the sandbox; returns once its session closed (env destroyed, confirmed)."""
+        """End the sandbox; returns once its session closed (env destroyed, confirmed), or, a
+        paused one, once its snapshot's files are deleted and confirmed gone."""
+        paused = self.get_paused(key_id, sandbox_id)
+        if paused is not None:
+            await self._end_paused(paused, "killed")
+            return
         sbx = self.get(key_id, sandbox_id)
         sbx.stop.set()
         assert sbx.task is not None
@@ -293,11 +543,24 @@ class Sandboxes:
     async def close(self, grace_s: float = 120.0) -> None:
         """Server shutdown: every sandbox ends ``cancelled``, durable, destroyed, confirmed."""
         self.closing = True
-        tasks = [s.task for s in self.by_id.values() if s.task is not None]
+        for sbx in [s for s in self.by_id.values() if s.state == "paused"]:
+            await self._end_paused(sbx, "cancelled")
+        tasks = [s.task for s in self.by_id.values() if s.task is not None and not s.task.done()]
         for t in tasks:
             t.cancel("cleanroom serve is shutting down")
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
+
+    async def _end_paused(self, sbx: Sandbox, why: str) -> None:
+        """A paused sandbox ends: its snapshot deleted (and confirmed gone), then forgotten."""
+        sbx.ended = why
+        try:
+            gone = await self._discard(sbx)
+        finally:
+            self.ended[why] += 1
+            self.by_id.pop(sbx.sandbox_id, None)
+        if not gone:
+            raise ServerError(f"sandbox {sbx.sandbox_id}: its snapshot could not be deleted")
 
     # -- views ------------------------------------------------------------------------------
 
@@ -327,7 +590,7 @@ class Sandboxes:
             "cpuCount": int(getattr(limits, "vcpus", 1) or 1),
             "memoryMB": int(getattr(limits, "memory_mib", 256) or 256),
             "diskSizeMB": int(getattr(limits, "disk_mib", 0) or 0),
-            "state": "running",
+            "state": sbx.state,
             "envdVersion": ENVD_VERSION,
             "metadata": sbx.metadata,
         }

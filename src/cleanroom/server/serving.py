@@ -38,6 +38,7 @@ class ServeOptions:
     certfile: str | None = None
     keyfile: str | None = None
     domain: str | None = None
+    forkable: bool = True
 
 
 async def reap_at_start(driver: Driver) -> None:
@@ -73,6 +74,7 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
             driver=opts.driver,
             max_sandboxes=opts.max_sandboxes,
             domain=opts.domain,
+            forkable=opts.forkable,
         )
     )
     served = Served(sandboxes, KeyRing(), opts.limits, opts.max_body)

@@ -17,7 +17,8 @@ confirmed absent, one outcome on every path. Modules, bottom first: ``transcript
 ``core`` (``AsyncSession``; it forks through a ``Forker`` it is given, never importing
 ``fork``), ``interact`` (a session's block: whatever ends it, it concludes, is exported and
 destroyed; a session dropped or left open at exit too, with a ``ResourceWarning``), ``fork``
-(branches of a live session), ``opening`` (``session()``), ``sync`` (``Session``).
+(branches of a live session), ``pause`` (a session saved as a snapshot, resumed later),
+``opening`` (``session()``), ``sync`` (``Session``).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from cleanroom.network.egress import episode_policy
 from cleanroom.sessions.core import AsyncSession
 from cleanroom.sessions.fork import fork_session
 from cleanroom.sessions.interact import interact
+from cleanroom.sessions.pause import Paused, resume_start
 from cleanroom.sessions.run_hold import RunHold
 from cleanroom.store import Store, open_store
 
@@ -90,6 +91,7 @@ async def session(
     forkable: bool = False,
     owner: Owner | None = None,
     hold: RunHold | None = None,
+    resume: Paused | None = None,
 ) -> AsyncIterator[AsyncSession]:
     """One interactive episode (module docstring) on a fresh env of ``baseline`` (a
     ``Baseline``, or a baseline.toml / folder, built if needed, as ``cleanroom.run`` does).
@@ -107,7 +109,9 @@ async def session(
     ``fork-live`` or with egress, before anything is made). ``owner``/``hold``: a caller with
     several sessions of one run open at once (``cleanroom.gym``) gives them one owner (the run
     lock is its) and one ``RunHold`` of ``run_id`` it has taken (the run finishes when the last
-    holder lets go)."""
+    holder lets go). ``resume``: a paused session (``sessions.pause``) this one restores
+    (its files checked against their digest first: ``SnapshotDrift``, before anything
+    starts)."""
     async with AsyncExitStack() as stack:
         if ledger is None or isinstance(store, str | Path | None) or isinstance(driver, str):
             private.check_home()  # the home is private (0700, ours); else PrivacyError
@@ -128,13 +132,17 @@ async def session(
         resolved = resolve_baseline(baseline)
         if forkable:
             refuse_fork(ctx.driver, resolved, manifest)
-        opened = _episode(ctx, resolved, manifest, run_id, forkable, hold)
+        if resume is not None:
+            await ctx.driver.verify_snapshot(resume.snap)
+        opened = _episode(ctx, resolved, manifest, run_id, forkable, hold, resume)
         make = functools.partial(AsyncSession, forker=fork_session)
         async with (
             opened as (episode, hold, fork_ram),
             interact(episode, idle_timeout_s, make) as sb,
         ):
             sb.hold, sb.fork_ram = hold, fork_ram
+            if resume is not None:
+                sb.transcript.add("resume", **resume.facts())
             yield sb
 
 
@@ -146,6 +154,7 @@ async def _episode(
     run_id: str | None,
     forkable: bool,
     hold: RunHold | None = None,
+    resume: Paused | None = None,
 ) -> AsyncIterator[tuple[Episode, RunHold, str | None]]:
     """The session's run and its one episode attempt (not yet provisioned); the run's hold
     (it ends when the session and its branches have); a forkable one's RAM snapshot id."""
@@ -169,6 +178,8 @@ async def _episode(
         if forkable:
             fork_ram = ram_intent(ctx, run_id, eid, baseline)
             start = functools.partial(ctx.driver.fork_parent, snapshot_id=fork_ram)
+        if resume is not None:
+            start = resume_start(ctx, resume, fork_ram)
         yield Episode(ctx, key, manifest, baseline, absorb=False, start=start), hold, fork_ram
         ok = True
     finally:

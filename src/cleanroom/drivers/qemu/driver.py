@@ -216,6 +216,13 @@ class QemuDriver(RunFolderDriver):
     async def fork_clone(self, request: EnvRequest, snap: ForkSnapshot) -> Env:
         return await self.forks.clone(request, self.accel, snap)
 
+    async def fork_resume(self, request: EnvRequest, snap: ForkSnapshot, snapshot_id: str) -> Env:
+        accel = await self._accel(request)
+        return await self.forks.resume_parent(request, accel, snap, snapshot_id)
+
+    async def verify_snapshot(self, snap: ForkSnapshot) -> None:
+        await asyncio.to_thread(fork.verify, snap)
+
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         self.forks.seals.forget(snapshot_id)
         return await asyncio.to_thread(fork.delete, snapshot_id)

@@ -37,8 +37,9 @@ from cleanroom.drivers.qemu.clone import Cloner
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live
 from cleanroom.drivers.qemu.templates import Templates
-from cleanroom.errors import CleanroomError, DriverError, LaunchError
+from cleanroom.errors import CleanroomError, DriverError, LaunchError, SnapshotDrift
 from cleanroom.host import hostproc, paths
+from cleanroom.host.digests import digest_of, sha256_file
 
 MACHINE_FILE = "machine.json"  # what a clone must share with the parent
 MIN_AGENT = (0, 2, 1)  # takes SNAPSHOT_PREPARE right after a request (older: a race)
@@ -202,6 +203,65 @@ class Forks:
             raise
         env.info = dataclasses.replace(env.info, start_kind="fork", template=snap.facts["template"])
         return env
+
+    async def resume_parent(
+        self,
+        request: EnvRequest,
+        accel: accel_mod.Accel | None,
+        snap: ForkSnapshot,
+        snapshot_id: str,
+    ) -> Env:
+        """A fork parent restored from the sealed ``snap`` (a paused session resumed): its RAM
+        a sparse copy of the snapshot's in its own folder ``snapshot_id``, mapped shared, so
+        it can be paused or forked again; the snapshot's files checked unchanged throughout."""
+        if snap.path is None or snap.digest is None or accel is None:
+            raise LaunchError(f"snapshot {snap.snapshot_id} is not a sealed one of this driver")
+        machine = snap.facts["machine"]
+        if _machine(request) != machine:
+            raise LaunchError(f"a resume of {snap.snapshot_id} needs its machine {machine}")
+        await seal.check_unchanged(snap)
+        started = time.monotonic()
+        try:
+            path = await asyncio.to_thread(make_folder, snapshot_id, request)
+            ram = path / snapshot.RAM_FILE
+            await asyncio.to_thread(sparse_copy, snap.path / snapshot.RAM_FILE, ram)
+        except OSError as exc:
+            raise LaunchError(f"cannot copy the snapshot's RAM to resume it: {exc}") from exc
+        template = snapshot.Template(
+            key=snap.snapshot_id,
+            path=snap.path,
+            digest=snap.digest,
+            memory_mib=machine["memory_mib"],
+            files={},
+            facts={},
+        )
+        env = await self.cloner.clone(request, accel, template, started, None, ram=ram, shared=True)
+        try:
+            await seal.check_unchanged(snap)  # the state loaded was the sealed one
+        except BaseException:
+            await asyncio.shield(env.aclose())
+            raise
+        self.parents[env.env_id] = (path, request)
+        env.info = dataclasses.replace(
+            env.info, start_kind="resume", template=snap.facts.get("template")
+        )
+        return env
+
+
+def verify(snap: ForkSnapshot) -> None:
+    """``SnapshotDrift`` unless the snapshot's files hash to what was sealed (a full hash)."""
+    want = snap.facts.get("files", {})
+    if snap.path is None or not want or digest_of(want) != snap.digest:
+        raise SnapshotDrift(snap.snapshot_id, ["(not sealed)"])
+    now: dict[str, str] = {}
+    try:
+        now[snapshot.RAM_FILE] = seal.content_digest(snap.path / snapshot.RAM_FILE)
+        now[snapshot.STATE_FILE] = "sha256:" + sha256_file(snap.path / snapshot.STATE_FILE)
+    except OSError:
+        pass
+    drifted = [name for name in snapshot.FILES if now.get(name) != want.get(name)]
+    if drifted:
+        raise SnapshotDrift(snap.snapshot_id, drifted)
 
 
 async def save_state(live: Live, path: Path) -> float:
