@@ -10,7 +10,9 @@ One port serves both halves of E2B's protocol:
 - envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
   ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
   with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
-- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why).
+- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why);
+- what ``Served.more_routes`` adds (``/openenv/...``: ``server.openenv``), its lines in
+  ``/metrics`` from ``Served.more_metrics``.
 
 Errors are E2B's JSON (``{"code", "message"}``); 429s carry ``Retry-After``; bodies past
 ``max_body`` are 413.
@@ -23,6 +25,7 @@ import json
 import math
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +34,7 @@ from e2b.envd.process.process_connect import ProcessASGIApplication
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from cleanroom.errors import CleanroomError
 from cleanroom.server.control import LimitReached, Sandbox, Sandboxes, ServerError, iso
@@ -53,6 +56,8 @@ class Served:
     limits: Limits = field(default_factory=Limits)
     max_body: int = 256 * 1024 * 1024
     counts: Counter[str] = field(default_factory=Counter)
+    more_routes: list[BaseRoute] = field(default_factory=list)  # other protocols' (OpenEnv)
+    more_metrics: list[Callable[[], list[str]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.throttle = Throttle(self.limits)
@@ -231,6 +236,7 @@ def build_app(served: Served) -> Starlette:
                 for k, n in sorted(served.counts.items())
                 if k.startswith("refused:")
             ),
+            *(line for lines in served.more_metrics for line in lines()),
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
@@ -262,6 +268,7 @@ def build_app(served: Served) -> Starlette:
                 FilesystemService(sandboxes), read_max_bytes=CONTROL_BODY_MAX
             ),
         ),
+        *served.more_routes,
     ]
     return Starlette(routes=routes)
 
