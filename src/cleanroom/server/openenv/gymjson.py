@@ -20,10 +20,14 @@ from cleanroom.server.control import ServerError
 MAX_DEPTH = 16
 
 
-class ActionInvalid(ServerError):
-    """An action that is not a value of the env's action space."""
+class RequestInvalid(ServerError):
+    """A reset or step body OpenEnv's server would refuse (422, ``VALIDATION_ERROR``)."""
 
     status = 422
+
+
+class ActionInvalid(RequestInvalid):
+    """An action that is not a value of the env's action space."""
 
 
 def to_json(value: Any, depth: int = 0) -> Any:

@@ -30,15 +30,12 @@ from cleanroom.lifecycle.context import RunOptions
 from cleanroom.server.control import LimitReached, ServerError
 from cleanroom.server.keys import Limits, Throttle
 from cleanroom.server.openenv import gymjson
+from cleanroom.server.openenv.gymjson import RequestInvalid
 from cleanroom.server.openenv.spec import OpenEnvSpec
 
+__all__ = ["HubConfig", "OpenEnvHub", "OpenEnvSession", "RequestInvalid"]
+
 Spaces = tuple[spaces.Space[Any], spaces.Space[Any]]
-
-
-class RequestInvalid(ServerError):
-    """A reset or step body OpenEnv's server would refuse (422)."""
-
-    status = 422
 
 
 @dataclass
