@@ -173,9 +173,10 @@ def test_a_client_that_vanishes_leaves_no_env(server: Server) -> None:
     state = asyncio.run(vanish())
     record = episode_ended(state["run_id"], state["cleanroom_episode_id"])
     assert record["info"]["ended"] == "disconnect"
-    assert 'cleanroom_serve_openenv_ended_total{why="disconnect"}' in httpx.get(
-        f"{server.url}/metrics"
-    ).text
+    assert (
+        'cleanroom_serve_openenv_ended_total{why="disconnect"}'
+        in httpx.get(f"{server.url}/metrics").text
+    )
 
 
 def test_a_websocket_without_a_key_is_refused_at_the_handshake(server: Server) -> None:
@@ -214,3 +215,23 @@ def test_sigterm_ends_a_live_session_with_its_record(tmp_path: Any) -> None:
     assert "SESSION_ERROR" in last
     record = episode_ended(state["run_id"], state["cleanroom_episode_id"], timeout_s=5)
     assert record["info"]["ended"] == "shutdown"
+
+
+def test_the_example_plays_through_openenvs_client(server: Server) -> None:
+    """examples/openenv/play.py, unchanged, against the served env: two episodes, each ending
+    in its record."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "openenv" / "play.py"
+    env = {**os.environ, "OPENENV_URL": base_url(server, new_key())}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["seed 1", "seed 2"]
+    run, episode = lines[1].rsplit(" ", 1)[1].split("/")
+    assert episode_ended(run, episode)["outcome"] == "completed"
