@@ -313,5 +313,6 @@ def test_a_lookahead_keeps_several_episodes_opened_ahead(tmp_path: Path) -> None
     with Ledger() as ledger:
         run = ledger.get_run(env.run_id)
         assert run is not None and run.status == "completed"
-    with pytest.raises(GymError, match="lookahead"):
-        cgym.CleanroomEnv(tmp_path, lookahead=0)
+    for wrong in (-1, 9):  # 0 is allowed: nothing opened ahead (test_gym_async.py)
+        with pytest.raises(GymError, match="lookahead"):
+            cgym.CleanroomEnv(tmp_path, lookahead=wrong)

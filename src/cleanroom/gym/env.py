@@ -80,8 +80,8 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
     ) -> None:
         if not isinstance(env, str) or not env:
             raise GymError(f"CleanroomEnv: env must be a Gymnasium id or module:Class, not {env!r}")
-        if not isinstance(lookahead, int) or not 1 <= lookahead <= MAX_LOOKAHEAD:
-            raise GymError(f"CleanroomEnv: lookahead must be 1..{MAX_LOOKAHEAD}, not {lookahead!r}")
+        if not isinstance(lookahead, int) or not 0 <= lookahead <= MAX_LOOKAHEAD:
+            raise GymError(f"CleanroomEnv: lookahead must be 0..{MAX_LOOKAHEAD}, not {lookahead!r}")
         if not math.isfinite(step_timeout_s) or step_timeout_s <= 0:
             raise GymError(f"CleanroomEnv: step_timeout_s must be > 0, not {step_timeout_s!r}")
         self.env_id, self.env_kwargs = env, dict(env_kwargs or {})
@@ -108,6 +108,7 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         self._episode: GymEpisode | None = None
         self._spaces: tuple[gymnasium.Space[Any], gymnasium.Space[Any]] | None = None
         self._closed = False
+        self._driven_async = False  # ``areset`` / ``astep`` / ``aclose`` from a host's own loop
         _OPEN.add(self)
 
     # -- spaces (from the in-VM env) -------------------------------------------------------------
@@ -160,6 +161,9 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
         if self._closed:
             coro.close()
             raise GymError(f"CleanroomEnv({self.env_id}): closed")
+        if self._driven_async:
+            coro.close()
+            raise GymError(f"CleanroomEnv({self.env_id}): driven by areset/astep, not reset/step")
         if self._loop is None or not self._loop.owned():  # first use, or a fork's copy
             if self._loop is not None:  # the parent's episode is the parent's to end
                 self._episode, self._run = None, self._run.fresh_copy()
@@ -263,6 +267,57 @@ class CleanroomEnv(gymnasium.Env[Any, Any]):
                 await episode.end()
         finally:
             await self._run.aclose()
+
+    # -- the same env for an async host (``cleanroom serve``'s OpenEnv sessions) ------------------
+
+    def _own_loop(self) -> None:
+        if self._closed:
+            raise GymError(f"CleanroomEnv({self.env_id}): closed")
+        if self._loop is not None:
+            raise GymError(f"CleanroomEnv({self.env_id}): driven by reset/step, not areset/astep")
+        self._driven_async = True
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``reset`` on the caller's running loop, for a host that is async itself: no loop
+        thread; every VM is started from that loop's thread (their launchers die with it), so
+        the env is used from that one loop only, and closed with ``aclose``."""
+        self._own_loop()
+        super().reset(seed=seed)
+        inner_seed = int(self.np_random.integers(0, SEED_RANGE))
+        return await self._reset(inner_seed, seed, options)
+
+    async def astep(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """``step`` on the caller's loop (see ``areset``)."""
+        self._own_loop()
+        episode = self._episode
+        if episode is None or episode.ended:
+            raise GymError(f"CleanroomEnv({self.env_id}): step before reset (or after an error)")
+        node, body = gym_codec.encode(action)
+        return await self._step(episode, node, body, action)
+
+    async def aspaces(self) -> tuple[gymnasium.Space[Any], gymnasium.Space[Any]]:
+        """(observation space, action space) on the caller's loop: known after a reset, else
+        from the home's cache, else from a probe episode (see the module docstring)."""
+        self._own_loop()
+        if self._spaces is None:
+            self._spaces = await self._probe()
+        return self._spaces
+
+    async def aclose(self, reason: str | None = None) -> None:
+        """``close`` on the caller's loop (see ``areset``). ``reason``: why the host ended the
+        episode in flight (a client gone, a server shutdown): said in its transcript and its
+        record's ``info.ended``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN.discard(self)
+        episode = self._episode
+        if reason and episode is not None and not episode.ended:
+            episode.facts["ended"] = reason
+            episode.record("closed", reason=reason)
+        await self._aclose()
 
 
 def _plain(value: Any) -> Any:

@@ -16,7 +16,9 @@ One port serves both halves of E2B's protocol:
   ``E2b-Sandbox-Id`` with ``E2b-Sandbox-Port``): HTTP and WebSocket proxied over the agent
   channel (``ports``), with the sandbox's traffic access token or its key;
 - ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why,
-  port bytes and requests).
+  port bytes and requests);
+- what ``Served.more_routes`` adds (``/openenv/...``: ``server.openenv``), its lines in
+  ``/metrics`` from ``Served.more_metrics``.
 
 Errors are E2B's JSON (``{"code", "message"}``); 429s carry ``Retry-After``; bodies past
 ``max_body`` are 413.
@@ -38,7 +40,7 @@ from e2b.envd.process.process_connect import ProcessASGIApplication
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from cleanroom.errors import CleanroomError
 from cleanroom.server.control import (
@@ -69,6 +71,8 @@ class Served:
     max_body: int = 256 * 1024 * 1024
     counts: Counter[str] = field(default_factory=Counter)
     ports: PortCounts = field(default_factory=PortCounts)
+    more_routes: list[BaseRoute] = field(default_factory=list)  # other protocols' (OpenEnv)
+    more_metrics: list[Callable[[], list[str]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.throttle = Throttle(self.limits)
@@ -299,6 +303,7 @@ def _routes(served: Served) -> Starlette:
                 if k.startswith("refused:")
             ),
             *served.ports.lines(),
+            *(line for lines in served.more_metrics for line in lines()),
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
@@ -333,6 +338,7 @@ def _routes(served: Served) -> Starlette:
                 FilesystemService(sandboxes), read_max_bytes=CONTROL_BODY_MAX
             ),
         ),
+        *served.more_routes,
     ]
     return Starlette(routes=routes)
 

@@ -63,6 +63,25 @@ def serve(
     forkable: Annotated[
         bool, typer.Option(help="sandboxes can pause and fork (docs/server.md: what it costs)")
     ] = True,
+    openenv: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=ENV@TEMPLATE[#KWARGS-JSON]: the Gym env ENV (an id or module:Class) in "
+            "VMs of TEMPLATE, served as the OpenEnv environment /openenv/NAME; repeatable"
+        ),
+    ] = None,
+    openenv_sessions: Annotated[
+        int, typer.Option(help="OpenEnv sessions alive at once, all keys (--per-key: each key)")
+    ] = 16,
+    openenv_lookahead: Annotated[
+        int, typer.Option(help="episodes a WebSocket session keeps opened ahead (0-8)")
+    ] = 0,
+    openenv_idle_s: Annotated[
+        float, typer.Option(help="an OpenEnv WebSocket session silent this long ends")
+    ] = 600.0,
+    openenv_max_message_kib: Annotated[
+        int, typer.Option(help="largest OpenEnv message or HTTP body (KiB)")
+    ] = 1024,
 ) -> None:
     """Serve E2B's API (control + envd) on one port: every sandbox is a cleanroom session."""
     from cleanroom.drivers import get_driver
@@ -75,10 +94,28 @@ def serve(
         raise typer.Exit(2) from exc
 
     try:
+        templates = parse_templates(list(template or []))
+        hub = None
+        if openenv:
+            try:
+                from cleanroom.server.openenv.hub import HubConfig
+            except ImportError as exc:  # the `gym` extra is not installed
+                err.print(f"[bold red]error:[/] {exc}: pip install 'cleanroom[gym,serve]'")
+                raise typer.Exit(2) from exc
+            from cleanroom.server.openenv.spec import parse_specs
+
+            hub = HubConfig(
+                specs=parse_specs(openenv, templates),
+                driver=get_driver(driver).name,
+                max_sessions=openenv_sessions,
+                lookahead=openenv_lookahead,
+                idle_s=openenv_idle_s,
+                max_message=openenv_max_message_kib * 1024,
+            )
         opts = ServeOptions(
             host=host,
             port=port,
-            templates=parse_templates(list(template or [])),  # type: ignore[arg-type]
+            templates=templates,  # type: ignore[arg-type]
             driver=get_driver(driver),
             max_sandboxes=max_sandboxes,
             limits=Limits(per_key, creates_per_s, burst),
@@ -87,6 +124,7 @@ def serve(
             keyfile=keyfile,
             domain=domain,
             forkable=forkable,
+            openenv=hub,
         )
         if not KeyRing().list():
             err.print("[yellow]no API keys yet[/]: make one with `cleanroom keys create`")

@@ -3,7 +3,8 @@
 At start, what a dead server left is reaped (``reap_at_start``: its VMs, which the deadman and
 the parent-death path already ended, confirmed absent and their sessions marked).
 
-SIGTERM / SIGINT: every sandbox is ended first (``Sandboxes.close``: ``cancelled``, record
+SIGTERM / SIGINT: every OpenEnv session (``--openenv``: its episode's record durable, VM
+confirmed absent) and every sandbox is ended first (``Sandboxes.close``: ``cancelled``, record
 durable, env destroyed and confirmed absent), then hypercorn stops. Loopback unless told
 otherwise; TLS when given a certificate and key.
 """
@@ -16,12 +17,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.server.app import Served, build_app
 from cleanroom.server.control import Sandboxes, ServerConfig
 from cleanroom.server.keys import KeyRing, Limits
+
+if TYPE_CHECKING:
+    from cleanroom.server.openenv.hub import HubConfig
 
 BASE_SPEC = Path(__file__).parent / "base" / "baseline.toml"
 
@@ -39,6 +44,7 @@ class ServeOptions:
     keyfile: str | None = None
     domain: str | None = None
     forkable: bool = True
+    openenv: HubConfig | None = None  # Gym envs served as OpenEnv environments (server.openenv)
 
 
 async def reap_at_start(driver: Driver) -> None:
@@ -78,6 +84,11 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
         )
     )
     served = Served(sandboxes, KeyRing(), opts.limits, opts.max_body)
+    hub = None
+    if opts.openenv is not None and opts.openenv.specs:
+        from cleanroom.server.openenv.routes import attach
+
+        hub = attach(served, opts.openenv)
     app = build_app(served)
     config = Config()
     config.bind = [f"{opts.host}:{opts.port}"]
@@ -87,6 +98,8 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
     config.loglevel = "WARNING"
     config.h11_max_incomplete_size = 64 * 1024  # request line + headers
     config.h2_max_inbound_frame_size = 1024 * 1024
+    if opts.openenv is not None:  # only OpenEnv sessions speak WebSocket here
+        config.websocket_max_message_size = opts.openenv.max_message
     if opts.certfile:
         config.certfile, config.keyfile = opts.certfile, opts.keyfile
     stop = asyncio.Event()
@@ -94,6 +107,8 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
     ending: list[asyncio.Task[None]] = []
 
     async def shutdown() -> None:
+        if hub is not None:
+            await hub.close()
         await sandboxes.close()
         stop.set()
 
@@ -110,6 +125,8 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
     try:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     finally:
+        if hub is not None:
+            await hub.close()
         await sandboxes.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
