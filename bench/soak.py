@@ -439,8 +439,12 @@ def report(tally: Tally, seed: int, driver: str) -> str:
     lines.append(f"  problems: {len(tally.problems)}")
     lines += [f"    {p}" for p in tally.problems[:40]]
     if tally.problems:
-        lines.append(f"  reproduce: python bench/soak.py --seed {seed} --driver {driver}")
+        lines.append(f"  {reproduce(seed, driver)}")
     return "\n".join(lines) + "\n"
+
+
+def reproduce(seed: int, driver: str) -> str:
+    return f"reproduce: python bench/soak.py --seed {seed} --driver {driver}"
 
 
 def main() -> int:
@@ -452,9 +456,14 @@ def main() -> int:
     args = parser.parse_args()
     import tempfile
 
+    print(f"soak: seed {args.seed}, driver {args.driver}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="cleanroom-soak-") as tmp:
         soak = Soak(args.seed, args.episodes, args.driver, Path(tmp))
-        tally = asyncio.run(soak.run())
+        try:
+            tally = asyncio.run(soak.run())
+        except BaseException:
+            print(f"soak: FAILED in round {soak.round}; {reproduce(args.seed, args.driver)}")
+            raise
     text = report(tally, args.seed, args.driver)
     print(text)
     if args.out:
