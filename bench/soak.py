@@ -469,11 +469,23 @@ class Soak:
 
     async def run(self, progress: bool = True) -> Tally:
         from cleanroom.baseline.resolve import resolve_baseline
-        from cleanroom.ledger import Ledger
 
         self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)
         started = time.monotonic()
         kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] != "store-full")
+        try:
+            await self._rounds(kinds, progress)
+        except BaseException:
+            if self.s3 is not None:  # moto's subprocess too
+                self.s3.close()
+            raise
+        self.finish()
+        self.tally.seconds = time.monotonic() - started
+        return self.tally
+
+    async def _rounds(self, kinds: tuple[tuple[str, int], ...], progress: bool) -> None:
+        from cleanroom.ledger import Ledger
+
         while self.tally.episodes < self.target:
             self.round += 1
             self.round_store = None
@@ -497,9 +509,6 @@ class Soak:
                     file=sys.stderr,
                     flush=True,
                 )
-        self.finish()
-        self.tally.seconds = time.monotonic() - started
-        return self.tally
 
     def finish(self) -> None:
         from cleanroom.drivers import get_driver
@@ -507,6 +516,7 @@ class Soak:
         if self.s3 is not None:
             self.s3.close()
             self.tally.faults.update({f"S3 {k} (requests)": v for k, v in self.s3.counts.items()})
+            self.s3 = None
 
         left = get_driver(self.driver_name).list_owned()
         if left:
