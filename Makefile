@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: all setup demo test lint docs bench fuzz fuzz-native mutation clean distclean
+.PHONY: all setup demo test lint docs bench soak fuzz fuzz-native mutation clean distclean
 
 all: test
 
@@ -59,6 +59,19 @@ bench: setup
 	$(PY) bench/spares.py
 	@if command -v perf >/dev/null 2>&1; then $(PY) bench/host_profile.py; \
 	else echo "bench: bench/host_profile.py skipped: it needs perf (apt-get install linux-perf)"; fi
+
+# The seeded soak (bench/soak.py; hours here): SOAK_EPISODES episodes of random work with random
+# faults on SOAK_DRIVER, a fresh random seed unless SOAK_SEED is given. The seed is printed first;
+# a failure prints it again with the command that reproduces it. Results: bench/results/soak.txt.
+ifeq ($(origin SOAK_SEED),undefined)
+SOAK_SEED := $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+endif
+SOAK_EPISODES ?= 10000
+SOAK_DRIVER ?= fake
+soak: setup
+	@echo "soak: seed $(SOAK_SEED) (make soak SOAK_SEED=$(SOAK_SEED) reproduces it)"
+	$(PY) bench/soak.py --seed $(SOAK_SEED) --episodes $(SOAK_EPISODES) --driver $(SOAK_DRIVER) \
+	  --out bench/results/soak$(if $(filter-out fake,$(SOAK_DRIVER)),-$(SOAK_DRIVER)).txt
 
 # Mutation testing of reaper.py, store/, ledger/ against their fast tests ([tool.mutmut] in
 # pyproject.toml); the report, with every survivor, goes to bench/results/mutation.txt.

@@ -13,7 +13,15 @@ Rounds are drawn from the seed until ``--episodes`` episodes have run, each one 
 - ``controller-kill``: ``cleanroom run`` in a subprocess, SIGKILLed at a random moment, then the
   same command again (the resume);
 - ``store-full``: a batch whose store is a tmpfs too small for its artifacts (ENOSPC), then
-  resumed on a store with room (root only).
+  resumed on a store with room (root only);
+- ``served``: sandboxes from the e2b SDK through a ``cleanroom serve`` subprocess (the fake
+  driver), the server SIGKILLed at a random moment and started again, or stopped by SIGTERM;
+  every sandbox it made (creates in flight at the SIGKILL too, found in the ledger) ends with an
+  outcome and its env confirmed absent, and each its client killed ``completed`` with its
+  durable record;
+- ``store-s3``: a batch on an S3-compatible store (moto on loopback, behind a proxy) answering
+  a share of its requests with 500 / 503 or stalling them past the client's timeout (before or
+  after the write happened), then resumed with the store healthy.
 
 After every round, from the ledger, the store and the host alone: each episode's latest attempt
 has a final outcome with exactly one durable record that agrees with the ledger (outcome,
@@ -58,7 +66,10 @@ ROUNDS = (
     ("env-kill", 10),
     ("controller-kill", 10),
     ("store-full", 5),
+    ("served", 6),
+    ("store-s3", 6),
 )
+S3_FAULTS = (("5xx", 0.3), ("5xx", 1.0), ("stall", 0.2))
 
 
 @dataclass
@@ -160,6 +171,9 @@ class Soak:
         self.baseline: Any = None
         self.store = work / "store"
         self.round = 0
+        self.round_store: str | None = None  # this round's store, when not ``store``
+        self.s3: Any = None  # soak_faults.FaultyS3, started by the first store-s3 round
+        self.key: str | None = None  # the served rounds' API key
 
     # -- the rounds --------------------------------------------------------------------------
 
@@ -180,7 +194,7 @@ class Soak:
             items,
             baseline=self.baseline,
             parallel=self.rng.choice((2, 4, 8)),
-            store=str(store or self.store),
+            store=str(store or self.round_store or self.store),
             run_id=run,
             driver=self.driver_name,
         )
@@ -192,6 +206,7 @@ class Soak:
 
     async def session(self, run: str) -> list[dict[str, Any]]:
         import cleanroom
+        from cleanroom.errors import CleanroomError
 
         ending = self.rng.choice(("finish", "finish", "raise", "kill-agent"))
         try:
@@ -219,7 +234,7 @@ class Soak:
         except RuntimeError as exc:
             if "caller's own code" not in str(exc):
                 raise
-        except cleanroom.CleanroomError:
+        except CleanroomError:
             pass  # the session's own outcome says what happened; checked below
         return [{"episode_id": f"{run}-s", "session": True}]
 
@@ -294,6 +309,97 @@ class Soak:
             subprocess.run(["umount", "-l", str(small)], check=False)
         return []  # checked above, on its own store
 
+    async def store_s3(self, run: str) -> list[dict[str, Any]]:
+        """A batch on an S3-compatible store (moto on loopback) answering a share of its
+        requests with 500 / 503 or stalling them past the client's timeout; then resumed with
+        the store healthy (``settle``)."""
+        faults = _faults()
+        if self.s3 is None:
+            self.s3 = faults.FaultyS3(self.rng.randrange(1 << 30), self.work / "moto.log")
+            self.s3.configure_here()
+            self.s3.bucket("soak")
+        self.round_store = "s3://soak/store"
+        items = self._manifests(run, self.rng.randint(3, 10), GUEST_MODES)
+        mode, share = self.rng.choice(S3_FAULTS)
+        self.s3.faults(mode, share)
+        self.tally.count(self.tally.faults, f"S3 {mode} on {share:.0%} of requests")
+        from cleanroom.errors import CleanroomError
+
+        try:
+            await self._batch(run, items)
+        except CleanroomError as exc:  # typed (a StoreError): resumed below
+            self.tally.count(self.tally.faults, f"batch ended by {type(exc).__name__}")
+        finally:
+            self.s3.faults("ok", 0.0)
+        return items
+
+    async def served(self, run: str) -> list[dict[str, Any]]:
+        """Sandboxes from the e2b SDK through a ``cleanroom serve`` subprocess (the fake
+        driver): created, used, most killed by their client; the server SIGKILLed at a random
+        moment (then started again: it reaps what the dead one left) or stopped by SIGTERM.
+        Every sandbox it ever made (from the ledger: creates in flight at the SIGKILL too)
+        ends with an outcome, its env confirmed absent; each its client killed ``completed``
+        with its durable record."""
+        from e2b import AsyncSandbox
+
+        from cleanroom.host.paths import store_dir
+        from cleanroom.ledger import Ledger
+        from cleanroom.server.keys import KeyRing
+
+        faults = _faults()
+        self.round_store = str(store_dir())  # the server's: the home's store
+        if self.key is None:
+            self.key = KeyRing().create("soak")[1]
+        srv = faults.Served(self.baseline.digest, self.work / "serve.log")
+        await asyncio.to_thread(srv.start)
+        os.environ.update({"E2B_API_URL": srv.url, "E2B_SANDBOX_URL": srv.url})
+        with Ledger() as ledger:
+            before = {r.run_id for r in ledger.list_runs() if r.run_id.startswith("serve-")}
+        plans = [
+            (self.rng.randint(0, 3), self.rng.randint(0, 50_000), self.rng.random() < 0.7)
+            for _ in range(self.rng.randint(2, 6))
+        ]
+        killed: set[str] = set()
+
+        async def client(cmds: int, size: int, kill: bool) -> None:
+            with contextlib.suppress(Exception):  # the server may be SIGKILLed under it
+                sbx = await AsyncSandbox.create("b", api_key=self.key, timeout=120)
+                for _ in range(cmds):
+                    await sbx.commands.run("true")
+                await sbx.files.write(str(self.work / f"{sbx.sandbox_id}.bin"), b"s" * size)
+                if kill and await sbx.kill():
+                    killed.add(sbx.sandbox_id)
+
+        clients = asyncio.gather(*(client(*plan) for plan in plans))
+        if self.rng.random() < 0.6:
+            await asyncio.sleep(self.rng.uniform(0.1, 3.0))
+            if srv.proc.poll() is None:
+                srv.kill()
+                self.tally.count(self.tally.faults, "server SIGKILL")
+            await clients
+            await asyncio.to_thread(srv.start)  # reaps what the dead one left
+        else:
+            await clients
+        code = await asyncio.to_thread(srv.stop)
+        if code != 0:
+            self.tally.problems.append(f"round {self.round} ({run}): serve exited {code}")
+        with Ledger() as ledger:
+            runs = sorted(
+                r.run_id
+                for r in ledger.list_runs()
+                if r.run_id.startswith("serve-") and r.run_id not in before
+            )
+            outcomes = {r: [e.outcome for e in ledger.episodes(r)] for r in runs}
+        for served_run in runs:
+            sid = served_run.removeprefix("serve-")
+            problems = self.check(served_run, [{"episode_id": sid, "session": True}])
+            problems = [p for p in problems if "has no outcome" in p or "not final" not in p]
+            if sid in killed and outcomes[served_run] != ["completed"]:
+                problems.append(f"killed by its client but ended {outcomes[served_run]}")
+            self.tally.problems += [f"round {self.round} ({served_run}): {p}" for p in problems]
+        self.tally.count(self.tally.outcomes, "served sandboxes", len(runs))
+        return []  # checked above, each sandbox its own run
+
     # -- the checks --------------------------------------------------------------------------
 
     def check(self, run: str, items: list[dict[str, Any]], store: Path | None = None) -> list[str]:
@@ -304,7 +410,7 @@ class Soak:
         from cleanroom.ledger import Ledger
         from cleanroom.store import open_store
 
-        st = open_store(str(store or self.store))
+        st = open_store(str(store or self.round_store or self.store))
         with Ledger() as ledger:
             rows = {r.episode_id: r for r in ledger.episodes(run)}
             envs = ledger.envs(run_id=run)
@@ -363,13 +469,26 @@ class Soak:
 
     async def run(self, progress: bool = True) -> Tally:
         from cleanroom.baseline.resolve import resolve_baseline
-        from cleanroom.ledger import Ledger
 
         self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)
         started = time.monotonic()
         kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] != "store-full")
+        try:
+            await self._rounds(kinds, progress)
+        except BaseException:
+            if self.s3 is not None:  # moto's subprocess too
+                self.s3.close()
+            raise
+        self.finish()
+        self.tally.seconds = time.monotonic() - started
+        return self.tally
+
+    async def _rounds(self, kinds: tuple[tuple[str, int], ...], progress: bool) -> None:
+        from cleanroom.ledger import Ledger
+
         while self.tally.episodes < self.target:
             self.round += 1
+            self.round_store = None
             kind = pick(self.rng, kinds)
             run = f"soak{self.seed}-{self.round}-{kind}"
             items = await getattr(self, kind.replace("-", "_"))(run)
@@ -390,12 +509,14 @@ class Soak:
                     file=sys.stderr,
                     flush=True,
                 )
-        self.finish()
-        self.tally.seconds = time.monotonic() - started
-        return self.tally
 
     def finish(self) -> None:
         from cleanroom.drivers import get_driver
+
+        if self.s3 is not None:
+            self.s3.close()
+            self.tally.faults.update({f"S3 {k} (requests)": v for k, v in self.s3.counts.items()})
+            self.s3 = None
 
         left = get_driver(self.driver_name).list_owned()
         if left:
@@ -407,6 +528,16 @@ class Soak:
                 self.tally.problems.append(
                     f"{name} grew {growth:.0%} from the first to the last 10%"
                 )
+
+
+def _faults() -> Any:
+    """``bench/soak_faults.py`` (beside this file, whether run as a script or loaded by path)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import soak_faults
+
+    return soak_faults
 
 
 def flat_growth(series: list[int]) -> float | None:
@@ -439,8 +570,12 @@ def report(tally: Tally, seed: int, driver: str) -> str:
     lines.append(f"  problems: {len(tally.problems)}")
     lines += [f"    {p}" for p in tally.problems[:40]]
     if tally.problems:
-        lines.append(f"  reproduce: python bench/soak.py --seed {seed} --driver {driver}")
+        lines.append(f"  {reproduce(seed, driver)}")
     return "\n".join(lines) + "\n"
+
+
+def reproduce(seed: int, driver: str) -> str:
+    return f"reproduce: python bench/soak.py --seed {seed} --driver {driver}"
 
 
 def main() -> int:
@@ -452,9 +587,14 @@ def main() -> int:
     args = parser.parse_args()
     import tempfile
 
+    print(f"soak: seed {args.seed}, driver {args.driver}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="cleanroom-soak-") as tmp:
         soak = Soak(args.seed, args.episodes, args.driver, Path(tmp))
-        tally = asyncio.run(soak.run())
+        try:
+            tally = asyncio.run(soak.run())
+        except BaseException:
+            print(f"soak: FAILED in round {soak.round}; {reproduce(args.seed, args.driver)}")
+            raise
     text = report(tally, args.seed, args.driver)
     print(text)
     if args.out:

@@ -28,7 +28,12 @@ def soak_module() -> ModuleType:
 def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     soak = soak_module()
     run = soak.Soak(SEED, EPISODES, "fake", tmp_path)
-    tally = asyncio.run(run.run(progress=False))
+    try:
+        tally = asyncio.run(run.run(progress=False))
+    except Exception as exc:  # the seed, whatever broke
+        raise AssertionError(
+            f"soak seed {SEED} failed in round {run.round}: {soak.reproduce(SEED, 'fake')}"
+        ) from exc
     text = soak.report(tally, SEED, "fake")
     assert tally.episodes >= EPISODES
     assert len(tally.rounds) >= 4, text  # a real mix, not one kind
