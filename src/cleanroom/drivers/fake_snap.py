@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tarfile
 import time
@@ -163,8 +164,28 @@ def _save(root: Path, path: Path, env_id: str) -> None:
 
 
 def _unpack(disk: Path, root: Path) -> None:
+    """Restore the saved files (the guest wrote them: nothing may land outside ``root``):
+    tarfile's data filter where this Python has it (3.11.4+), else only the members that
+    stay inside by name and link target (no devices, no FIFOs)."""
     with tarfile.open(disk) as tar:
-        tar.extractall(root, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, filter="data")
+        else:
+            tar.extractall(root, members=[m for m in tar.getmembers() if _inside(m)])
+
+
+def _inside(member: tarfile.TarInfo) -> bool:
+    def stays(path: str) -> bool:
+        norm = posixpath.normpath(path)
+        return not posixpath.isabs(path) and norm != ".." and not norm.startswith("../")
+
+    if not stays(member.name) or ".." in member.name.split("/"):
+        return False
+    if member.issym():
+        return stays(posixpath.join(posixpath.dirname(member.name), member.linkname))
+    if member.islnk():
+        return stays(member.linkname)
+    return member.isreg() or member.isdir()
 
 
 def _hash_files(path: Path) -> dict[str, str]:
