@@ -79,15 +79,23 @@ class ReplayReport:
         return self.diverged_at is None
 
 
+def _stored_log(store: Any, run_id: str, record: dict[str, Any], name: str) -> bytes | None:
+    """The bytes of the record's log ``name`` as stored, if they match the record's digest
+    (None: not listed, missing or altered)."""
+    entry = next((e for e in record.get("logs") or [] if e.get("name") == name), None)
+    if entry is None:
+        return None
+    raw = store.get_bytes(run_id, record["episode_id"], entry.get("path") or f"logs/{name}")
+    ok = raw is not None and _digest(raw) == entry.get("sha256")
+    return raw if ok else None
+
+
 def transcript_of(store: Any, run_id: str, record: dict[str, Any]) -> list[dict[str, Any]]:
     """The durable transcript of a session's record (CheckError if it has none)."""
-    entry = next((e for e in record.get("logs") or [] if e.get("name") == TRANSCRIPT_LOG), None)
-    if entry is None:
+    if not any(e.get("name") == TRANSCRIPT_LOG for e in record.get("logs") or []):
         raise CheckError(f"episode {record.get('episode_id')} has no transcript: not a session")
-    raw = store.get_bytes(
-        run_id, record["episode_id"], entry.get("path") or f"logs/{TRANSCRIPT_LOG}"
-    )
-    if raw is None or hashlib.sha256(raw).hexdigest() != entry.get("sha256"):
+    raw = _stored_log(store, run_id, record, TRANSCRIPT_LOG)
+    if raw is None:
         raise CheckError(f"the transcript of {record['episode_id']} is missing or altered")
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
 
@@ -97,11 +105,8 @@ def kept_writes(
 ) -> dict[str, bytes]:
     """The bytes of the session's file writes that its command log kept, by sha256 (each
     checked against its step; none if the log is missing or altered)."""
-    entry = next((e for e in record.get("logs") or [] if e.get("name") == COMMANDS_LOG), None)
-    if entry is None:
-        return {}
-    raw = store.get_bytes(run_id, record["episode_id"], entry.get("path") or "")
-    if raw is None or _digest(raw) != entry.get("sha256"):
+    raw = _stored_log(store, run_id, record, COMMANDS_LOG)
+    if raw is None:
         return {}
     kept: dict[str, bytes] = {}
     for s in steps:
