@@ -39,6 +39,7 @@ def _ring_parent() -> Path:
             return parent
     raise AssertionError("no folder for canary rings outside /tmp, /var/tmp and /run")
 
+
 Snapshot = dict[str, tuple[int, int, int, int, bytes]]
 
 

@@ -25,11 +25,8 @@ async def test_another_users_process_with_a_marker_and_a_token_is_neither_counte
     to a root process with the same token: only the root one is a leftover and killed."""
     env_id, token = new_env_id(), f"canary-{new_env_id()}"
     other = spoofer(env_id, token)  # as nobody
-    mine = subprocess.Popen(["bash", "-c", f'exec -a "sleep {token}" sleep 120'])
-    for _ in range(500):
-        if f"sleep {token}".encode() in Path(f"/proc/{mine.pid}/cmdline").read_bytes():
-            break
-        time.sleep(0.01)
+    # argv[0] set by Popen itself: no shell whose own command line names the token before exec
+    mine = subprocess.Popen([f"sleep {token}", "120"], executable="sleep")
     try:
         assert not ours(other.pid) and ours(mine.pid)
         leftovers = await audit(FakeDriver(run_root=tmp_path / "run"), [env_id], [token])
