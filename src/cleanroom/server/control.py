@@ -145,7 +145,7 @@ class Sandbox:
     resumes: int = 0
     pausing: asyncio.Future[Paused] | None = None  # a pause asked for, answered by ``_life``
     paused: Paused | None = None  # paused: its snapshot (no session, no env)
-    branch: Branch | None = None  # a fork's branch: its session (served by ``_branch_life``)
+    branch: Branch | None = None  # a fork's branch: its session (served by ``_hold``)
 
     @property
     def live(self) -> bool:
@@ -304,23 +304,37 @@ class Sandboxes:
                 await asyncio.wait_for(sbx.stop.wait(), GUEST_CHECK_S)
 
     async def _life(self, sbx: Sandbox, resume: Paused | None = None) -> None:
+        """The sandbox's session (a new one, or ``resume``'s snapshot restored), held open."""
+        opened = session(
+            sbx.baseline,
+            driver=self.config.driver,
+            episode_id=sbx.episode_id,
+            run_id=f"serve-{sbx.sandbox_id}",
+            options=self.config.options,
+            timeout_s=self.config.max_lifetime_s,
+            network=sbx.network,
+            task={"template": sbx.template, "metadata": sbx.metadata, "served": True},
+            owner=self.owner,
+            forkable=sbx.forkable,
+            resume=resume,
+        )
+        await self._hold(sbx, opened, resume)
+
+    async def _hold(
+        self,
+        sbx: Sandbox,
+        opened: contextlib.AbstractAsyncContextManager[AsyncSession],
+        resume: Paused | None = None,
+    ) -> None:
+        """Serve ``opened`` as ``sbx`` until it is killed, paused or fails; then say why it
+        ended and forget it (or keep it, paused)."""
         assert sbx.ready is not None
         paused: Paused | None = None
         try:
-            async with session(
-                sbx.baseline,
-                driver=self.config.driver,
-                episode_id=sbx.episode_id,
-                run_id=f"serve-{sbx.sandbox_id}",
-                options=self.config.options,
-                timeout_s=self.config.max_lifetime_s,
-                network=sbx.network,
-                task={"template": sbx.template, "metadata": sbx.metadata, "served": True},
-                owner=self.owner,
-                forkable=sbx.forkable,
-                resume=resume,
-            ) as sb:
+            async with opened as sb:
                 sbx.sb, sbx.paused = sb, None
+                if sb.guard.lifetime is None:  # a fork's branch: its clocks start now
+                    sb.start_clocks(self.config.max_lifetime_s, None)
                 self._deadline(sbx, sbx.timeout_s)
                 sbx.ready.set_result(None)
                 paused = await self._until_paused_or_killed(sbx, sb)
@@ -467,43 +481,9 @@ class Sandboxes:
                 branch=branch,
             )
             self.by_id[child.sandbox_id] = child
-            await self._start(child, self._branch_life(child, branch))
+            await self._start(child, self._hold(child, branch))
             out.append(child)
         return out
-
-    async def _branch_life(self, sbx: Sandbox, branch: Branch) -> None:
-        """A fork's branch served as a sandbox: held open until killed, as ``_life``."""
-        assert sbx.ready is not None
-        try:
-            async with branch:
-                sbx.sb = branch
-                if branch.guard.lifetime is None:
-                    branch.start_clocks(self.config.max_lifetime_s, None)
-                self._deadline(sbx, sbx.timeout_s)
-                sbx.ready.set_result(None)
-                await self._serve(sbx, branch)
-                sbx.ended = "killed"
-                branch.finish(0.0, info={"ended": "killed", "sandbox_id": sbx.sandbox_id})
-        except SessionTimeout:
-            sbx.ended = "timeout"
-        except asyncio.CancelledError:
-            sbx.ended = sbx.ended or "cancelled"
-            raise
-        except BaseException as exc:
-            sbx.ended = sbx.ended or f"failed: {type(exc).__name__}"
-            if not sbx.ready.done():
-                sbx.ready.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            sbx.sb = None
-            sbx.ended = sbx.ended or "closed"
-            self.ended[sbx.ended.split(":")[0]] += 1
-            if not sbx.ready.done():
-                sbx.ready.set_exception(ServerError(f"sandbox {sbx.sandbox_id} ended at start"))
-            for proc in sbx.processes.values():
-                proc.emit("gone", None)
-            self.by_id.pop(sbx.sandbox_id, None)
 
     # -- timeout ----------------------------------------------------------------------------
 
