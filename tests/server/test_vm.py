@@ -21,7 +21,7 @@ def test_a_served_sandbox_on_a_real_vm(
 ) -> None:
     """Protects: on qemu, an unmodified SDK creates a sandbox, runs commands in the guest
     (its own kernel and /), moves files (write, read, list, make_dir, rename, remove,
-    exists), runs and kills a background command, and kill ends the session ``completed``
+    exists) and watches a folder, runs and kills a background command, and kill ends the session ``completed``
     with the VM confirmed absent in the ledger and gone from the host."""
     srv = Server(
         ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
@@ -34,8 +34,12 @@ def test_a_served_sandbox_on_a_real_vm(
         assert r.stdout.splitlines()[-1] == "42"
         with pytest.raises(CommandExitException):
             sbx.commands.run("exit 4")
+        watcher = sbx.files.watch_dir("/srv")
         sbx.files.write("/srv/in.txt", "in the vm")
         assert sbx.files.read("/srv/in.txt") == "in the vm"
+        events = {(e.name, e.type.name) for e in watcher.get_new_events()}
+        assert ("in.txt", "CREATE") in events, events
+        watcher.stop()
         assert sbx.files.make_dir("/srv/d") is True
         sbx.files.rename("/srv/in.txt", "/srv/d/moved.txt")
         assert [e.name for e in sbx.files.list("/srv/d")] == ["moved.txt"]

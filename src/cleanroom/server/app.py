@@ -307,6 +307,8 @@ def _routes(served: Served) -> Starlette:
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
+    filesystem = FilesystemService(sandboxes)
+    served.more_metrics.append(filesystem.watchers.lines)
     sid = "/sandboxes/{sid}"
     routes = [
         Route("/sandboxes", control(create), methods=["POST"]),
@@ -334,9 +336,7 @@ def _routes(served: Served) -> Starlette:
         ),
         Mount(
             "/filesystem.Filesystem",
-            FilesystemASGIApplication(
-                FilesystemService(sandboxes), read_max_bytes=CONTROL_BODY_MAX
-            ),
+            FilesystemASGIApplication(filesystem, read_max_bytes=CONTROL_BODY_MAX),
         ),
         *served.more_routes,
     ]

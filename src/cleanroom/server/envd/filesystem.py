@@ -6,20 +6,23 @@ removed without following links) through the session's guard, a change recorded 
 transcript. An agent without "fs" (the Python agent, a baseline built before it) gets one guest
 command with a fixed argv instead (``find``, ``mkdir``, ``mv``, ``rm``; no shell), its
 NUL-separated listing parsed here within bounds (``LIST_MAX`` entries). Names are only
-reported, never used as host paths. Watching a folder (``WatchDir``,
-``CreateWatcher``...) is answered ``UNIMPLEMENTED``.
+reported, never used as host paths. Watching a folder (``WatchDir``, ``CreateWatcher``,
+``GetWatcherEvents``, ``RemoveWatcher``) compares its listings (``envd/watch.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import posixpath
+from collections.abc import AsyncIterator
 from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_connect
 from e2b.envd.filesystem import filesystem_pb as pb
+from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
 from cleanroom.agent import fs
@@ -27,6 +30,7 @@ from cleanroom.errors import CleanroomError, GuestFileNotFound
 from cleanroom.server.control import Sandbox, Sandboxes, ServerError
 from cleanroom.server.envd.process import Ctx, _header, connect_error
 from cleanroom.server.envd.routing import sandbox_of, user_of
+from cleanroom.server.envd.watch import POLL_S, RECURSIVE_DEPTH, Watch, Watchers
 
 LIST_MAX = 100_000  # entries one ListDir returns
 FIND_FORMAT = "%p\\0%y\\0%s\\0%m\\0%u\\0%g\\0%T@\\0%l\\0"
@@ -79,6 +83,7 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
+        self.watchers = Watchers()
 
     def _sandbox(self, ctx: Ctx) -> Sandbox:
         try:
@@ -135,17 +140,23 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: Ctx) -> pb.ListDirResponse:
         sbx = self._sandbox(ctx)
-        top = await self._stat(sbx, ctx, request.path)
+        entries = await self._list(sbx, ctx, request.path, max(1, int(request.depth or 1)))
+        return pb.ListDirResponse(entries=entries)
+
+    async def _list(self, sbx: Sandbox, ctx: Ctx, path: str, depth: int) -> list[pb.EntryInfo]:
+        """The entries under the folder ``path``, ``depth`` levels down."""
+        if sbx.sb is None:
+            raise ConnectError(Code.UNAVAILABLE, f"sandbox {sbx.sandbox_id} ended")
+        top = await self._stat(sbx, ctx, path)
         if top.type != pb.FileType.DIRECTORY:
-            raise ConnectError(Code.INVALID_ARGUMENT, f"path '{request.path}' is not a directory")
-        depth = max(1, int(request.depth or 1))
-        native = await self._native(sbx, "list", request.path, depth=depth)
+            raise ConnectError(Code.INVALID_ARGUMENT, f"path '{path}' is not a directory")
+        native = await self._native(sbx, "list", path, depth=depth)
         if native is not None:
-            return pb.ListDirResponse(entries=native)
-        argv = ["find", _abs(request.path), "-mindepth", "1", "-maxdepth", str(depth),
+            return native
+        argv = ["find", _abs(path), "-mindepth", "1", "-maxdepth", str(depth),
                 "-printf", FIND_FORMAT]  # fmt: skip
         r = await self._run(sbx, ctx, argv)
-        return pb.ListDirResponse(entries=parse_find(r.raw.stdout if r.raw is not None else b""))
+        return parse_find(r.raw.stdout if r.raw is not None else b"")
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: Ctx) -> pb.MakeDirResponse:
         sbx = self._sandbox(ctx)
@@ -184,18 +195,84 @@ class FilesystemService(filesystem_connect.Filesystem):
             raise ConnectError(Code.INVALID_ARGUMENT, r.stderr.strip() or "rm failed")
         return pb.RemoveResponse()
 
-    async def watch_dir(self, request: pb.WatchDirRequest, ctx: Ctx) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a folder is not served by cleanroom yet")
-        yield  # pragma: no cover - a server stream
+    # -- watching (envd/watch.py) ------------------------------------------------------------
 
-    async def create_watcher(self, request: Any, ctx: Ctx) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a folder is not served by cleanroom yet")
+    async def _watch(self, sbx: Sandbox, ctx: Ctx, request: Any) -> Watch:
+        depth = RECURSIVE_DEPTH if request.recursive else 1
 
-    async def get_watcher_events(self, request: Any, ctx: Ctx) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a folder is not served by cleanroom yet")
+        async def lister() -> list[pb.EntryInfo]:
+            return await self._list(sbx, ctx, request.path, depth)
 
-    async def remove_watcher(self, request: Any, ctx: Ctx) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a folder is not served by cleanroom yet")
+        watch = Watch(_abs(request.path), lister, bool(request.include_entry))
+        await watch.start()  # a path that is no folder is refused here
+        return watch
+
+    async def watch_dir(
+        self, request: pb.WatchDirRequest, ctx: Ctx
+    ) -> AsyncIterator[pb.WatchDirResponse]:
+        sbx = self._sandbox(ctx)
+        watch = await self._watch(sbx, ctx, request)
+        loop = asyncio.get_running_loop()
+        until = None if ctx.timeout_ms is None else loop.time() + ctx.timeout_ms / 1000
+        ping = _keepalive_s(_header(ctx)("keepalive-ping-interval"))
+        self.watchers.counts["streams"] += 1
+        yield _watched("start", pb.WatchDirResponse.StartEvent())
+        sent = loop.time()
+        while sbx.live and (until is None or loop.time() < until):
+            await asyncio.sleep(POLL_S)
+            try:
+                events = await watch.poll()
+            except ConnectError as exc:
+                if exc.code == Code.UNAVAILABLE:
+                    return  # the sandbox ended: so does its watch
+                raise
+            for event in events:
+                self.watchers.counts["events"] += 1
+                yield _watched("filesystem", event)
+                sent = loop.time()
+            if loop.time() - sent >= ping:
+                yield _watched("keepalive", pb.WatchDirResponse.KeepAlive())
+                sent = loop.time()
+
+    async def create_watcher(
+        self, request: pb.CreateWatcherRequest, ctx: Ctx
+    ) -> pb.CreateWatcherResponse:
+        sbx = self._sandbox(ctx)
+        self.watchers.room(sbx.sandbox_id, self._alive)  # before its first listing
+        watch = await self._watch(sbx, ctx, request)
+        wid = self.watchers.add(sbx.sandbox_id, watch, self._alive)
+        return pb.CreateWatcherResponse(watcher_id=wid)
+
+    async def get_watcher_events(
+        self, request: pb.GetWatcherEventsRequest, ctx: Ctx
+    ) -> pb.GetWatcherEventsResponse:
+        sbx = self._sandbox(ctx)
+        events = await self.watchers.get(sbx.sandbox_id, request.watcher_id).poll()
+        self.watchers.counts["events"] += len(events)
+        return pb.GetWatcherEventsResponse(events=events)
+
+    async def remove_watcher(
+        self, request: pb.RemoveWatcherRequest, ctx: Ctx
+    ) -> pb.RemoveWatcherResponse:
+        sbx = self._sandbox(ctx)
+        self.watchers.remove(sbx.sandbox_id, request.watcher_id)
+        return pb.RemoveWatcherResponse()
+
+    def _alive(self, sandbox_id: str) -> bool:
+        sbx = self.sandboxes.by_id.get(sandbox_id)
+        return sbx is not None and sbx.live
+
+
+def _watched(kind: str, value: Any) -> pb.WatchDirResponse:
+    return pb.WatchDirResponse(event=Oneof(kind, value))  # type: ignore[arg-type]
+
+
+def _keepalive_s(header: str | None) -> float:
+    """The keepalive interval a client asks for (envd's header), within 1..60 s."""
+    try:
+        return min(60.0, max(1.0, float(header or 50)))
+    except ValueError:
+        return 50.0
 
 
 def _info(e: fs.Entry) -> pb.EntryInfo:
