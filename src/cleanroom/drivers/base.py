@@ -29,6 +29,7 @@ from cleanroom.baseline.model import Baseline
 from cleanroom.errors import DriverError, Unsupported
 from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.host import hostproc
+from cleanroom.host.cgroups import EnvGroups
 from cleanroom.network.qemu_args import Attachment
 
 
@@ -273,6 +274,7 @@ class Driver(abc.ABC):
 
     name: str = "abstract"
     capabilities: Capabilities = Capabilities(exec=False, files=False)
+    groups: EnvGroups | None = None  # its envs' cgroups (or marker fallback), where it has them
 
     @abc.abstractmethod
     async def create(self, request: EnvRequest) -> Env:
@@ -296,6 +298,10 @@ class Driver(abc.ABC):
     def owner_of(self, env_id: str) -> dict[str, Any] | None:
         """The owner record the driver left on the host for this env, if any."""
         return None
+
+    def env_pids(self, env_id: str) -> list[int]:
+        """The env's host processes (its cgroup's); [] where the driver cannot tell."""
+        return [p for p in self.groups.pids(env_id) if p > 0] if self.groups is not None else []
 
     def diagnostics(self, env_id: str) -> dict[str, bytes]:
         return {}

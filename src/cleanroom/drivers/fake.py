@@ -42,6 +42,7 @@ def agent_argv(baseline: Baseline, marker: str) -> list[str]:
 
 class FakeDriver(RunFolderDriver):
     name = "fake"
+    groups: cgroups.EnvGroups
     capabilities = Capabilities()
 
     def __init__(self, *, run_root: Path | None = None, ready_timeout_s: float = 10.0) -> None:

@@ -91,6 +91,7 @@ class GvisorDriver(RunFolderDriver):
     """Fresh gVisor sandboxes from a baseline's root tree."""
 
     name = "gvisor"
+    groups: cgroups.EnvGroups
     capabilities = Capabilities(console=True)
 
     def __init__(

@@ -57,6 +57,7 @@ from cleanroom.server.envd.process import ProcessService
 from cleanroom.server.envd.routing import sandbox_of
 from cleanroom.server.keys import KeyRing, Limits, Throttle
 from cleanroom.server.ports import PortCounts, PortProxy, target_of
+from cleanroom.server.usage import Usage
 
 CONTROL_BODY_MAX = 1024 * 1024
 
@@ -260,9 +261,24 @@ def _routes(served: Served) -> Starlette:
         lines = [{"timestamp": e["timestamp"], "line": e["message"]} for e in entries]
         return JSONResponse({"logs": lines, "logEntries": entries})
 
+    usage = Usage(sandboxes.config.driver)
+
     async def sandbox_metrics(request: Request, key_id: str) -> Response:
-        sandboxes.get(key_id, request.path_params["sid"])
-        return JSONResponse([])
+        sbx = sandboxes.get(key_id, request.path_params["sid"])
+        start, end = _seconds(request, "start"), _seconds(request, "end")
+        usage.forget(set(sandboxes.by_id))
+        sb = sbx.sb
+        if sb is not None and sbx.live:
+            try:
+                env_id = sb.live_env().env_id
+            except CleanroomError:  # it ended meanwhile: what was kept
+                env_id = None
+            if env_id is not None:
+                limits = sb.episode.limits
+                await asyncio.to_thread(
+                    usage.sample, sbx.sandbox_id, env_id, limits.vcpus, limits.memory_mib
+                )
+        return JSONResponse(usage.samples(sbx.sandbox_id, start, end))
 
     def envd_sandbox(request: Request) -> Sandbox:
         return sandbox_of(sandboxes, request.headers.get)
@@ -369,6 +385,17 @@ def transcript_entries(sbx: Sandbox, limit: int) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _seconds(request: Request, name: str) -> int | None:
+    """A query parameter in Unix seconds (``start``, ``end``), if given."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ServerError(f"{name} must be Unix seconds, not {raw[:40]!r}") from None
 
 
 def _number(value: Any) -> float | None:

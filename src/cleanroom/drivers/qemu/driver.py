@@ -75,6 +75,7 @@ class QemuDriver(RunFolderDriver):
     """Fresh microVMs from a baseline's kernel, initramfs and read-only root image."""
 
     name = "qemu"
+    groups: cgroups.EnvGroups
     capabilities = Capabilities(
         console=True, snapshot=True, egress=True, fork=True, fork_live=True, spares=True
     )
