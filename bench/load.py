@@ -214,7 +214,11 @@ async def direct(baseline: Any, clients: int, per_client: int, folder: Path) -> 
         try:
             for _ in range(per_client):
                 t = time.perf_counter()
-                block = session(baseline, driver=driver, options=RunOptions(spares=0))
+                # the served sandboxes' timeout (3600 s): a session's default (60 s) would
+                # expire, and cancel its client, while the others are still being made
+                block = session(
+                    baseline, driver=driver, options=RunOptions(spares=0), timeout_s=3600
+                )
                 sb = await block.__aenter__()
                 times["create"].append(time.perf_counter() - t)
                 blocks.append((block, sb))
@@ -229,9 +233,11 @@ async def direct(baseline: Any, clients: int, per_client: int, folder: Path) -> 
                 await sb.files.write(str(folder / f"{id(sb)}.bin"), BLOB)
                 times["write"].append(time.perf_counter() - t)
             await gate.wait()
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # never a barrier left waiting
             errors.append(f"direct: {type(exc).__name__}: {exc}"[:300])
             await gate.abort()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
         finally:
             for block, sb in blocks:
                 t = time.perf_counter()

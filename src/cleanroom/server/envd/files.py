@@ -51,11 +51,12 @@ def gunzip(data: bytes, limit: int) -> bytes:
 
 
 def _compressible(data: bytes) -> bool:
-    """Whether gzip is worth its CPU: a 64 KiB probe shrinks by more than a tenth (random or
-    packed bytes go out as they are, which ``Accept-Encoding`` always allows)."""
+    """Whether gzip is worth its CPU: an 8 KiB probe (0.1 ms; 64 KiB cost 1.5 ms of a 1 MiB
+    read) shrinks by more than a tenth (random or packed bytes go out as they are, which
+    ``Accept-Encoding`` always allows)."""
     if len(data) < 1024:
         return False
-    probe = data[:65536]
+    probe = data[:8192]
     return len(zlib.compress(probe, 1)) < 0.9 * len(probe)
 
 
