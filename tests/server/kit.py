@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -49,9 +50,11 @@ def stored_fake_baseline(tmp: Path) -> Baseline:
 class Server:
     """``cleanroom serve`` with ``args``; ``stop`` sends SIGTERM and waits for its exit."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, ca: Path | None = None) -> None:
+        """``ca``: the server serves TLS (``args`` name its cert and key), trusted by ``ca``."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
         self.log = log
         cmd = [sys.executable, "-m", "cleanroom", "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
@@ -65,7 +68,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited: {self.log.read_text()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 204:
+                ok = httpx.get(self.url + "/health", timeout=2, verify=self.verify)
+                if ok.status_code == 204:
                     return
             except httpx.HTTPError:
                 pass

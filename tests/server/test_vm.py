@@ -21,8 +21,8 @@ def test_a_served_sandbox_on_a_real_vm(
 ) -> None:
     """Protects: on qemu, an unmodified SDK creates a sandbox, runs commands in the guest
     (its own kernel and /), moves files (write, read, list, make_dir, rename, remove,
-    exists) and watches a folder, runs and kills a background command, and kill ends the session ``completed``
-    with the VM confirmed absent in the ledger and gone from the host."""
+    exists) and watches a folder, runs and kills a background command, and kill ends the
+    session ``completed`` with the VM confirmed absent in the ledger and gone from the host."""
     srv = Server(
         ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
     )
