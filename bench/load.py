@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,9 @@ async def _clients(keys: list[str], per_client: int, folder: str, barrier: Any) 
 
     async def run(i: int) -> None:
         for sbx in boxes[i]:
-            await call("run", sbx.commands.run("true"))
+            # no 60 s cap (the SDK's default): 100 commands at once on 2 cores can take longer,
+            # and the direct reference has none
+            await call("run", sbx.commands.run("true", timeout=0))
 
     async def write_(i: int) -> None:
         for sbx in boxes[i]:
@@ -404,7 +407,8 @@ def fake_load(args: Any) -> tuple[list[str], bool]:
         f"lost or unconfirmed sandboxes: {len(lost)}; live after the kills: {left_live}; "
         f"envs the driver still owns: {len(owned)}; server exit on SIGTERM: {code}",
     ]
-    lines += [f"  {e}" for e in (errors + ref["errors"] + lost)[:20]]
+    seen = Counter(errors + ref["errors"] + lost)
+    lines += [f"  {n} x {e}" for e, n in seen.most_common(20)]
     ok = not errors and not ref["errors"] and not lost and not owned and left_live == 0
     ok = ok and requests["create"] == total and code == 0
     return lines, ok

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from cleanroom.server.openenv.hub import HubConfig
 
 BASE_SPEC = Path(__file__).parent / "base" / "baseline.toml"
+KEEP_ALIVE_S = 310.0  # past the SDK's 300 s idle expiry of a pooled connection
 
 
 @dataclass
@@ -93,6 +94,12 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
     config = Config()
     config.bind = [f"{opts.host}:{opts.port}"]
     config.graceful_timeout = 5.0
+    # The SDK keeps an idle connection 300 s (E2B_KEEPALIVE_EXPIRY) and reuses it: a server
+    # that closes first (hypercorn: after 5 s, or after 1,000 requests) races that reuse, and
+    # the request is reset (bench/load.py saw 5 in 4,000). The client closes first now.
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    config.keep_alive_max_requests = 1 << 30
+    config.backlog = 1024  # 100 SDK clients opening at once
     config.accesslog = None
     config.errorlog = "-"
     config.loglevel = "WARNING"
