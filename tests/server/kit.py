@@ -49,7 +49,7 @@ def stored_fake_baseline(tmp: Path) -> Baseline:
 class Server:
     """``cleanroom serve`` with ``args``; ``stop`` sends SIGTERM and waits for its exit."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, ready_s: float = 60.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -57,7 +57,7 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ)
         )
-        self._wait_ready()
+        self._wait_ready(ready_s)
 
     def _wait_ready(self, timeout_s: float = 60.0) -> None:
         end = time.monotonic() + timeout_s
