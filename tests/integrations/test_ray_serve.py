@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cleanroom.baseline.model import Baseline
 from cleanroom.ledger import Ledger
 
 from ..server.kit import Server, new_key, stored_fake_baseline
@@ -40,14 +41,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture
 def serve(
     cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[], Server]]:
-    """``serve --ray`` on the cluster (started when called, after the test added its nodes),
-    the SDK pointed at it; stopped (every sandbox ended) at the test's end."""
-    baseline = stored_fake_baseline(tmp_path)
+) -> Iterator[Callable[..., Server]]:
+    """``serve --ray`` on the cluster (started when called, after the test added its nodes;
+    the fake driver unless given another and its baseline), the SDK pointed at it; stopped
+    (every sandbox ended) at the test's end."""
     started: list[Server] = []
 
-    def start() -> Server:
-        args = ["--driver", "fake", "--template", f"fake={baseline.digest}",
+    def start(driver: str = "fake", baseline: Baseline | None = None) -> Server:
+        baseline = baseline or stored_fake_baseline(tmp_path)
+        args = ["--driver", driver, "--template", f"{driver}={baseline.digest}",
                 "--ray", cluster.cluster.address]  # fmt: skip
         srv = Server(args, tmp_path / "serve.log", ready_s=120)
         started.append(srv)
@@ -87,7 +89,7 @@ def _node_envs(cluster: LocalCluster, node_id: str, sid: str) -> list[Any]:
 
 
 def test_sdk_sandboxes_spread_over_two_nodes_each_a_session_there(
-    cluster: LocalCluster, serve: Callable[[], Server], tmp_path: Path
+    cluster: LocalCluster, serve: Callable[..., Server], tmp_path: Path
 ) -> None:
     """Protects: create through the SDK places sandboxes on both nodes; commands (output, exit
     code, envs), file write and read are served by the node holding the sandbox; ``ps --ray``
@@ -137,7 +139,7 @@ def test_sdk_sandboxes_spread_over_two_nodes_each_a_session_there(
 
 
 def test_a_killed_raylet_ends_its_sandboxes_env_crashed_and_the_rest_serve_on(
-    cluster: LocalCluster, serve: Callable[[], Server]
+    cluster: LocalCluster, serve: Callable[..., Server]
 ) -> None:
     """Protects: a node's raylet SIGKILLed under a served sandbox ends it ``env_crashed`` in
     the head's ledger (naming the node), its env process dies with the node, the SDK finds it
@@ -172,6 +174,32 @@ def test_a_killed_raylet_ends_its_sandboxes_env_crashed_and_the_rest_serve_on(
         if box is not doomed:
             box.kill()
     cluster.remove("c")
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)  # two TCG boots on a loaded 2-core host: 3 minutes seen
+def test_qemu_sandboxes_on_two_nodes(
+    cluster: LocalCluster, serve: Callable[..., Server], tiny_baseline: Baseline
+) -> None:
+    """Protects, on real microVMs: the SDK's sandboxes through ``serve --ray`` land one on each
+    node, run commands in their guests (their own kernel) and move files there; kill ends each
+    ``completed`` with its VM confirmed absent in its node's ledger and no qemu left of it."""
+    serve("qemu", tiny_baseline)
+    boxes = [e2b.Sandbox.create("qemu", timeout=600) for _ in range(2)]
+    nodes = {b.sandbox_id: _head(b.sandbox_id)[0] for b in boxes}
+    assert len(set(nodes.values())) == 2, nodes
+    for i, box in enumerate(boxes):
+        r = box.commands.run(f"python3 -c 'print(6*{i})'; uname -r")
+        assert r.stdout.splitlines()[0] == str(6 * i), r.stdout
+        box.files.write("/srv/in.txt", f"in vm {i}")
+        assert box.files.read("/srv/in.txt") == f"in vm {i}"
+    for box in boxes:
+        pids = [e.pid for e in _node_envs(cluster, nodes[box.sandbox_id], box.sandbox_id)]
+        box.kill()
+        assert _head(box.sandbox_id)[1] == "completed"
+        envs = _node_envs(cluster, nodes[box.sandbox_id], box.sandbox_id)
+        assert envs and all(e.confirmed_absent_at for e in envs), envs
+        assert not any(p and _alive(p) for p in pids), pids
 
 
 def _alive(pid: int) -> bool:
