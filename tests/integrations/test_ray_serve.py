@@ -8,7 +8,9 @@ the nodes, every call routed to the node holding the sandbox, each one a session
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +21,8 @@ import pytest
 from cleanroom.baseline.model import Baseline
 from cleanroom.ledger import Ledger
 
-from ..server.kit import Server, new_key, stored_fake_baseline
+from ..server.kit import Server, free_port, new_key, stored_fake_baseline, via_host
+from ..server.test_ports import HERE, _through_the_proxy, serving
 from .test_ray_cluster import LocalCluster
 
 e2b = pytest.importorskip("e2b")
@@ -136,6 +139,43 @@ def test_sdk_sandboxes_spread_over_two_nodes_each_a_session_there(
         assert rows[0].outcome == "completed", rows
     with pytest.raises(e2b.NotFoundException):
         e2b.Sandbox.connect(boxes[0].sandbox_id)
+
+
+def test_get_host_is_proxied_by_the_node_holding_the_sandbox(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Protects: ``get_host(port)`` under ``--ray``: HTTP to servers in the sandbox (a 1 MiB
+    file down, a 1.4 MB body up, path, query and headers kept, tokens never passed on, bytes
+    counted) goes through the port stream its node holds; a closed port is a clean 502."""
+    server = serve()
+    sbx = e2b.Sandbox.create("fake")
+    blob = bytes(range(256)) * 4096
+    (tmp_path / "blob.bin").write_bytes(blob)
+    shutil.copy(HERE / "httpecho.py", tmp_path / "httpecho.py")
+    with (
+        serving([sys.executable, "-m", "http.server", "--bind", "127.0.0.1"], tmp_path) as files,
+        serving([sys.executable, "httpecho.py"], tmp_path) as echo,
+    ):
+        _through_the_proxy(server, sbx, files, echo, blob)
+    auth = {"e2b-traffic-access-token": sbx.traffic_access_token or ""}
+    closed = via_host(server, sbx.get_host(free_port()), headers=auth)
+    assert closed.status_code == 502 and closed.json()["code"] == 502, closed.text
+    sbx.kill()
+
+
+def test_a_timeout_ends_the_sandbox_on_its_node_and_the_head_learns_it(
+    serve: Callable[..., Server],
+) -> None:
+    """Protects: E2B's timeout under ``--ray`` is the node's session clock, moved by
+    ``set_timeout`` through the head: the sandbox ends ``timeout`` there and in the head's
+    ledger, and the SDK finds it gone."""
+    serve()
+    sbx = e2b.Sandbox.create("fake", timeout=300)
+    sbx.set_timeout(2)
+    _, outcome, _ = _until(lambda: _head(sbx.sandbox_id)[1] and _head(sbx.sandbox_id), 60, "")
+    assert outcome == "timeout"
+    with pytest.raises(e2b.NotFoundException):
+        e2b.Sandbox.connect(sbx.sandbox_id)
 
 
 def test_a_killed_raylet_ends_its_sandboxes_env_crashed_and_the_rest_serve_on(

@@ -21,6 +21,7 @@ from typing import Any
 from cleanroom.host import paths
 from cleanroom.integrations.ray.baseline_ref import BaselineRef, resolve_on_node
 from cleanroom.integrations.ray.node import NodeController
+from cleanroom.integrations.ray.serve_ports import NodePorts
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.server.control import Sandbox, Sandboxes, SandboxNotFound, ServerConfig
 from cleanroom.sessions import CommandHandle
@@ -59,6 +60,7 @@ class ServeNode(NodeController):
         self.sandboxes = Sandboxes(config)
         self.started: dict[str, dict[str, Started]] = {}  # sandbox id -> command id -> it
         self.gone: dict[str, str] = {}  # sandbox id -> why it ended (until the head asked)
+        self.ports = NodePorts()
 
     def _get(self, sandbox_id: str) -> Sandbox:
         return self.sandboxes.get(KEY, sandbox_id)
@@ -210,6 +212,21 @@ class ServeNode(NodeController):
         sbx = self._get(sandbox_id)
         assert sbx.sb is not None
         await sbx.sb.files.write(path, data)
+
+    async def port_open(self, sandbox_id: str, port: int) -> str:
+        """A connection to the sandbox's guest ``port`` (``serve_ports``); its id."""
+        sbx = self._get(sandbox_id)
+        assert sbx.sb is not None
+        return await self.ports.open(sbx.sb, port)
+
+    async def port_read(self, sandbox_id: str, cid: str) -> bytes | None:
+        return await self.ports.read(cid)
+
+    async def port_write(self, sandbox_id: str, cid: str, data: bytes | None) -> None:
+        await self.ports.write(cid, data)
+
+    async def port_close(self, sandbox_id: str, cid: str) -> None:
+        await self.ports.close(cid)
 
     async def sbx_close(self) -> None:
         """The head is shutting down: every sandbox here ends ``cancelled``, confirmed."""

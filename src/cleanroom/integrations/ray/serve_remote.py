@@ -3,14 +3,16 @@
 ``RemoteSession`` stands in for the ``AsyncSession`` the envd handlers use (``commands``,
 ``files``, ``guard``) and sends each call to the ``ServeNode`` actor that holds the sandbox.
 A background command's output comes back by long polls (``RemoteHandle``); a node that died
-answers every call with ``SessionClosed``. What the agent channel does directly (a PTY, a port,
-the agent's own FS requests) is not routed: ``guard.call`` yields an env without an agent
-session, so the filesystem calls take their command path and a port is a clean 502.
+answers every call with ``SessionClosed``. ``guard.call`` yields an env whose agent only
+connects guest ports (``RemoteAgent``: the port proxy's streams held on the node,
+``serve_ports``); the filesystem calls, finding no FS feature there, take their command path;
+a PTY is not routed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -112,10 +114,50 @@ class RemoteFiles:
         await self.session.forward("sbx_write", path, data)
 
 
-class _Unrouted:
-    """The env a ``guard.call`` yields here: no agent session (not routed through Ray)."""
+class RemoteStream:
+    """A guest-port connection held by the node (``serve_ports``), as ``server/ports.py``
+    uses a ``PortStream``: each read and write a call to the node."""
 
-    session = None
+    def __init__(self, session: RemoteSession, cid: str) -> None:
+        self.session, self.cid = session, cid
+        self.sent = 0
+
+    async def read(self) -> bytes:
+        while True:
+            data = await self.session.forward("port_read", self.cid)
+            if data is not None:
+                return data  # type: ignore[no-any-return]
+
+    async def write(self, data: bytes) -> None:
+        await self.session.forward("port_write", self.cid, data)
+        self.sent += len(data)
+
+    async def write_eof(self) -> None:
+        await self.session.forward("port_write", self.cid, None)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(CleanroomError):
+            await self.session.forward("port_close", self.cid)
+
+
+class RemoteAgent:
+    """What the head's port proxy asks of a guest agent: ``connect_port``, routed."""
+
+    features = frozenset({"port"})
+
+    def __init__(self, session: RemoteSession) -> None:
+        self.session = session
+
+    async def connect_port(self, port: int) -> RemoteStream:
+        return RemoteStream(self.session, await self.session.forward("port_open", port))
+
+
+class _Unrouted:
+    """The env a ``guard.call`` yields here: its agent only connects ports (the filesystem
+    calls then take their command path); a PTY is not routed through Ray."""
+
+    def __init__(self, session: RemoteSession) -> None:
+        self.session = RemoteAgent(session)
 
     async def spawn(self, *args: Any, **kwargs: Any) -> Any:
         raise Unsupported("a PTY is not routed through Ray (cleanroom serve --ray)")
@@ -145,12 +187,13 @@ class RemoteGuard:
     failed_by: BaseException | None = None  # a guest's failure ends it on its node
 
     def __init__(self, session: RemoteSession) -> None:
+        self.session = session
         self.lifetime = RemoteLifetime(session)
         self.transcript = _Transcript()
 
     @asynccontextmanager
     async def call(self) -> AsyncIterator[_Unrouted]:
-        yield _Unrouted()
+        yield _Unrouted(self.session)
 
 
 class RemoteSession:
