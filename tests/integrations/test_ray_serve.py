@@ -79,10 +79,10 @@ def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 def _head(sid: str) -> tuple[str, str | None, str | None]:
     """Where the head placed the sandbox, and its outcome and error in the head's ledger."""
     with Ledger() as ledger:
-        run = ledger.get_run(f"ray-serve-{sid}")
-        assert run is not None, sid
+        routed = ledger.events(f"ray-serve-{sid}", "sandbox_routed")
+        assert routed, sid
         rows = ledger.episodes(f"ray-serve-{sid}")
-        return run.meta["node"], rows[0].outcome, rows[0].error
+        return routed[-1].data["node"], rows[0].outcome, rows[0].error
 
 
 def _node_envs(cluster: LocalCluster, node_id: str, sid: str) -> list[Any]:

@@ -79,7 +79,10 @@ class RayPlacement:
             raise ConfigError(f"serve --ray needs pip install 'cleanroom[ray]' ({exc})") from exc
         if not ray.is_initialized():
             cluster = self.cluster
-            ray.init(address=cluster.address, namespace=cluster.namespace, **dict(cluster.init))
+            try:
+                ray.init(address=cluster.address, namespace=cluster.namespace, **dict(cluster.init))
+            except Exception as exc:  # Ray's own: no cluster there, a version mismatch, ...
+                raise ConfigError(f"serve --ray {cluster.address}: {exc}") from exc
             self._owned = True
         self._ledger = Ledger()
         slots = actor.discover(self.cluster.resource, lambda _: self.per_node)
@@ -114,28 +117,18 @@ class RayPlacement:
     async def life(self, sandboxes: Sandboxes, sbx: Sandbox) -> None:
         """``Sandboxes._life`` for a sandbox on a node (see ``control.Placement``)."""
         assert sbx.ready is not None and self._ledger is not None
-        node = self._choose()
         run_id, sid = f"ray-serve-{sbx.sandbox_id}", sbx.sandbox_id
         outcome, error = Outcome.INFRA_ERROR, None
-        self._begin(run_id, sbx, node)
+        self._begin(run_id, sbx)
+        node: Placed | None = None
         try:
-            ref = BaselineRef.of(sbx.baseline)
-            node.starting += 1
-            try:
-                made = await call(
-                    node.handle.sbx_create.remote(
-                        sid, sbx.template, ref, sbx.timeout_s, sbx.metadata, sbx.envs, sbx.network
-                    ),
-                    node.node_id,
-                )
-            finally:
-                node.starting -= 1
+            node, made = await self._create(run_id, sbx)
             node.sandboxes[sid] = sbx
             sbx.sb = RemoteSession(node, sid)  # type: ignore[assignment]
             sbx.end_at = made["end_at"]
             sbx.ready.set_result(None)
             await sbx.stop.wait()  # a kill, the node's own end of it, or the node lost
-            if not node.alive:
+            if not node.alive:  # the watcher found its actor dead
                 sbx.ended, outcome = "env_crashed", Outcome.ENV_CRASHED
                 error = f"node {node.node_id} lost: its sandboxes ended with it"
             elif sid in node.why:
@@ -146,7 +139,7 @@ class RayPlacement:
                 sbx.ended, outcome = "killed", Outcome.COMPLETED
         except asyncio.CancelledError:
             sbx.ended, outcome = sbx.ended or "cancelled", Outcome.CANCELLED
-            if node.alive:
+            if node is not None and node.alive:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(node.handle.sbx_cancel.remote(sid), 60)
             raise
@@ -158,8 +151,9 @@ class RayPlacement:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            node.sandboxes.pop(sid, None)
-            node.why.pop(sid, None)
+            if node is not None:
+                node.sandboxes.pop(sid, None)
+                node.why.pop(sid, None)
             self._end(run_id, sid, outcome, error)
             sbx.sb = None
             sbx.ended = sbx.ended or "closed"
@@ -171,8 +165,39 @@ class RayPlacement:
                 proc.emit("gone", None)
             sbx.processes.clear()
 
-    def _begin(self, run_id: str, sbx: Sandbox, node: Placed) -> None:
-        """The head's ledger: the sandbox's run, its one episode queued, where it went."""
+    async def _create(self, run_id: str, sbx: Sandbox) -> tuple[Placed, dict[str, Any]]:
+        """The sandbox made on the alive node holding the fewest (its env ready there); a node
+        found dead on the way is lost, and the next one is tried."""
+        import ray
+
+        ref = BaselineRef.of(sbx.baseline)
+        while True:
+            node = self._choose()
+            assert self._ledger is not None
+            self._ledger.event(
+                "sandbox_routed", run_id=run_id, episode_id=sbx.sandbox_id, node=node.node_id
+            )
+            node.starting += 1
+            try:
+                remote = node.handle.sbx_create.remote(
+                    sbx.sandbox_id, sbx.template, ref, sbx.timeout_s, sbx.metadata, sbx.envs,
+                    sbx.network,
+                )  # fmt: skip
+                try:
+                    made: dict[str, Any] = await remote
+                except ray.exceptions.RayActorError as exc:
+                    self._lost(node, exc)
+                    continue
+                except ray.exceptions.RayTaskError:
+                    await call(remote, node.node_id)  # the node's own error, raised
+                    raise
+                return node, made
+            finally:
+                node.starting -= 1
+
+    def _begin(self, run_id: str, sbx: Sandbox) -> None:
+        """The head's ledger: the sandbox's run and its one episode queued (each node it is
+        sent to: an event ``sandbox_routed``)."""
         assert self._ledger is not None
         self._ledger.start_run(
             run_id,
@@ -180,12 +205,9 @@ class RayPlacement:
             baseline=sbx.baseline.digest,
             driver=f"ray:{self.driver}",
             parallel=1,
-            meta={"sandbox_id": sbx.sandbox_id, "node": node.node_id, "served": True},
+            meta={"sandbox_id": sbx.sandbox_id, "served": True},
         )
         self._ledger.episode_queued(run_id, sbx.sandbox_id, 1)
-        self._ledger.event(
-            "sandbox_routed", run_id=run_id, episode_id=sbx.sandbox_id, node=node.node_id
-        )
 
     def _end(self, run_id: str, sid: str, outcome: Outcome, error: str | None) -> None:
         assert self._ledger is not None
