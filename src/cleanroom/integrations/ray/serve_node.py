@@ -94,8 +94,13 @@ class ServeNode(NodeController):
         )
         sbx.template = template
         assert sbx.task is not None
-        sbx.task.add_done_callback(lambda _: self.gone.update({sbx.sandbox_id: sbx.ended or ""}))
+        sbx.task.add_done_callback(lambda _: self._ended(sbx))
         return {"sandbox_id": sbx.sandbox_id, "started_at": sbx.started_at, "end_at": sbx.end_at}
+
+    def _ended(self, sbx: Sandbox) -> None:
+        """Keep why a sandbox ended on its own (timeout, its guest) until the head asks."""
+        if sbx.ended not in ("killed", "cancelled"):  # the head's own doing: it knows
+            self.gone[sbx.sandbox_id] = sbx.ended or "closed"
 
     async def sbx_kill(self, sandbox_id: str) -> str | None:
         """End the sandbox (its session closed: record durable, env confirmed absent); why."""
