@@ -50,7 +50,9 @@ def stored_fake_baseline(tmp: Path) -> Baseline:
 class Server:
     """``cleanroom serve`` with ``args``; ``stop`` sends SIGTERM and waits for its exit."""
 
-    def __init__(self, args: list[str], log: Path, ca: Path | None = None) -> None:
+    def __init__(
+        self, args: list[str], log: Path, ca: Path | None = None, ready_s: float = 60.0
+    ) -> None:
         """``ca``: the server serves TLS (``args`` name its cert and key), trusted by ``ca``."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
@@ -60,7 +62,7 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=dict(os.environ)
         )
-        self._wait_ready()
+        self._wait_ready(ready_s)
 
     def _wait_ready(self, timeout_s: float = 60.0) -> None:
         end = time.monotonic() + timeout_s

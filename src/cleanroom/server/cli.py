@@ -82,6 +82,15 @@ def serve(
     openenv_max_message_kib: Annotated[
         int, typer.Option(help="largest OpenEnv message or HTTP body (KiB)")
     ] = 1024,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="place sandboxes on a Ray cluster's nodes: auto | ADDRESS (cleanroom[ray])"
+        ),
+    ] = None,
+    ray_store: Annotated[
+        str | None, typer.Option(help="with --ray: a store every node reaches (s3://…, a mount)")
+    ] = None,
 ) -> None:
     """Serve E2B's API (control + envd) on one port: every sandbox is a cleanroom session."""
     from cleanroom.drivers import get_driver
@@ -125,6 +134,8 @@ def serve(
             domain=domain,
             forkable=forkable,
             openenv=hub,
+            ray=ray,
+            ray_store=ray_store,
         )
         if not KeyRing().list():
             err.print("[yellow]no API keys yet[/]: make one with `cleanroom keys create`")

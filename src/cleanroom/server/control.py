@@ -37,9 +37,9 @@ import datetime as dt
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Driver, Owner
@@ -175,6 +175,15 @@ class ServerConfig:
     options: RunOptions = field(default_factory=lambda: RunOptions(spares=0))
     domain: str | None = None
     forkable: bool = True  # sandboxes made forkable (pause and fork), where they can be
+    placement: Placement | None = None  # sandboxes held elsewhere (``serve --ray``), else here
+
+
+class Placement(Protocol):
+    """Where a server's sandboxes live when not in this process (``serve --ray``): ``life``
+    stands in for ``Sandboxes._life`` (the sandbox's ``sb`` set and ``ready`` answered once its
+    env is ready; back once it ended, ``ended`` set, the sandbox forgotten)."""
+
+    def life(self, sandboxes: Sandboxes, sbx: Sandbox) -> Coroutine[Any, Any, None]: ...
 
 
 class Sandboxes:
@@ -249,8 +258,10 @@ class Sandboxes:
         envs: dict[str, str],
         network: list[str] | None,
         max_per_key: int,
+        sandbox_id: str | None = None,
     ) -> Sandbox:
-        """A new live sandbox (its env ready); ``LimitReached`` over a limit."""
+        """A new live sandbox (its env ready); ``LimitReached`` over a limit. ``sandbox_id``:
+        the id a head server chose (``serve --ray``), else a new one."""
         if self.closing:
             raise LimitReached("the server is shutting down", 5.0)
         if template not in self._baselines:  # one build of a template at a time
@@ -260,7 +271,7 @@ class Sandboxes:
         self._quota(key_id, max_per_key)
         timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
         timeout = max(1.0, min(timeout, self.config.max_lifetime_s))
-        sandbox_id = "i" + secrets.token_hex(10)
+        sandbox_id = sandbox_id or "i" + secrets.token_hex(10)
         sbx = Sandbox(
             sandbox_id=sandbox_id,
             key_id=key_id,
@@ -275,12 +286,14 @@ class Sandboxes:
         )
         cfg = self.config
         sbx.forkable = (
-            cfg.forkable
+            cfg.placement is None  # pause and fork are not routed to a placement
+            and cfg.forkable
             and cfg.driver.capabilities.fork_live
             and (network == [] or (network is None and not baseline.network))
         )
         self.by_id[sbx.sandbox_id] = sbx
-        await self._start(sbx, self._life(sbx))
+        life = cfg.placement.life(self, sbx) if cfg.placement else self._life(sbx)
+        await self._start(sbx, life)
         return sbx
 
     async def _start(self, sbx: Sandbox, life: Any) -> None:

@@ -46,6 +46,8 @@ class ServeOptions:
     domain: str | None = None
     forkable: bool = True
     openenv: HubConfig | None = None  # Gym envs served as OpenEnv environments (server.openenv)
+    ray: str | None = None  # sandboxes on this Ray cluster's nodes (auto | ADDRESS), else here
+    ray_store: str | None = None  # the store the nodes' baselines come from (else each node's)
 
 
 async def reap_at_start(driver: Driver) -> None:
@@ -75,6 +77,19 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
 
     assert opts.driver is not None
     await reap_at_start(opts.driver)
+    placement = None
+    if opts.ray is not None:  # docs/serve-ray.md
+        from cleanroom.integrations.ray.config import RayCluster
+        from cleanroom.integrations.ray.serve_head import RayPlacement
+
+        placement = RayPlacement(
+            RayCluster(opts.ray),
+            opts.driver.name,
+            store=opts.ray_store,
+            per_node=opts.max_sandboxes,
+        )
+        for node in await placement.start():
+            print(f"cleanroom serve: node {node.node_id} serves sandboxes", file=sys.stderr)
     sandboxes = Sandboxes(
         ServerConfig(
             templates=opts.templates,
@@ -82,6 +97,7 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
             max_sandboxes=opts.max_sandboxes,
             domain=opts.domain,
             forkable=opts.forkable,
+            placement=placement,
         )
     )
     served = Served(sandboxes, KeyRing(), opts.limits, opts.max_body)
@@ -135,6 +151,8 @@ async def serve(opts: ServeOptions, ready: Callable[[str], None] | None = None) 
         if hub is not None:
             await hub.close()
         await sandboxes.close()
+        if placement is not None:
+            await placement.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     print("cleanroom serve: stopped; every sandbox ended", file=sys.stderr)

@@ -25,12 +25,21 @@ class NodeSlot:
     declared: float | None  # its ``cleanroom_vm`` resource, if it declares one
 
 
-def start_actor(node: NodeSlot, resource: str, driver: str, store: str, options: RunOptions) -> Any:
-    """A ``NodeController`` actor on ``node`` (its handle)."""
+def start_actor(
+    node: NodeSlot,
+    resource: str,
+    driver: str,
+    store: str | None,
+    options: RunOptions,
+    cls: type[NodeController] = NodeController,
+    **more: Any,
+) -> Any:
+    """A ``cls`` actor (a ``NodeController``) on ``node`` (its handle); ``more``: keyword
+    arguments ``cls`` takes beyond the controller's."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    remote = ray.remote(NodeController)
+    remote = ray.remote(cls)
     return remote.options(
         num_cpus=0,
         resources={resource: node.declared} if node.declared else {},
@@ -38,7 +47,7 @@ def start_actor(node: NodeSlot, resource: str, driver: str, store: str, options:
         max_restarts=0,
         max_task_retries=0,
         max_concurrency=node.slots + 4,  # its episodes and the control calls beside them
-    ).remote(driver, store, replace(options, parallel=node.slots), node=node.node_id)
+    ).remote(driver, store, replace(options, parallel=node.slots), node=node.node_id, **more)
 
 
 def discover(resource: str, slots_for: Any) -> list[NodeSlot]:
