@@ -58,6 +58,7 @@ from cleanroom.server.envd.routing import sandbox_of
 from cleanroom.server.keys import KeyRing, Limits, Throttle
 from cleanroom.server.ports import PortCounts, PortProxy, target_of
 from cleanroom.server.usage import Usage
+from cleanroom.sessions import AsyncSession
 
 CONTROL_BODY_MAX = 1024 * 1024
 
@@ -268,7 +269,7 @@ def _routes(served: Served) -> Starlette:
         start, end = _seconds(request, "start"), _seconds(request, "end")
         usage.forget(set(sandboxes.by_id))
         sb = sbx.sb
-        if sb is not None and sbx.live:
+        if isinstance(sb, AsyncSession) and sbx.live:  # held here (not on a Ray node)
             try:
                 env_id = sb.live_env().env_id
             except CleanroomError:  # it ended meanwhile: what was kept
