@@ -16,8 +16,8 @@ import pytest
 from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
 
+from .checks.test_repro import baseline_running
 from .conftest import TINY_ENTRY, make_fake_baseline
-from .test_repro import baseline_running
 
 
 def cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
-"""No module of cleanroom imports (even lazily, or under TYPE_CHECKING) a module that imports it
-back: layers import only downward (DESIGN.md §5). A cycle fails here with its members named."""
+"""No module of cleanroom imports (even lazily, under TYPE_CHECKING, or through
+``importlib.import_module``) a module that imports it back: layers import only downward. A cycle
+fails here with its members named."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import pytest
 from cleanroom.baseline import store
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.errors import BaselineNotFound
+from tests.checks.test_repro import baseline_running
 from tests.conftest import make_fake_baseline
-from tests.test_repro import baseline_running
 
 
 @pytest.fixture

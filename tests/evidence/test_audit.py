@@ -23,7 +23,7 @@ from cleanroom.evidence.statements import chain_statement, episode_statement
 from cleanroom.ledger import Ledger, chain
 from cleanroom.store import LocalStore
 from cleanroom.store.base import record_bytes
-from tests.test_controller import Harness, manifest
+from tests.batch.test_controller import Harness, manifest
 
 
 @dataclass

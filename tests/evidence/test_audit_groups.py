@@ -11,8 +11,8 @@ import pytest
 from cleanroom.checks.audit import verify_run
 from cleanroom.evidence import attest, keys
 from cleanroom.evidence.manifest import Manifest
+from tests.batch.test_groups import Harness, members
 from tests.forking_fake import ForkingFake
-from tests.test_groups import Harness, members
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cleanroom.checks.audit import verify_run
 from cleanroom.store.remote import FsspecStore
 from tests.evidence.test_audit import Runs, runs  # noqa: F401 (the fixture)
-from tests.test_store_s3 import endpoint, s3  # noqa: F401 (the fixtures)
+from tests.store.test_store_s3 import endpoint, s3  # noqa: F401 (the fixtures)
 
 
 def test_a_run_copied_to_s3_verifies_and_tampering_is_named(

@@ -13,7 +13,7 @@ from cleanroom.evidence.seal import CHAIN_EVENTS, CHAIN_HEAD
 from cleanroom.ledger import Ledger, chain
 from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
-from tests.test_reaper import _create, dead_pid
+from tests.lifecycle.test_reaper import _create, dead_pid
 
 
 async def test_reap_seals_the_chain_of_a_run_whose_controller_died(tmp_path: Path) -> None:

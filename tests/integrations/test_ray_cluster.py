@@ -32,8 +32,8 @@ from cleanroom.lifecycle.context import RunOptions
 from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import open_store
 
+from ..batch.test_controller import manifest
 from ..conftest import make_fake_baseline, seed_agent_cache
-from ..test_controller import manifest
 
 RAY_ENV = {  # read when Ray is imported: set before
     "RAY_USAGE_STATS_ENABLED": "0",

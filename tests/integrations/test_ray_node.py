@@ -23,9 +23,9 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.store import LocalStore
 
+from ..batch.test_controller import manifest
 from ..conftest import ROOT, TINY_ENTRY, make_fake_baseline
 from ..forking_fake import ForkingFake
-from ..test_controller import manifest
 
 
 def _node(tmp: Path, store: Path) -> NodeController:

@@ -9,11 +9,11 @@ import pytest
 
 from cleanroom.batch.runner import Controller, EventHook, RunOptions
 
-from ..test_controller import Harness
+from ..batch.test_controller import Harness
 
 
 class Observed(Harness):
-    """The controller harness of tests/test_controller.py, with ``hook`` on its events."""
+    """The controller harness of tests/batch/test_controller.py, with ``hook`` on its events."""
 
     def observe(self, hook: EventHook, *, parallel: int = 2, cleanup_window_s: float = 5) -> None:
         self.ctl = Controller(

@@ -12,7 +12,7 @@ import pytest
 from cleanroom.errors import ConfigError
 from cleanroom.observe import logs
 
-from ..test_controller import manifest
+from ..batch.test_controller import manifest
 from .conftest import Observed
 
 

@@ -13,7 +13,7 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import DestroyError, DriftError, ExportError
 from cleanroom.observe.metrics import BUCKETS, RunMetrics, TextfileWriter, compose
 
-from ..test_controller import manifest
+from ..batch.test_controller import manifest
 from .conftest import Observed
 
 PHASES = ("queue", "provision", "run", "export")

@@ -28,11 +28,11 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
-from .forking_fake import ForkingFake
-from .test_reaper import dead_pid
-from .vmkit import assert_nothing_left
-from .waiting import until
+from ..conftest import make_fake_baseline
+from ..forking_fake import ForkingFake
+from ..lifecycle.test_reaper import dead_pid
+from ..vmkit import assert_nothing_left
+from ..waiting import until
 
 
 def py(code: str) -> list[str]:

@@ -22,8 +22,8 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.run import run_in_env
 
-from .conftest import make_fake_baseline
-from .vmkit import request
+from ..conftest import make_fake_baseline
+from ..vmkit import request
 
 SECRETS = {"SHORT_LIVED": "short-lived-value-1", "WHOLE_RUN": "whole-run-value-22"}
 ENTRY = """\

@@ -16,7 +16,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 
 
 def dead_pid() -> int:

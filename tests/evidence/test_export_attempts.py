@@ -27,7 +27,7 @@ from cleanroom.observe.failures import failures
 from cleanroom.store import LocalStore, Store
 from cleanroom.store.layout import listed, log_path
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 
 RUN, EID = "race", "e"
 

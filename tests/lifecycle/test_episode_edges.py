@@ -23,7 +23,7 @@ from cleanroom.evidence.manifest import Manifest, ResolvedLimits
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 
-from .test_controller import Harness, manifest
+from ..batch.test_controller import Harness, manifest
 
 SPARE_ID = "env-spare0000001"
 

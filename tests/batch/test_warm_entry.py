@@ -21,8 +21,8 @@ from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 from tests.stored import evidence
 
-from .conftest import ROOT, make_fake_baseline
-from .vmkit import assert_nothing_left
+from ..conftest import ROOT, make_fake_baseline
+from ..vmkit import assert_nothing_left
 
 WARM_ENTRY = ROOT / "tests" / "baselines" / "warm" / "files" / "entry.py"
 

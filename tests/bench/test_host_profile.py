@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # exported symbols of a made-up QEMU: a device function, then the x86 front end's statics
 # (no symbol) up to tcg_x86_init, then tcg_gen_code, then cpu_exec's loop

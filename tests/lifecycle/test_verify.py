@@ -14,7 +14,7 @@ from cleanroom.errors import BaselineNotFound, VerifierError
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.verify import parse_verdict, verdict_label
 
-from .test_controller import Harness
+from ..batch.test_controller import Harness
 
 VERIFIER = """
 import json, os, sys, time

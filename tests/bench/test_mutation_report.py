@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "bench" / "mutation_report.py"
+TOOL = Path(__file__).resolve().parents[2] / "bench" / "mutation_report.py"
 KEY = "cleanroom.toy.x_f__mutmut_"
 
 

@@ -13,7 +13,7 @@ from cleanroom.errors import BaselineChanged, LedgerError, RunLocked
 from cleanroom.host import paths
 from cleanroom.ledger import SCHEMA_VERSION, Ledger
 
-from .test_reaper import dead_pid
+from ..lifecycle.test_reaper import dead_pid
 
 RUN = "run-1"
 BASE = "sha256:" + "0" * 64

@@ -23,8 +23,8 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.run import run_in_env
 
-from .conftest import make_fake_baseline
-from .vmkit import request
+from ..conftest import make_fake_baseline
+from ..vmkit import request
 
 ENTRY = """\
 import json, os, signal, sys

@@ -15,7 +15,7 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.evidence import provenance
 from cleanroom.evidence.manifest import Manifest
 
-from .test_controller import Harness
+from ..batch.test_controller import Harness
 
 
 def assert_complete(record: dict[str, Any]) -> None:

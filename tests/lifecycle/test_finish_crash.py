@@ -23,7 +23,7 @@ from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 
-from .test_controller import Harness
+from ..batch.test_controller import Harness
 
 SECRET = "hf_CrashTimeSecretValue42"
 

@@ -21,7 +21,7 @@ from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 from .test_reaper import dead_pid
 
 YEAR_S = 86400 * 365

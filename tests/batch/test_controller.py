@@ -34,9 +34,9 @@ from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 from tests.stored import evidence_bytes
 
-from .conftest import make_fake_baseline
-from .vmkit import assert_nothing_left
-from .waiting import until
+from ..conftest import make_fake_baseline
+from ..vmkit import assert_nothing_left
+from ..waiting import until
 
 
 def manifest(eid: str, seed: int = 1, **task: Any) -> Manifest:

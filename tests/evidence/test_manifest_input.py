@@ -22,7 +22,7 @@ import pytest
 from cleanroom.errors import ManifestError
 from cleanroom.evidence.manifest import coerce_manifests, parse_manifests
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "cleanroom"
+SRC = Path(__file__).resolve().parents[2] / "src" / "cleanroom"
 
 
 def ep(**extra: object) -> dict[str, object]:

@@ -32,8 +32,8 @@ from cleanroom.host import paths, private
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 
-from .conftest import make_fake_baseline
-from .vmkit import request
+from ..conftest import make_fake_baseline
+from ..vmkit import request
 
 SECRET = "s3cr3t-value-at-rest-42"
 LEAKY_ENTRY = """\

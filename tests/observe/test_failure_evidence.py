@@ -28,10 +28,10 @@ from cleanroom.ledger import Ledger
 from cleanroom.observe.failures import Failure, attempts_kept, failures, report_lines
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
-from .test_cli import cli
-from .test_controller import manifest
-from .vmkit import assert_nothing_left
+from ..batch.test_controller import manifest
+from ..conftest import make_fake_baseline
+from ..test_cli import cli
+from ..vmkit import assert_nothing_left
 
 CONSOLE = b"[    1.5] Kernel panic - not syncing: Attempted to kill init! (a test)\r\n"
 

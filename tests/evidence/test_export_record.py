@@ -26,7 +26,7 @@ from cleanroom.host.digests import digest_of
 from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 
 SECRET = "tok_RecordFieldSecret77"
 RUN = "run-r"

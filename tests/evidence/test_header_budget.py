@@ -28,7 +28,7 @@ from cleanroom.evidence.manifest import coerce_manifests, parse_manifests
 from cleanroom.host.digests import digest_of
 from cleanroom.ledger import Ledger
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 
 KIB = 1024
 

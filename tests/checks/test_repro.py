@@ -21,7 +21,7 @@ from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
+from ..conftest import make_fake_baseline
 
 RANDOM_ENTRY = """
 import json, os, random

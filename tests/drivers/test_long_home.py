@@ -26,9 +26,9 @@ from cleanroom.host import paths
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
-from . import vmkit
-from .conftest import with_network
-from .vmkit import assert_gone
+from .. import vmkit
+from ..conftest import with_network
+from ..vmkit import assert_gone
 
 pytestmark = pytest.mark.vm
 

@@ -18,7 +18,7 @@ import pytest
 from cleanroom.errors import RecordConflict
 from cleanroom.store import open_store
 from cleanroom.store.remote import FsspecStore
-from tests.test_export_attempts import race
+from tests.evidence.test_export_attempts import race
 
 S3FileSystem = pytest.importorskip("s3fs").S3FileSystem
 moto_server = pytest.importorskip("moto.server")
