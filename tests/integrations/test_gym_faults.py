@@ -55,7 +55,8 @@ def test_a_guest_that_stops_answering_is_an_episode_error(tmp_path: Path, fault:
         env=CARTPOLE,
         driver="fake",
         store=tmp_path / "store",
-        step_timeout_s=3.0,
+        # the hang is found by this timeout; a killed agent by its channel's end, long before
+        step_timeout_s=3.0 if fault == "hang" else 60.0,
     )
     try:
         env.action_space  # noqa: B018 - learned (a probe episode) before the first reset

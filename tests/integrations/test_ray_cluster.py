@@ -113,9 +113,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         local.add("a")
         local.add("b")
+        # "auto" (RayCluster's default) means this cluster, whatever other cluster this host
+        # runs (another suite, a bench): RAY_ADDRESS comes first in Ray's own lookup
+        os.environ["RAY_ADDRESS"] = local.cluster.address
         ray.init(address=local.cluster.address, log_to_driver=False)
         yield local
     finally:
+        os.environ.pop("RAY_ADDRESS", None)
         ray.shutdown()
         local.cluster.shutdown()
         server.stop()
@@ -125,6 +129,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             else:
                 os.environ[key] = value
         os.environ.pop("AWS_ENDPOINT_URL", None)
+
+
+@pytest.fixture(autouse=True)
+def shared_nodes_only(cluster: LocalCluster) -> Iterator[None]:
+    """A node a test added is gone after it, whatever its end (a node left by a failed test
+    took later tests' episodes: their own nodes' ledgers missed them)."""
+    yield
+    for name in [n for n in cluster.nodes if n not in ("a", "b")]:
+        cluster.remove(name)
 
 
 @pytest.fixture(autouse=True)
@@ -325,7 +338,8 @@ async def test_ps_ray_lists_every_nodes_envs(cluster: LocalCluster, tmp_path: Pa
     from cleanroom.cli import app
     from cleanroom.integrations.ray.ps import cluster_envs
 
-    run, ledger_f = await _run_until_node_busy(cluster, "f", tmp_path, "ps", seconds=3)
+    # 10 s episodes: still running when the nodes answer, however loaded the host
+    run, ledger_f = await _run_until_node_busy(cluster, "f", tmp_path, "ps", seconds=10)
     busy = {e.env_id for e in ledger_f.envs("ps") if e.ready_at and not e.destroyed_at}
     node_f = cluster.nodes["f"].node_id
     answers = {n.node: n for n in await asyncio.to_thread(cluster_envs, RayCluster(), "fake")}
