@@ -417,7 +417,9 @@ def fake_load(args: Any) -> tuple[list[str], bool]:
 # -- qemu -------------------------------------------------------------------------------------
 
 
-def qemu_pids(owner_marker: str | None = None) -> list[int]:
+def qemu_pids(home: str) -> list[int]:
+    """The QEMU processes of this bench's home (other homes' VMs, e.g. a test suite's, not)."""
+    needle = home.encode()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -426,7 +428,7 @@ def qemu_pids(owner_marker: str | None = None) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"qemu-system-x86_64"):
+        if cmd and cmd[0].endswith(b"qemu-system-x86_64") and any(needle in c for c in cmd):
             out.append(int(d.name))
     return out
 
@@ -439,7 +441,8 @@ def qemu_load(args: Any) -> tuple[list[str], bool]:
 
     tmp = Path(tempfile.mkdtemp(prefix="load-qemu-"))
     digest = resolve_or_build(str(TINY)).digest
-    before = set(qemu_pids())
+    home = os.environ["CLEANROOM_HOME"]
+    before = set(qemu_pids(home))
     rates = [float(r) for r in args.rates.split(",")]
     n = max(args.idle, 64)
     server, url = start_server("qemu", digest, n, tmp / "serve.log")
@@ -455,7 +458,7 @@ def qemu_load(args: Any) -> tuple[list[str], bool]:
         for sbx in idle:
             sbx.commands.run("true")  # ready and used once, then left idle
         time.sleep(args.settle)
-        pids = [p for p in qemu_pids() if p not in before]
+        pids = [p for p in qemu_pids(home) if p not in before]
         pss = [pss_mib(p) for p in pids]
         rss = [rss_mib(p) for p in pids]
         server_rss = rss_mib(server.pid)
@@ -500,7 +503,7 @@ def qemu_load(args: Any) -> tuple[list[str], bool]:
         if best
         else "no rate tried kept p99 create under 1 s (TCG on 2 shared cores)"
     )
-    left = [p for p in qemu_pids() if p not in before]
+    left = [p for p in qemu_pids(home) if p not in before]
     lines.append(f"errors: {len(errors)}; QEMU processes left: {len(left)}; server exit: {code}")
     return lines, not errors and not left and code == 0
 
