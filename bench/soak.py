@@ -177,8 +177,11 @@ class Soak:
     """One soak: ``run()`` draws rounds from ``seed`` and checks each; ``tally`` says what
     happened."""
 
-    def __init__(self, seed: int, episodes: int, driver: str, work: Path) -> None:
+    def __init__(
+        self, seed: int, episodes: int, driver: str, work: Path, every_kind: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
+        self.every_kind = every_kind  # each kind of round once first (seeded order)
         self.seed, self.target, self.driver_name, self.work = seed, episodes, driver, work
         self.tally = Tally()
         self.baseline: Any = None
@@ -572,10 +575,11 @@ class Soak:
     async def _rounds(self, kinds: tuple[tuple[str, int], ...], progress: bool) -> None:
         from cleanroom.ledger import Ledger
 
-        while self.tally.episodes < self.target:
+        first = self.rng.sample([k for k, _ in kinds], len(kinds)) if self.every_kind else []
+        while self.tally.episodes < self.target or first:
             self.round += 1
             self.round_store = None
-            kind = pick(self.rng, kinds)
+            kind = first.pop(0) if first else pick(self.rng, kinds)
             run = f"soak{self.seed}-{self.round}-{kind}"
             items = await getattr(self, kind.replace("-", "_"))(run)
             await self.settle(run, items)
