@@ -2,8 +2,9 @@
 
     python bench/soak_memory.py --seed 7 --episodes 2000 [--out bench/results/soak-memory.txt]
 
-The soak (``bench/soak.py``, fake driver) runs with every Python allocation traced. After each
-round, once every kind of round has run (the soak's warm-up), this process's RSS and the bytes
+The soak (``bench/soak.py``, fake driver, each kind of round once first) runs with every
+Python allocation traced. After each round, once every kind of round has run (the soak's
+warm-up), this process's RSS and the bytes
 Python holds (traced) are sampled; a snapshot is taken after the warm-up and one at the end,
 and the report lists the source lines whose live bytes grew most between them. A leak (a dict
 or list that grows per episode, a cache without bounds) shows as a line whose growth scales
@@ -38,7 +39,7 @@ def main() -> int:
     traced: list[int] = []
     snaps: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="cleanroom-soak-mem-") as tmp:
-        run = soak.Soak(args.seed, args.episodes, "fake", Path(tmp))
+        run = soak.Soak(args.seed, args.episodes, "fake", Path(tmp), every_kind=True)
         settle = run.settle
 
         async def sampled(run_id: str, items: list[dict[str, Any]]) -> None:
@@ -47,7 +48,7 @@ def main() -> int:
             if not snaps and run.tally.rss:  # the first sample: warmed up
                 snaps.append(tracemalloc.take_snapshot())
 
-        run.settle = sampled  # type: ignore[method-assign]
+        run.settle = sampled  # type: ignore[method-assign,assignment]
         tally = asyncio.run(run.run(progress=True))
         snaps.append(tracemalloc.take_snapshot())
     lines = [soak.report(tally, args.seed, "fake").rstrip()]
