@@ -19,6 +19,10 @@ Rounds are drawn from the seed until ``--episodes`` episodes have run, each one 
   every sandbox it made (creates in flight at the SIGKILL too, found in the ledger) ends with an
   outcome and its env confirmed absent, and each its client killed ``completed`` with its
   durable record;
+- ``ledger-full``: ``cleanroom run`` in a subprocess whose home's ledger lies on a tmpfs of its
+  own (root only), filled up at a random moment mid-run: the controller must stop starting
+  episodes and exit with a ``LedgerError`` naming the ledger (no traceback), lose nothing
+  durable and leave no env; once the space is freed, the run is resumed and checked;
 - ``store-s3``: a batch on an S3-compatible store (moto on loopback, behind a proxy) answering
   a share of its requests with 500 / 503 or stalling them past the client's timeout (before or
   after the write happened), then resumed with the store healthy.
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import random
@@ -68,6 +73,14 @@ ROUNDS = (
     ("store-full", 5),
     ("served", 6),
     ("store-s3", 6),
+    ("ledger-full", 4),
+)
+KINDS_OF_PROBLEM = (
+    ("duplicated:", "duplicated"),
+    ("lost:", "lost"),
+    ("disagrees:", "disagreeing"),
+    ("env left:", "envs_left"),
+    ("staging left:", "staging_left"),
 )
 S3_FAULTS = (("5xx", 0.3), ("5xx", 1.0), ("stall", 0.2))
 
@@ -164,8 +177,11 @@ class Soak:
     """One soak: ``run()`` draws rounds from ``seed`` and checks each; ``tally`` says what
     happened."""
 
-    def __init__(self, seed: int, episodes: int, driver: str, work: Path) -> None:
+    def __init__(
+        self, seed: int, episodes: int, driver: str, work: Path, every_kind: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
+        self.every_kind = every_kind  # each kind of round once first (seeded order)
         self.seed, self.target, self.driver_name, self.work = seed, episodes, driver, work
         self.tally = Tally()
         self.baseline: Any = None
@@ -255,16 +271,16 @@ class Soak:
         await task
         return items
 
-    def _cli(self, run: str, path: Path, store: Path) -> subprocess.Popen[bytes]:
+    def _cli(
+        self, run: str, path: Path, store: Path, stderr: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "cleanroom", "run", str(path), "--baseline"]
         argv += [self.baseline.digest, "--run-id", run, "--driver", self.driver_name]
         argv += ["--parallel", "4", "--store", str(store)]
-        return subprocess.Popen(
-            argv,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "CI": "true"},
-        )
+        with open(stderr or os.devnull, "wb") as err:
+            return subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "CI": "true"}
+            )
 
     async def _until_an_env_is_ready(self, run: str, proc: subprocess.Popen[bytes]) -> None:
         from cleanroom.ledger import Ledger
@@ -304,10 +320,80 @@ class Soak:
             self.tally.count(self.tally.faults, "store ENOSPC")
             subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
             await self._batch(run, items, store=small)  # the resume, once there is room
-            self.check(run, items, store=small)
+            self.keep(run, self.check(run, items, store=small))
         finally:
             subprocess.run(["umount", "-l", str(small)], check=False)
         return []  # checked above, on its own store
+
+    async def ledger_full(self, run: str) -> list[dict[str, Any]]:
+        """``cleanroom run`` whose ledger's filesystem fills up mid-run; resumed once freed."""
+        items = self._manifests(run, self.rng.randint(6, 16), GUEST_MODES)
+        if os.geteuid() != 0:
+            await self._batch(run, items)
+            return items
+        from cleanroom.drivers import get_driver
+        from cleanroom.host.paths import baselines_dir
+        from cleanroom.ledger import Ledger
+
+        sub, fs = self.work / f"{run}-home", self.work / f"{run}-ledger-fs"
+        sub.mkdir()
+        fs.mkdir()
+        (sub / "baselines").symlink_to(baselines_dir())
+        (sub / "ledger.db").symlink_to(fs / "ledger.db")  # sqlite follows it: -wal, -shm too
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(fs)], check=True)
+        before = os.environ.get("CLEANROOM_HOME")
+        os.environ["CLEANROOM_HOME"] = str(sub)
+        try:
+            Ledger().close()
+            path = self.work / f"{run}.jsonl"
+            path.write_text("".join(json.dumps(m) + "\n" for m in items))
+            err = self.work / f"{run}.stderr"
+            proc = self._cli(run, path, self.store, stderr=err)
+            await self._until_outcomes(run, proc, self.rng.randint(0, len(items) // 2))
+            filled = fill(fs / "filler") if proc.poll() is None else False
+            code = await asyncio.to_thread(proc.wait, 300)
+            said = err.read_text(errors="replace")
+            if filled:
+                self.tally.count(self.tally.faults, "ledger ENOSPC")
+                if code == 0 or "ledger" not in said.lower() or "Traceback" in said:
+                    self.tally.problems.append(
+                        f"round {self.round} ({run}): the ledger filled up, the controller "
+                        f"exited {code}: {said[-600:]!r}"
+                    )
+            (fs / "filler").unlink(missing_ok=True)  # the space freed: a resume completes
+            driver = get_driver(self.driver_name)
+            with Ledger() as ledger:  # its rows may say live: their destroy was not written
+                running = [e.env_id for e in ledger.envs(run_id=run) if driver.exists(e.env_id)]
+            if running:
+                self.tally.problems.append(
+                    f"round {self.round} ({run}): envs running after the controller exited: "
+                    f"{running}"
+                )
+            await self.settle(run, items)
+            with Ledger() as ledger:
+                for row in ledger.episodes(run):
+                    self.tally.count(self.tally.outcomes, str(row.outcome))
+            if left := driver.list_owned():
+                self.tally.envs_left += len(left)
+                self.tally.problems.append(f"round {self.round} ({run}): envs left {left}")
+        finally:
+            if before is None:
+                os.environ.pop("CLEANROOM_HOME", None)
+            else:
+                os.environ["CLEANROOM_HOME"] = before
+            subprocess.run(["umount", "-l", str(fs)], check=False)
+        return []  # checked above, in its own home
+
+    async def _until_outcomes(self, run: str, proc: subprocess.Popen[bytes], n: int) -> None:
+        """Until ``n`` episodes of ``run`` have an outcome (or ``proc`` ended)."""
+        from cleanroom.ledger import Ledger
+
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            with Ledger() as ledger:
+                if sum(1 for e in ledger.episodes(run) if e.outcome) >= n:
+                    return
+            await asyncio.sleep(0.05)
 
     async def store_s3(self, run: str) -> list[dict[str, Any]]:
         """A batch on an S3-compatible store (moto on loopback) answering a share of its
@@ -396,7 +482,7 @@ class Soak:
             problems = [p for p in problems if "has no outcome" in p or "not final" not in p]
             if sid in killed and outcomes[served_run] != ["completed"]:
                 problems.append(f"killed by its client but ended {outcomes[served_run]}")
-            self.tally.problems += [f"round {self.round} ({served_run}): {p}" for p in problems]
+            self.keep(served_run, problems)
         self.tally.count(self.tally.outcomes, "served sandboxes", len(runs))
         return []  # checked above, each sandbox its own run
 
@@ -419,7 +505,6 @@ class Soak:
         ids = [r["episode_id"] for r in records]
         for dup in {i for i in ids if ids.count(i) > 1}:
             problems.append(f"duplicated: {dup}")
-            self.tally.duplicated += 1
         by_id = {r["episode_id"]: r for r in records}
         for item in items:
             eid = item["episode_id"]
@@ -434,20 +519,23 @@ class Soak:
             record = by_id.get(eid)
             if record is None:
                 problems.append(f"lost: {eid} ended {row.outcome} with no durable record")
-                self.tally.lost += 1
             elif record["outcome"] != row.outcome or record["attempt"] != row.attempt:
                 problems.append(f"disagrees: {eid} ledger {row.outcome}/{row.attempt}")
-                self.tally.disagreeing += 1
         driver = get_driver(self.driver_name)
         for env in envs:
             if driver.exists(env.env_id) or env.live:
                 problems.append(f"env left: {env.env_id}")
-                self.tally.envs_left += 1
         staging = home() / "staging" / run
         if staging.exists() and any(staging.rglob("*")):
             problems.append(f"staging left: {staging}")
-            self.tally.staging_left += 1
         return problems
+
+    def keep(self, run: str, problems: list[str]) -> None:
+        """The problems a run ended with (after its resumes), counted by kind."""
+        for prefix, attr in KINDS_OF_PROBLEM:
+            n = sum(1 for p in problems if p.startswith(prefix))
+            setattr(self.tally, attr, getattr(self.tally, attr) + n)
+        self.tally.problems += [f"round {self.round} ({run}): {p}" for p in problems]
 
     async def settle(self, run: str, items: list[dict[str, Any]]) -> None:
         """Resume the run until every episode is final (a non-final outcome is retryable)."""
@@ -463,7 +551,7 @@ class Soak:
             problems = self.check(run, items)
         if items and items[0].get("session"):  # a session is not resumed: any outcome it
             problems = [p for p in problems if "has no outcome" in p or "not final" not in p]
-        self.tally.problems += [f"round {self.round} ({run}): {p}" for p in problems]
+        self.keep(run, problems)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -472,7 +560,8 @@ class Soak:
 
         self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)
         started = time.monotonic()
-        kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] != "store-full")
+        root_only = ("store-full", "ledger-full")
+        kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] not in root_only)
         try:
             await self._rounds(kinds, progress)
         except BaseException:
@@ -486,10 +575,11 @@ class Soak:
     async def _rounds(self, kinds: tuple[tuple[str, int], ...], progress: bool) -> None:
         from cleanroom.ledger import Ledger
 
-        while self.tally.episodes < self.target:
+        first = self.rng.sample([k for k, _ in kinds], len(kinds)) if self.every_kind else []
+        while self.tally.episodes < self.target or first:
             self.round += 1
             self.round_store = None
-            kind = pick(self.rng, kinds)
+            kind = first.pop(0) if first else pick(self.rng, kinds)
             run = f"soak{self.seed}-{self.round}-{kind}"
             items = await getattr(self, kind.replace("-", "_"))(run)
             await self.settle(run, items)
@@ -528,6 +618,19 @@ class Soak:
                 self.tally.problems.append(
                     f"{name} grew {growth:.0%} from the first to the last 10%"
                 )
+
+
+def fill(path: Path) -> bool:
+    """Write ``path`` until its filesystem is full (ENOSPC); True once it is."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 12, 1 << 9):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    return True
 
 
 def _faults() -> Any:

@@ -1,7 +1,8 @@
 """The short soak (``bench/soak.py`` with a fixed seed, the fake driver: a few minutes at most):
-batches of guests that behave and misbehave, sessions, env SIGKILLs, a controller SIGKILLed and
-resumed, a store that fills up; after every round nothing is lost, doubled, disagreeing or left
-behind. A failure names the seed and the command that reproduces it."""
+each kind of round at least once — batches of guests that behave and misbehave, sessions, env
+SIGKILLs, a controller SIGKILLed and resumed, a store that fills up, the ledger's disk that fills
+up mid-run, served sandboxes, a faulty S3 store; after every round nothing is lost, doubled,
+disagreeing or left behind. A failure names the seed and the command that reproduces it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 11
-EPISODES = 200
+EPISODES = 120
 
 
 def soak_module() -> ModuleType:
@@ -27,7 +28,7 @@ def soak_module() -> ModuleType:
 
 def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     soak = soak_module()
-    run = soak.Soak(SEED, EPISODES, "fake", tmp_path)
+    run = soak.Soak(SEED, EPISODES, "fake", tmp_path, every_kind=True)
     try:
         tally = asyncio.run(run.run(progress=False))
     except Exception as exc:  # the seed, whatever broke
@@ -36,7 +37,8 @@ def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
         ) from exc
     text = soak.report(tally, SEED, "fake")
     assert tally.episodes >= EPISODES
-    assert len(tally.rounds) >= 4, text  # a real mix, not one kind
+    assert set(tally.rounds) == {k for k, _ in soak.ROUNDS}, text  # every kind of round ran
+    assert tally.faults.get("ledger ENOSPC"), text  # the ledger's disk filled mid-run
     assert tally.faults, text  # faults were injected
     assert (tally.lost, tally.duplicated, tally.disagreeing) == (0, 0, 0), text
     assert (tally.envs_left, tally.staging_left) == (0, 0), text

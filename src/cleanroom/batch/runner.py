@@ -23,6 +23,7 @@ from cleanroom.batch.preflight import preflight, queue_pending
 from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Driver, Owner
+from cleanroom.errors import LedgerError
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.secrets import EnvSecrets, SecretProvider
 from cleanroom.ledger import Ledger
@@ -129,6 +130,12 @@ class Controller:
                             result.episodes,
                         )
                     )
+            if batch.ledger_down is not None:
+                raise LedgerError(
+                    f"run {run_id} stopped: {batch.ledger_down}; {batch.unstarted} episode(s) "
+                    "not started (no intent could be written); resume the run once the ledger "
+                    "can be written"
+                ) from batch.ledger_down
             status = "completed"
         except asyncio.CancelledError:
             status = "cancelled"
@@ -146,7 +153,11 @@ class Controller:
                 + [leak for g in result.groups for leak in g.leaked]
             )  # a parent env, a snapshot
             shutil.rmtree(ctx.staging_root() / run_id, ignore_errors=True)
-            self.ledger.finish_run(run_id, "cancelled" if cancelled_now else status)
+            try:
+                self.ledger.finish_run(run_id, "cancelled" if cancelled_now else status)
+            except LedgerError:
+                if batch.ledger_down is None:
+                    raise  # else the run's own LedgerError says it (the same disk)
             self._emit("run_finished", run_id=run_id, status=status)
             if cancelled_now:
                 raise asyncio.CancelledError
@@ -163,7 +174,9 @@ class Controller:
 
 class Batch:
     """One run's episodes: each waits for the gate (``parallel``), runs as an ``Episode`` and
-    lands in the run's result; an episode never raises except CancelledError."""
+    lands in the run's result; an episode never raises except CancelledError. Once the ledger
+    could not be written (``ledger_down``: its disk full, say) no further episode starts: no
+    env may exist whose intent is not durable; the run then ends with that ``LedgerError``."""
 
     def __init__(
         self,
@@ -176,6 +189,8 @@ class Batch:
         self.ctx, self.verifiers, self.run_id = ctx, verifiers, run_id
         self.baseline, self.result = baseline, result
         self.gate = asyncio.Semaphore(ctx.options.parallel)
+        self.ledger_down: LedgerError | None = None
+        self.unstarted = 0
 
     async def episode(
         self, manifest: Manifest, attempt: int, create: CreateEnv | None = None
@@ -183,6 +198,9 @@ class Batch:
         """One episode, start to confirmed-absent (``create``: a group clone's env)."""
         queued = time.monotonic()
         async with self.gate:
+            if self.ledger_down is not None:  # intent first: it could not be written
+                self.unstarted += 1
+                return
             key = EpisodeKey(self.run_id, manifest.episode_id, attempt)
             episode = Episode(
                 self.ctx,
@@ -199,6 +217,8 @@ class Batch:
                     await episode.run()
                 done = episode.result
             except Exception as exc:  # the last net (the ledger failed): never the whole batch
+                if isinstance(exc, LedgerError) and self.ledger_down is None:
+                    self.ledger_down = exc
                 done = self._lost(key, exc)
         self.result.episodes.append(done)
 

@@ -112,7 +112,7 @@ class Ledger:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     @contextmanager
@@ -124,7 +124,9 @@ class Ledger:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise LedgerError(f"ledger {name} failed ({self.path}): {exc}") from exc
+                full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+                hint = " (its filesystem is full)" if full else ""
+                raise LedgerError(f"ledger {name} failed ({self.path}): {exc}{hint}") from exc
 
     def _write(self, name: str, sql: str, args: tuple[Any, ...], *, must_hit: str = "") -> int:
         """Execute one statement; with ``must_hit``, touching no row is a LedgerError."""
@@ -204,7 +206,7 @@ class Ledger:
                 )
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
         for kind, data in events:
             self.event(kind, run_id=run_id, controller_id=controller_id, **data)
@@ -533,7 +535,7 @@ class Ledger:
                     chain.append(conn, time.time(), run_id, episode_id, env_id, kind, _dumps(data))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
         if must_hit and count == 0:
             raise LedgerError(f"ledger {name}: {must_hit}")
@@ -582,6 +584,13 @@ def _takeover(
         events.append(("run_taken_over", dead))
     resumed = {"previous_controller": previous.controller_id, "previous_status": previous.status}
     return [("run_resumed", resumed), *events]
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any: a failed COMMIT (``SQLITE_FULL``) has rolled it
+    back already, and a second error would hide the first (the disk is full)."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 def _dumps(data: dict[str, Any]) -> str:
