@@ -22,9 +22,9 @@ from cleanroom.errors import LedgerError
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
-from .conftest import make_fake_baseline
-from .test_controller import manifest
-from .vmkit import assert_nothing_left
+from ..batch.test_controller import manifest
+from ..conftest import make_fake_baseline
+from ..vmkit import assert_nothing_left
 
 
 @pytest.fixture
