@@ -36,8 +36,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from served import start_server, stop_server
 from stats import Table, parser, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,12 +63,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the server and /proc ---------------------------------------------------------------------
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_s(pid: int | str = "self") -> float:
@@ -92,36 +85,11 @@ def pss_mib(pid: int) -> float:
     return 0.0
 
 
-def start_server(
-    driver: str, digest: str, n: int, log: Path
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = _port()
-    cmd = [sys.executable, "-m", "cleanroom", "serve", "--port", str(port), "--driver", driver]
-    cmd += ["--template", f"b={digest}", "--per-key", str(n), "--burst", str(n)]
-    cmd += ["--creates-per-s", "100000", "--max-sandboxes", str(n)]
-    server = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    end = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 204:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > end or server.poll() is not None:
-            raise SystemExit(f"serve did not start: {log.read_text()}")
-        time.sleep(0.1)
-
-
-def stop_server(server: subprocess.Popen[bytes]) -> int:
-    server.send_signal(signal.SIGTERM)
-    try:
-        return server.wait(300)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        return server.wait()
+def serve(driver: str, digest: str, n: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A server of ``digest`` as template ``b`` that lets ``n`` sandboxes be made at once."""
+    args = ["--driver", driver, "--template", f"b={digest}", "--per-key", str(n)]
+    args += ["--burst", str(n), "--creates-per-s", "100000", "--max-sandboxes", str(n)]
+    return start_server(args, log)
 
 
 def live_count(url: str) -> int:
@@ -298,7 +266,7 @@ def fake_load(args: Any) -> tuple[list[str], bool]:
     per_client = args.sandboxes // args.clients
     total = per_client * args.clients
     keys = [KeyRing().create(f"load-{i}")[1] for i in range(args.clients)]
-    server, url = start_server("fake", baseline.digest, total + 10, tmp / "serve.log")
+    server, url = serve("fake", baseline.digest, total + 10, tmp / "serve.log")
     files = tmp / "files"
     files.mkdir()
     ctx = mp.get_context("spawn")
@@ -445,7 +413,7 @@ def qemu_load(args: Any) -> tuple[list[str], bool]:
     before = set(qemu_pids(home))
     rates = [float(r) for r in args.rates.split(",")]
     n = max(args.idle, 64)
-    server, url = start_server("qemu", digest, n, tmp / "serve.log")
+    server, url = serve("qemu", digest, n, tmp / "serve.log")
     os.environ.update(
         {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": KeyRing().create("load")[1]}
     )

@@ -24,8 +24,6 @@ import asyncio
 import os
 import platform
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from served import start_server
 from stats import Table, parser, ratio, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,12 +47,6 @@ def _fake_baseline(tmp: Path) -> str:
 
     os.environ["CLEANROOM_HOME"] = home
     return stored_fake_baseline(tmp).digest
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> float:
@@ -156,43 +149,13 @@ def main() -> None:
 
     baseline = load(digest)
     driver = get_driver(args.driver)
-    port = _port()
     n = str(max(args.burst, 16) * 2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "cleanroom",
-        "serve",
-        "--port",
-        str(port),
-        "--driver",
-        args.driver,
-        "--template",
-        f"b={digest}",
-        "--per-key",
-        n,
-        "--burst",
-        n,
-        "--creates-per-s",
-        "1000",
-        "--max-sandboxes",
-        n,
-    ]
-    log = (tmp / "serve.log").open("wb")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    end = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 204:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > end or server.poll() is not None:
-            raise SystemExit(f"serve did not start: {(tmp / 'serve.log').read_text()}")
-        time.sleep(0.05)
+    server, url = start_server(
+        ["--driver", args.driver, "--template", f"b={digest}", "--per-key", n, "--burst", n,
+         "--creates-per-s", "1000", "--max-sandboxes", n],
+        tmp / "serve.log",
+        60,
+    )  # fmt: skip
     os.environ.update(
         {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": KeyRing().create("bench")[1]}
     )

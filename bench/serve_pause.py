@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from serve import _fake_baseline, _port
+from serve import _fake_baseline
+from served import start_server
 from stats import Table, parser, ratio, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,25 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def _server(
     driver: str, digest: str, tmp: Path, *extra: str
 ) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
-    port = _port()
-    cmd = [sys.executable, "-m", "cleanroom", "serve", "--port", str(port), "--driver", driver,
-           "--template", f"b={digest}", "--per-key", "16", "--max-sandboxes", "32",
-           *extra]  # fmt: skip
-    log = (tmp / f"serve-{port}.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 204:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > end or proc.poll() is not None:
-            raise SystemExit(f"serve did not start: {cmd}")
-        time.sleep(0.05)
+    args = ["--driver", driver, "--template", f"b={digest}", "--per-key", "16",
+            "--max-sandboxes", "32", *extra]  # fmt: skip
+    return start_server(args, tmp / f"serve-{time.monotonic_ns()}.log", 60)
 
 
 def main() -> None:

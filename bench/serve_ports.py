@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,16 +24,11 @@ import time
 from pathlib import Path
 
 import httpx
+from served import free_port
 from stats import Table, parser, write
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], what: str, **kw: object) -> None:
@@ -69,7 +63,7 @@ def main() -> None:
     www.mkdir()
     (www / "small.txt").write_bytes(b"hello\n")
     (www / "blob.bin").write_bytes(os.urandom(MIB))
-    web_port, serve_port = _port(), _port()
+    web_port, serve_port = free_port(), free_port()
     web = subprocess.Popen(
         [sys.executable, "-m", "http.server", str(web_port), "--bind", "127.0.0.1"],
         cwd=www,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,31 +37,12 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
-from serve import ROOT, _e2b_version, _fake_baseline, _port  # noqa: E402
+from serve import ROOT, _e2b_version, _fake_baseline  # noqa: E402
+from served import start_server  # noqa: E402
 from stats import Table, parser, ratio, write  # noqa: E402
 
 # bench/ray.py is on sys.path first: `import ray` must find Ray, not it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
-
-
-def start_server(args: list[str], log: Path, ready_s: float = 180.0) -> tuple[Any, str]:
-    """``cleanroom serve`` with ``args`` on a free port, once it answers ``/health``."""
-    import httpx
-
-    port = _port()
-    cmd = [sys.executable, "-m", "cleanroom", "serve", "--port", str(port), *args]
-    server = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + ready_s
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 204:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > end or server.poll() is not None:
-            raise SystemExit(f"serve did not start: {log.read_text()}")
-        time.sleep(0.1)
 
 
 def one_run(url: str, key: str, cmds: int) -> dict[str, list[float]]:
@@ -128,10 +108,12 @@ def main() -> None:
         side: {"create": [], "cmd": [], "end": []} for side in ("local", "ray")
     }
     try:
-        local, local_url = start_server(common, tmp / "local.log")
+        local, local_url = start_server(common, tmp / "local.log", 180)
         servers.append(local)
         t = time.perf_counter()
-        ray_srv, ray_url = start_server([*common, "--ray", ray_cluster.address], tmp / "ray.log")
+        ray_srv, ray_url = start_server(
+            [*common, "--ray", ray_cluster.address], tmp / "ray.log", 180
+        )
         servers.append(ray_srv)
         ray_start = time.perf_counter() - t
         one_run(local_url, key, 1)  # untimed warm-up on each side (each node's first start)
