@@ -37,20 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-for _key, _value in {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
-    # Ray's own background (metrics, task events, event stats): the cluster's processes inherit
-    # these; off, an idle 3-node cluster takes ~1/4 less CPU (docs/performance.md, "Ray")
-    "RAY_enable_metrics_collection": "0",
-    "RAY_metrics_report_interval_ms": "0",
-    "RAY_task_events_report_interval_ms": "0",
-    "RAY_event_stats": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
-
-from stats import write  # noqa: E402
+import ray_quiet  # noqa: F401  (Ray's environment, before Ray is imported)
+from stats import write
 
 # this file is bench/ray.py: with bench/ first on sys.path, `import ray` would find it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]

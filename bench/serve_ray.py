@@ -26,20 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-for _key, _value in {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only
-    "RAY_enable_metrics_collection": "0",
-    "RAY_metrics_report_interval_ms": "0",
-    "RAY_task_events_report_interval_ms": "0",
-    "RAY_event_stats": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
-
-from serve import ROOT, _e2b_version, _fake_baseline  # noqa: E402
-from served import start_server  # noqa: E402
-from stats import Table, parser, ratio, write  # noqa: E402
+import ray_quiet  # noqa: F401  (Ray's environment, before Ray is imported)
+from serve import ROOT, _e2b_version, _fake_baseline
+from served import start_server
+from stats import Table, parser, ratio, write
 
 # bench/ray.py is on sys.path first: `import ray` must find Ray, not it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
