@@ -27,3 +27,17 @@ async def until(
         if time.monotonic() > end:
             raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
         await asyncio.sleep(every_s)
+
+
+def until_sync(
+    check: Callable[[], T], what: str, timeout_s: float = 60.0, every_s: float = 0.1
+) -> T:
+    """``until`` for a test without an event loop (it blocks while it polls)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+        time.sleep(every_s)

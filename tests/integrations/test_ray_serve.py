@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from cleanroom.ledger import Ledger
 
 from ..server.kit import Server, free_port, new_key, stored_fake_baseline, via_host
 from ..server.test_ports import HERE, _through_the_proxy, serving
+from ..waiting import until_sync
 from .test_ray_cluster import LocalCluster
 
 e2b = pytest.importorskip("e2b")
@@ -63,17 +63,6 @@ def serve(
     yield start
     for srv in started:
         assert srv.stop() == 0, srv.log.read_text()
-
-
-def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    end = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.1)
 
 
 def _head(sid: str) -> tuple[str, str | None, str | None]:
@@ -172,7 +161,9 @@ def test_a_timeout_ends_the_sandbox_on_its_node_and_the_head_learns_it(
     serve()
     sbx = e2b.Sandbox.create("fake", timeout=300)
     sbx.set_timeout(2)
-    _, outcome, _ = _until(lambda: _head(sbx.sandbox_id)[1] and _head(sbx.sandbox_id), 60, "")
+    _, outcome, _ = until_sync(
+        lambda: _head(sbx.sandbox_id)[1] and _head(sbx.sandbox_id), "its end in the head", 60
+    )
     assert outcome == "timeout"
     with pytest.raises(e2b.NotFoundException):
         e2b.Sandbox.connect(sbx.sandbox_id)
@@ -197,11 +188,11 @@ def test_a_killed_raylet_ends_its_sandboxes_env_crashed_and_the_rest_serve_on(
     raylet = cluster.nodes["c"].all_processes["raylet"][0].process
     os.kill(raylet.pid, signal.SIGKILL)
 
-    _, outcome, error = _until(
-        lambda: _head(doomed.sandbox_id)[1] and _head(doomed.sandbox_id), 60, "env_crashed"
+    _, outcome, error = until_sync(
+        lambda: _head(doomed.sandbox_id)[1] and _head(doomed.sandbox_id), "env_crashed", 60
     )
     assert outcome == "env_crashed" and node_c in (error or ""), (outcome, error)
-    _until(lambda: not any(_alive(p) for p in pids), 30, "the dead node's env process gone")
+    until_sync(lambda: not any(_alive(p) for p in pids), "the dead node's env process gone", 30)
     with pytest.raises(e2b.NotFoundException):
         e2b.Sandbox.connect(doomed.sandbox_id)
     for box in boxes:

@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,7 @@ from e2b.exceptions import NotFoundException, SandboxException
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.server.envd.watch import MAX_WATCHERS
 
+from ..waiting import until
 from .kit import Server, outcome
 
 
@@ -102,21 +101,14 @@ async def test_the_async_watch_dir_stream(key: str, tmp_path: Path) -> None:
     exits: list[Exception | None] = []
     handle = await sbx.files.watch_dir(str(tmp_path), seen.append, on_exit=exits.append)
     (tmp_path / "a.txt").write_text("a")
-    await _until(lambda: ("a.txt", "CREATE") in _seen(seen))
+    await until(lambda: ("a.txt", "CREATE") in _seen(seen), "a.txt created")
     (tmp_path / "a.txt").unlink()
-    await _until(lambda: ("a.txt", "REMOVE") in _seen(seen))
+    await until(lambda: ("a.txt", "REMOVE") in _seen(seen), "a.txt removed")
     assert all(e.type in FilesystemEventType for e in seen)
     await handle.stop()  # type: ignore[no-untyped-call]
     assert exits == [None]
 
     second = await sbx.files.watch_dir(str(tmp_path), seen.append, on_exit=exits.append)
     await sbx.kill()
-    await _until(lambda: len(exits) == 2, 60)
+    await until(lambda: len(exits) == 2, "the watch ended with its sandbox", 60)
     await second.stop()  # type: ignore[no-untyped-call]
-
-
-async def _until(ok: object, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while not ok():  # type: ignore[operator]
-        assert time.monotonic() < end, "not seen in time"
-        await asyncio.sleep(0.05)
