@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import SandboxException
+from e2b.exceptions import SandboxException, SandboxNotFoundException
 
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.fake_snap import DISK, SnapshotFake
@@ -77,6 +77,9 @@ def test_create_from_a_snapshot_twice(key: str) -> None:
         resumes = [s for s in first if s.get("op") == "resume"]
         assert resumes and resumes[0]["snapshot_id"] == snap_id
         assert resumes[0]["paused_episode"] == src.sandbox_id
+        with Ledger() as ledger:
+            (ev,) = [e for e in ledger.events(f"serve-{sid}") if e.kind == "env_resumed"]
+            assert ev.data["snapshot_id"] == snap_id
 
     assert Sandbox.delete_snapshot(snap_id) is True
     _gone(snap_id)
@@ -88,7 +91,8 @@ def test_create_from_a_snapshot_twice(key: str) -> None:
 
 def test_another_keys_snapshot_is_not_found(key: str, server: Server) -> None:
     """Protects: another key neither lists, restores nor deletes a key's snapshot: its id is
-    not found (404) exactly like an unknown one; the owner's snapshot is untouched."""
+    not found (404) exactly like an unknown one; nor snapshots the key's sandbox (404); the
+    owner's snapshot is untouched."""
     src = Sandbox.create("fake")
     snap_id = src.create_snapshot().snapshot_id
     other = server.sdk_env(new_key("other"))["E2B_API_KEY"]
@@ -102,6 +106,8 @@ def test_another_keys_snapshot_is_not_found(key: str, server: Server) -> None:
     assert str(theirs.value).replace(snap_id, "X") == str(unknown.value).replace(
         "snap-0000000000000000", "X"
     )
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.create_snapshot(src.sandbox_id, api_key=other)
     assert _listed() == [snap_id]
     assert SnapshotFake().folder(snap_id).is_dir()
     assert Sandbox.delete_snapshot(snap_id) is True

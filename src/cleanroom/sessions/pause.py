@@ -142,7 +142,7 @@ def resume_start(ctx: RunContext, paused: Paused, fork_ram: str | None) -> Creat
         env.info = dataclasses.replace(env.info, resumed=paused.facts())
         ctx.ledger.event(
             "env_resumed",
-            run_id=paused.run_id,
+            run_id=request.labels.get("run_id", paused.run_id),  # a named snapshot's: a new run
             episode_id=request.labels.get("episode_id"),
             env_id=env.env_id,
             snapshot_id=paused.snap.snapshot_id,
