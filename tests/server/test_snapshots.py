@@ -4,11 +4,13 @@ serve --driver fake-snap`` (the server and key fixtures of ``test_pause``)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import SandboxException, SandboxNotFoundException
+from e2b.exceptions import SandboxException, SandboxNotFoundException, ServiceBusyException
 
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.fake_snap import DISK, SnapshotFake
@@ -132,13 +134,27 @@ def test_a_tampered_snapshot_is_refused(key: str) -> None:
     src.kill()
 
 
-def test_snapshots_count_against_the_quota(key: str) -> None:
+def test_snapshots_count_against_the_quota(key: str, server: Server) -> None:
     """Protects: a named snapshot counts against its key's limit (3 here): with one sandbox
     and two snapshots, neither a create nor a third snapshot goes through (429); after a
-    delete both do again."""
+    delete both do again; ``/metrics`` counts the snapshots held; a snapshot while a command
+    runs is refused (503) and the sandbox serves on."""
     src = Sandbox.create("fake")
-    a = src.create_snapshot().snapshot_id
+    sleeper = src.commands.run("sleep 600", background=True)
+    with pytest.raises(ServiceBusyException, match="while commands run"):
+        src.create_snapshot()
+    assert src.commands.kill(sleeper.pid) is True
+    end = time.monotonic() + 30
+    while True:  # the kill's end reaches the server's process table a moment later
+        try:
+            a = src.create_snapshot().snapshot_id
+            break
+        except ServiceBusyException:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
     b = src.create_snapshot().snapshot_id
+    assert "cleanroom_serve_snapshots 2\n" in httpx.get(server.url + "/metrics").text
     with pytest.raises(SandboxException, match="snapshots"):
         Sandbox.create("fake")
     with pytest.raises(SandboxException, match="snapshots"):

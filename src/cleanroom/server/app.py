@@ -19,8 +19,8 @@ One port serves both halves of E2B's protocol:
 - a guest port (``sandbox.get_host(port)``: Host ``{port}-{id}.{domain}``, or
   ``E2b-Sandbox-Id`` with ``E2b-Sandbox-Port``): HTTP and WebSocket proxied over the agent
   channel (``ports``), with the sandbox's traffic access token or its key;
-- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why,
-  port bytes and requests);
+- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, named snapshots
+  held, refused by why, port bytes and requests);
 - what ``Served.more_routes`` adds (``/openenv/...``: ``server.openenv``), its lines in
   ``/metrics`` from ``Served.more_metrics``.
 
@@ -350,6 +350,8 @@ def _routes(served: Served) -> Starlette:
                 f'cleanroom_serve_sandboxes_ended_total{{why="{why}"}} {n}'
                 for why, n in sorted(sandboxes.ended.items())
             ),
+            "# TYPE cleanroom_serve_snapshots gauge",
+            f"cleanroom_serve_snapshots {len(sandboxes.snapshots)}",
             "# TYPE cleanroom_serve_requests_refused_total counter",
             *(
                 f'cleanroom_serve_requests_refused_total{{status="{k[8:]}"}} {n}'

@@ -542,6 +542,8 @@ class Sandboxes:
         running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
         if running:  # the agent prepares a snapshot between requests, never during one
             raise Busy(f"sandbox {sandbox_id} cannot be snapshotted while commands run: {running}")
+        if sbx.pausing is not None:
+            raise Busy(f"sandbox {sandbox_id} is being paused")
         self._quota(key_id, max_per_key)
         assert sbx.sb is not None
         try:
