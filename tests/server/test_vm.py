@@ -128,3 +128,41 @@ def test_pause_and_resume_a_served_sandbox_on_a_real_vm(
             assert all(s.confirmed_absent_at for s in ledger.snapshots(f"serve-{sid}"))
     finally:
         assert srv.stop() == 0, srv.log.read_text()
+
+
+@pytest.mark.vm
+def test_a_named_snapshot_of_a_served_sandbox_on_a_real_vm(
+    tiny_baseline: Baseline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: on qemu, ``create_snapshot`` saves a running guest while it serves on; two
+    sandboxes created from the snapshot id are two new VMs that each see the file written
+    before the snapshot and not the one written after; delete confirms the files absent."""
+    srv = Server(
+        ["--driver", "qemu", "--template", f"tiny={tiny_baseline.digest}"], tmp_path / "serve.log"
+    )
+    try:
+        for name, value in srv.sdk_env(new_key()).items():
+            monkeypatch.setenv(name, value)
+        src = Sandbox.create("tiny", timeout=600)
+        src.commands.run("echo before > /root/before.txt")
+        snap_id = src.create_snapshot().snapshot_id
+        src.commands.run("echo after > /root/after.txt")
+        assert src.commands.run("cat /root/after.txt").stdout == "after\n"
+        copies = [Sandbox.create(snap_id, timeout=600) for _ in range(2)]
+        for c in copies:
+            assert c.commands.run("cat /root/before.txt").stdout == "before\n"
+            probe = c.commands.run("test -e /root/after.txt && echo yes || echo no")
+            assert probe.stdout == "no\n"
+        with Ledger() as ledger:
+            envs = {e.env_id for c in copies for e in ledger.envs(run_id=f"serve-{c.sandbox_id}")}
+        assert len(envs) == 2
+        for c in copies:
+            c.kill()
+            assert outcome(c.sandbox_id, QemuDriver(), timeout_s=10) == "completed"
+        assert Sandbox.delete_snapshot(snap_id) is True
+        with Ledger() as ledger:
+            row = ledger.get_snapshot(snap_id)
+            assert row is not None and row.confirmed_absent_at is not None
+        src.kill()
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()

@@ -8,15 +8,19 @@ One port serves both halves of E2B's protocol:
   ``POST /sandboxes/{id}/connect`` and ``/v2/sandboxes/{id}/connect`` (a paused sandbox is
   resumed: 201), ``/resume``, ``POST .../pause`` (204; 409 if paused already), ``POST
   .../fork`` (``count`` new sandboxes: 201 and one ``{"sandbox"}`` or ``{"error"}`` each),
-  ``GET .../logs`` (the session's transcript as log entries);
+  ``GET .../logs`` (the session's transcript as log entries); named snapshots: ``POST
+  .../snapshots`` (201 ``{"snapshotID", "names"}``), ``GET /snapshots`` (the key's;
+  ``sandboxID``, ``name``, ``limit`` / ``nextToken``), ``DELETE /templates/{snapshot id}``
+  (204; 404 unknown or another key's), and ``POST /sandboxes`` with the snapshot's id (or
+  name) as ``templateID``;
 - envd, routed by ``E2b-Sandbox-Id`` (or the ``{port}-{id}.{domain}`` host name):
   ``/process.Process/*`` and ``/filesystem.Filesystem/*`` (Connect RPC, by ``connectrpc``
   with the SDK's own generated apps and messages), ``GET|POST /files``, ``GET /health``;
 - a guest port (``sandbox.get_host(port)``: Host ``{port}-{id}.{domain}``, or
   ``E2b-Sandbox-Id`` with ``E2b-Sandbox-Port``): HTTP and WebSocket proxied over the agent
   channel (``ports``), with the sandbox's traffic access token or its key;
-- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, refused by why,
-  port bytes and requests);
+- ``GET /metrics``: Prometheus text (sandboxes live, created, ended by why, named snapshots
+  held, refused by why, port bytes and requests);
 - what ``Served.more_routes`` adds (``/openenv/...``: ``server.openenv``), its lines in
   ``/metrics`` from ``Served.more_metrics``.
 
@@ -253,6 +257,39 @@ def _routes(served: Served) -> Starlette:
         served.counts["forked"] += len(children)
         return JSONResponse([{"sandbox": sandboxes.created(c)} for c in children], 201)
 
+    async def snapshot(request: Request, key_id: str) -> Response:
+        body = await body_json(request)
+        if body.get("memory") is False:
+            raise ServerError("a snapshot of the disk alone (memory: false) is not served here")
+        name = body.get("name")
+        snap = await sandboxes.create_snapshot(
+            key_id,
+            request.path_params["sid"],
+            str(name) if name else None,
+            served.limits.max_sandboxes,
+        )
+        served.counts["snapshots"] += 1
+        return JSONResponse({"snapshotID": snap.snapshot_id, "names": snap.names}, 201)
+
+    async def snapshots(request: Request, key_id: str) -> Response:
+        q = request.query_params
+        found = sandboxes.snapshots_of(key_id, q.get("sandboxID") or None)
+        if q.get("name"):
+            found = [s for s in found if q["name"] in (s.snapshot_id, s.name)]
+        start = q.get("nextToken")
+        if start:
+            found = [s for s in found if s.snapshot_id > start]
+        found.sort(key=lambda s: s.snapshot_id)
+        limit = int(q.get("limit") or 100)
+        page, rest = found[:limit], found[limit:]
+        headers = {"x-next-token": page[-1].snapshot_id} if rest and page else {}
+        body = [{"snapshotID": s.snapshot_id, "names": s.names} for s in page]
+        return JSONResponse(body, headers=headers)
+
+    async def delete_snapshot(request: Request, key_id: str) -> Response:
+        await sandboxes.delete_snapshot(key_id, request.path_params["tid"])
+        return Response(status_code=204)
+
     async def logs(request: Request, key_id: str) -> Response:
         sbx = sandboxes.get(key_id, request.path_params["sid"])
         limit = min(int(request.query_params.get("limit") or 1000), 10_000)
@@ -313,6 +350,8 @@ def _routes(served: Served) -> Starlette:
                 f'cleanroom_serve_sandboxes_ended_total{{why="{why}"}} {n}'
                 for why, n in sorted(sandboxes.ended.items())
             ),
+            "# TYPE cleanroom_serve_snapshots gauge",
+            f"cleanroom_serve_snapshots {len(sandboxes.snapshots)}",
             "# TYPE cleanroom_serve_requests_refused_total counter",
             *(
                 f'cleanroom_serve_requests_refused_total{{status="{k[8:]}"}} {n}'
@@ -341,6 +380,9 @@ def _routes(served: Served) -> Starlette:
         Route(sid + "/resume", control(connect), methods=["POST"]),
         Route(sid + "/pause", control(pause), methods=["POST"]),
         Route(sid + "/fork", control(fork), methods=["POST"]),
+        Route(sid + "/snapshots", control(snapshot), methods=["POST"]),
+        Route("/snapshots", control(snapshots), methods=["GET"]),
+        Route("/templates/{tid}", control(delete_snapshot), methods=["DELETE"]),
         Route(sid + "/logs", control(logs), methods=["GET"]),
         Route("/v2" + sid + "/logs", control(logs), methods=["GET"]),
         Route(sid + "/metrics", control(sandbox_metrics), methods=["GET"]),

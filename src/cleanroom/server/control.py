@@ -17,11 +17,16 @@ its own that holds ``session(...)`` open (ledger intent first, a run of its own 
   ``.r2``, ... of the same run) restored from the snapshot, whose files are then deleted;
   ``kill`` of a paused sandbox deletes them and confirms them gone;
 - ``fork``: the live session's branches (``sessions.fork``), each served as a new sandbox
-  (episode ``<id>.b1``, ... of the parent's run, its record naming the parent and step).
+  (episode ``<id>.b1``, ... of the parent's run, its record naming the parent and step);
+- ``create_snapshot``: a named snapshot (``pause_session(kind="snapshot")``) taken while the
+  sandbox serves on, kept by the server under its id for the key; ``create`` with that id as
+  its template is a new sandbox resumed from it (a run and session of its own, provenance
+  ``resumed`` naming the snapshot), as many times as asked; ``delete_snapshot`` deletes its
+  files and confirms them gone; server shutdown deletes every one (as it ends paused ones).
 
 Served sandboxes are forkable (``ServerConfig.forkable``; pause needs it too) unless they have
-egress (a NIC has no snapshot) or the driver cannot fork a live env. A paused sandbox counts
-against its key's ``max_per_key`` as a live one does.
+egress (a NIC has no snapshot) or the driver cannot fork a live env. A paused sandbox and a
+named snapshot count against its key's ``max_per_key`` as a live sandbox does.
 
 The E2B timeout is the session's own ``timeout_s`` clock (``Lifetime``), moved to the
 sandbox's deadline; the session is opened with ``max_lifetime_s`` as its manifest timeout, so
@@ -80,6 +85,12 @@ class Busy(ServerError):
     raises as ``ServiceBusyException`` (its 409 on pause would read as "already paused")."""
 
     status = 503
+
+
+class SnapshotNotFound(ServerError):
+    """A named snapshot that is not the key's (unknown, deleted, or another key's)."""
+
+    status = 404
 
 
 class SnapshotRefused(Conflict):
@@ -146,6 +157,7 @@ class Sandbox:
     pausing: asyncio.Future[Paused] | None = None  # a pause asked for, answered by ``_life``
     paused: Paused | None = None  # paused: its snapshot (no session, no env)
     branch: Branch | None = None  # a fork's branch: its session (served by ``_hold``)
+    snapshot_id: str | None = None  # the named snapshot it was created from, if it was
 
     @property
     def live(self) -> bool:
@@ -158,6 +170,25 @@ class Sandbox:
     def new_pid(self) -> int:
         self.next_pid += 1
         return self.next_pid
+
+
+@dataclass
+class Snapshot:
+    """A named snapshot (E2B's ``create_snapshot``): whose, taken of which sandbox, its files."""
+
+    snapshot_id: str
+    key_id: str
+    sandbox_id: str
+    template: str
+    baseline: Baseline
+    network: list[str] | None
+    name: str | None
+    paused: Paused  # ``keep``: restored any number of times
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.name] if self.name else [self.snapshot_id]
 
 
 def iso(t: float) -> str:
@@ -192,6 +223,7 @@ class Sandboxes:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.by_id: dict[str, Sandbox] = {}
+        self.snapshots: dict[str, Snapshot] = {}  # named snapshots, by id
         self.owner = Owner("serve-" + secrets.token_hex(6))
         self.closing = False
         self.ended: Counter[str] = Counter()  # sandboxes ended, by why
@@ -228,10 +260,13 @@ class Sandboxes:
 
     def _quota(self, key_id: str, max_per_key: int, more: int = 1) -> None:
         """``LimitReached`` unless ``more`` sandboxes fit the key's and the server's limits
-        (a paused sandbox counts: its snapshot holds the guest's state on disk)."""
-        if len(self.of_key(key_id, paused=True)) + more > max_per_key:
+        (a paused sandbox and a named snapshot count: each holds a guest's state on disk)."""
+        held = len(self.of_key(key_id, paused=True)) + len(self.snapshots_of(key_id))
+        if held + more > max_per_key:
             raise LimitReached(
-                f"at most {max_per_key} sandboxes per key at once (paused ones count)", 1.0
+                f"at most {max_per_key} sandboxes per key at once (paused ones count,"
+                " and snapshots)",
+                1.0,
             )
         live = sum(1 for s in self.by_id.values() if s.ended is None)
         if live + more > self.config.max_sandboxes:
@@ -264,6 +299,13 @@ class Sandboxes:
         the id a head server chose (``serve --ray``), else a new one."""
         if self.closing:
             raise LimitReached("the server is shutting down", 5.0)
+        snap = None  # a snapshot's id or name; another key's is an unknown template
+        if template not in self.config.templates:
+            snap = self.snapshot_named(key_id, template)
+        if snap is not None:
+            return await self._from_snapshot(
+                key_id, snap, timeout_s, metadata, envs, max_per_key, sandbox_id
+            )
         if template not in self._baselines:  # one build of a template at a time
             async with self._resolving:
                 await asyncio.to_thread(self.baseline, template)
@@ -326,7 +368,12 @@ class Sandboxes:
             options=self.config.options,
             timeout_s=self.config.max_lifetime_s,
             network=sbx.network,
-            task={"template": sbx.template, "metadata": sbx.metadata, "served": True},
+            task={
+                "template": sbx.template,
+                "metadata": sbx.metadata,
+                "served": True,
+                **({"snapshot": sbx.snapshot_id} if sbx.snapshot_id else {}),
+            },
             owner=self.owner,
             forkable=sbx.forkable,
             resume=resume,
@@ -363,7 +410,12 @@ class Sandboxes:
             sbx.ended = sbx.ended or "cancelled"
             raise
         except BaseException as exc:
-            if resume is not None and not sbx.ready.done() and self._kept(resume):
+            if (
+                resume is not None
+                and not resume.keep  # a named snapshot's new sandbox is no paused one
+                and not sbx.ready.done()
+                and self._kept(resume)
+            ):
                 paused = resume  # the resume failed before the env was ready: still paused
             else:
                 sbx.ended = sbx.ended or f"failed: {type(exc).__name__}"
@@ -458,6 +510,111 @@ class Sandboxes:
             ctx = RunContext(self.config.driver, ledger, None, self.owner, self.config.options)
             return await discard(ctx, sbx.paused)
 
+    # -- named snapshots --------------------------------------------------------------------
+
+    def snapshots_of(self, key_id: str, sandbox_id: str | None = None) -> list[Snapshot]:
+        """The key's named snapshots (of ``sandbox_id`` only, if given), oldest first."""
+        found = [
+            s
+            for s in self.snapshots.values()
+            if s.key_id == key_id and (sandbox_id is None or s.sandbox_id == sandbox_id)
+        ]
+        return sorted(found, key=lambda s: (s.created_at, s.snapshot_id))
+
+    def snapshot_named(self, key_id: str, ref: str) -> Snapshot | None:
+        """The key's snapshot ``ref`` (its id, or its name: the newest of that name)."""
+        snap = self.snapshots.get(ref)
+        if snap is not None:
+            return snap if snap.key_id == key_id else None
+        named = [s for s in self.snapshots_of(key_id) if s.name == ref]
+        return named[-1] if named else None
+
+    async def create_snapshot(
+        self, key_id: str, sandbox_id: str, name: str | None, max_per_key: int
+    ) -> Snapshot:
+        """A named snapshot of the live sandbox, taken while it serves on (module docstring)."""
+        sbx = self.get(key_id, sandbox_id)
+        if self.closing:
+            raise LimitReached("the server is shutting down", 5.0)
+        if not sbx.forkable:
+            why = "it has egress" if sbx.network else "the server made it unforkable"
+            raise Conflict(f"sandbox {sandbox_id} cannot be snapshotted: {why}")
+        running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
+        if running:  # the agent prepares a snapshot between requests, never during one
+            raise Busy(f"sandbox {sandbox_id} cannot be snapshotted while commands run: {running}")
+        if sbx.pausing is not None:
+            raise Busy(f"sandbox {sandbox_id} is being paused")
+        self._quota(key_id, max_per_key)
+        assert sbx.sb is not None
+        try:
+            paused = await pause_session(sbx.sb, kind="snapshot")
+        except Unsupported as exc:
+            raise Conflict(f"sandbox {sandbox_id} cannot be snapshotted: {exc}") from exc
+        snap = Snapshot(
+            snapshot_id=paused.snap.snapshot_id,
+            key_id=key_id,
+            sandbox_id=sandbox_id,
+            template=sbx.template,
+            baseline=sbx.baseline,
+            network=sbx.network,
+            name=name,
+            paused=paused,
+        )
+        self.snapshots[snap.snapshot_id] = snap
+        return snap
+
+    async def _from_snapshot(
+        self,
+        key_id: str,
+        snap: Snapshot,
+        timeout_s: float | None,
+        metadata: dict[str, str],
+        envs: dict[str, str],
+        max_per_key: int,
+        sandbox_id: str | None,
+    ) -> Sandbox:
+        """A new sandbox resumed from the named snapshot (its files stay for the next)."""
+        if self.config.placement is not None:
+            raise Conflict("sandboxes from snapshots are not served through a placement")
+        self._quota(key_id, max_per_key)
+        timeout = max(1.0, min(float(timeout_s or DEFAULT_TIMEOUT_S), self.config.max_lifetime_s))
+        sandbox_id = sandbox_id or "i" + secrets.token_hex(10)
+        sbx = Sandbox(
+            sandbox_id=sandbox_id,
+            key_id=key_id,
+            template=snap.template,
+            baseline=snap.baseline,
+            metadata=dict(metadata),
+            envs=dict(envs),
+            access_token=secrets.token_urlsafe(24),
+            timeout_s=timeout,
+            network=snap.network,
+            episode_id=sandbox_id,
+            forkable=True,
+            snapshot_id=snap.snapshot_id,
+        )
+        self.by_id[sandbox_id] = sbx
+        try:
+            await self._start(sbx, self._life(sbx, resume=snap.paused))
+        except SnapshotDrift as exc:
+            raise SnapshotRefused(f"snapshot {snap.snapshot_id} cannot be restored: {exc}") from exc
+        return sbx
+
+    async def delete_snapshot(self, key_id: str, snapshot_id: str) -> None:
+        """Delete the key's named snapshot: its files deleted and confirmed gone."""
+        snap = self.snapshot_named(key_id, snapshot_id)
+        if snap is None or snap.snapshot_id != snapshot_id:
+            raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found")
+        await self._delete_snapshot(snap)
+
+    async def _delete_snapshot(self, snap: Snapshot) -> None:
+        self.snapshots.pop(snap.snapshot_id, None)
+        with Ledger() as ledger:
+            ctx = RunContext(self.config.driver, ledger, None, self.owner, self.config.options)
+            gone = await discard(ctx, snap.paused)
+        if not gone:
+            raise ServerError(f"snapshot {snap.snapshot_id} could not be deleted")
+
     # -- fork -------------------------------------------------------------------------------
 
     async def fork(
@@ -538,6 +695,9 @@ class Sandboxes:
         self.closing = True
         for sbx in [s for s in self.by_id.values() if s.state == "paused"]:
             await self._end_paused(sbx, "cancelled")
+        for snap in list(self.snapshots.values()):
+            with contextlib.suppress(ServerError):  # the reaper's, once this owner is dead
+                await self._delete_snapshot(snap)
         tasks = [s.task for s in self.by_id.values() if s.task is not None and not s.task.done()]
         for t in tasks:
             t.cancel("cleanroom serve is shutting down")

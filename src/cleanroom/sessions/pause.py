@@ -19,6 +19,11 @@ nothing starts), then opens a new episode whose env is restored from the snapsho
 (``Driver.fork_resume``, forkable again; ``fork_clone`` otherwise); its provenance
 ``resumed`` names the paused incarnation (episode, env, step, snapshot digest and id, when).
 Once the new env is ready the snapshot is deleted and its absence confirmed.
+
+A named snapshot (E2B's ``create_snapshot``: ``pause_session(sb, kind="snapshot")``) is the
+same files taken while the session serves on; it is ``keep``: each resume from it is a new
+session (its own env, clone id and entropy: ``fork_resume``) and the files stay until their
+owner deletes them (``discard``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Paused:
     env_id: str
     step: int
     at: float
+    keep: bool = False  # a named snapshot: restored any number of times, deleted only by name
 
     @property
     def digest(self) -> str:
@@ -68,10 +74,12 @@ class Paused:
         }
 
 
-async def pause_session(sb: AsyncSession) -> Paused:
+async def pause_session(sb: AsyncSession, *, kind: str = "pause") -> Paused:
     """Save ``sb``'s state now as a sealed snapshot (module docstring). ``sb`` goes on (the
-    caller ends it); ``Unsupported`` on a driver without ``fork-live`` or a session not made
-    forkable, before anything is made; on a failure the snapshot's files are deleted."""
+    caller ends it, or, a named snapshot (``kind="snapshot"``), serves on: the snapshot is
+    then ``keep``, its ledger row ``snapshot:<episode>@<step>``); ``Unsupported`` on a driver
+    without ``fork-live`` or a session not made forkable, before anything is made; on a
+    failure the snapshot's files are deleted."""
     parent = sb.episode
     ctx, key = parent.ctx, parent.key
     sb.live_env()  # SessionClosed once it has ended
@@ -83,7 +91,7 @@ async def pause_session(sb: AsyncSession) -> Paused:
     ctx.ledger.snapshot_intent(
         snapshot_id,
         run_id=key.run_id,
-        group_id=f"pause:{key.episode_id}@{step}",
+        group_id=f"{kind}:{key.episode_id}@{step}",
         driver=ctx.driver.name,
         setup_digest=sb.transcript_digest(),
         **ctx.owner.ledger_fields(),
@@ -100,10 +108,19 @@ async def pause_session(sb: AsyncSession) -> Paused:
     ctx.ledger.snapshot_saved(
         snapshot_id, parent_env_id=env.env_id, digest=snap.digest, group_digest=snap.digest
     )
-    paused = Paused(snap, key.run_id, key.episode_id, key.attempt, env.env_id, step, time.time())
-    sb.transcript.add("pause", snapshot=snap.digest, snapshot_id=snapshot_id, step=step)
+    paused = Paused(
+        snap,
+        key.run_id,
+        key.episode_id,
+        key.attempt,
+        env.env_id,
+        step,
+        time.time(),
+        keep=kind != "pause",
+    )
+    sb.transcript.add(kind, snapshot=snap.digest, snapshot_id=snapshot_id, step=step)
     ctx.ledger.event(
-        "session_paused",
+        "session_paused" if kind == "pause" else "session_snapshotted",
         run_id=key.run_id,
         episode_id=key.episode_id,
         env_id=env.env_id,
@@ -114,7 +131,8 @@ async def pause_session(sb: AsyncSession) -> Paused:
 
 def resume_start(ctx: RunContext, paused: Paused, fork_ram: str | None) -> CreateEnv:
     """The resumed episode's ``start``: its env restored from ``paused`` (a fork parent in
-    ``fork_ram`` when forkable), ``provenance.resumed`` set, then the snapshot deleted."""
+    ``fork_ram`` when forkable), ``provenance.resumed`` set, then the snapshot deleted (a
+    named one, ``keep``, stays)."""
 
     async def start(request: EnvRequest) -> Env:
         if fork_ram is not None:
@@ -124,13 +142,14 @@ def resume_start(ctx: RunContext, paused: Paused, fork_ram: str | None) -> Creat
         env.info = dataclasses.replace(env.info, resumed=paused.facts())
         ctx.ledger.event(
             "env_resumed",
-            run_id=paused.run_id,
+            run_id=request.labels.get("run_id", paused.run_id),  # a named snapshot's: a new run
             episode_id=request.labels.get("episode_id"),
             env_id=env.env_id,
             snapshot_id=paused.snap.snapshot_id,
             paused_episode=paused.episode_id,
         )
-        await until_done(asyncio.ensure_future(discard(ctx, paused)))
+        if not paused.keep:
+            await until_done(asyncio.ensure_future(discard(ctx, paused)))
         return env
 
     return start
