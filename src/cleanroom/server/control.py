@@ -469,12 +469,7 @@ class Sandboxes:
         if self.get_paused(key_id, sandbox_id) is not None:
             return False
         sbx = self.get(key_id, sandbox_id)
-        if not sbx.forkable:
-            why = "it has egress" if sbx.network else "the server made it unforkable"
-            raise Conflict(f"sandbox {sandbox_id} cannot be paused: {why}")
-        running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
-        if running:  # the agent prepares a snapshot between requests, never during one
-            raise Busy(f"sandbox {sandbox_id} cannot be paused while commands run: {running}")
+        _savable(sbx, "paused")
         if sbx.pausing is None:
             sbx.pausing = asyncio.get_running_loop().create_future()
             sbx.stop.set()
@@ -536,12 +531,7 @@ class Sandboxes:
         sbx = self.get(key_id, sandbox_id)
         if self.closing:
             raise LimitReached("the server is shutting down", 5.0)
-        if not sbx.forkable:
-            why = "it has egress" if sbx.network else "the server made it unforkable"
-            raise Conflict(f"sandbox {sandbox_id} cannot be snapshotted: {why}")
-        running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
-        if running:  # the agent prepares a snapshot between requests, never during one
-            raise Busy(f"sandbox {sandbox_id} cannot be snapshotted while commands run: {running}")
+        _savable(sbx, "snapshotted")
         if sbx.pausing is not None:
             raise Busy(f"sandbox {sandbox_id} is being paused")
         self._quota(key_id, max_per_key)
@@ -624,9 +614,7 @@ class Sandboxes:
         sbx = self.get(key_id, sandbox_id)
         if not 1 <= count <= MAX_BRANCHES:
             raise ServerError(f"count must be 1..{MAX_BRANCHES}")
-        if not sbx.forkable:
-            why = "it has egress" if sbx.network else "the server made it unforkable"
-            raise Conflict(f"sandbox {sandbox_id} cannot be forked: {why}")
+        _forkable(sbx, "forked")
         self._quota(key_id, max_per_key, count)
         assert sbx.sb is not None
         try:
@@ -755,3 +743,19 @@ class Sandboxes:
             "trafficAccessToken": sbx.traffic_token,
             **({"domain": self.config.domain} if self.config.domain else {}),
         }
+
+
+def _forkable(sbx: Sandbox, what: str) -> None:
+    """Conflict unless the sandbox's state can be saved (``what``: "paused", ...)."""
+    if not sbx.forkable:
+        why = "it has egress" if sbx.network else "the server made it unforkable"
+        raise Conflict(f"sandbox {sbx.sandbox_id} cannot be {what}: {why}")
+
+
+def _savable(sbx: Sandbox, what: str) -> None:
+    """``_forkable``, and Busy while commands run: the agent prepares a snapshot between
+    requests, never during one."""
+    _forkable(sbx, what)
+    running = sorted(pid for pid, proc in sbx.processes.items() if proc.result is None)
+    if running:
+        raise Busy(f"sandbox {sbx.sandbox_id} cannot be {what} while commands run: {running}")
