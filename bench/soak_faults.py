@@ -135,22 +135,32 @@ class FaultyS3:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _body(self) -> bytes:
+            def _body(self) -> bytes | None:
+                """The request's body; None when the client sent less than it announced."""
                 if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
                     parts = []
                     while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        line = self.rfile.readline()
+                        if not line:
+                            return None
+                        size = int(line.split(b";")[0].strip() or b"0", 16)
                         if size == 0:
                             while self.rfile.readline().strip():  # trailers
                                 pass
                             return b"".join(parts)
                         parts.append(self.rfile.read(size))
+                        if len(parts[-1]) < size:
+                            return None
                         self.rfile.readline()
                 length = int(self.headers.get("content-length") or 0)
-                return self.rfile.read(length) if length else b""
+                body = self.rfile.read(length) if length else b""
+                return body if len(body) == length else None
 
             def _any(self) -> None:
                 body = self._body()
+                if body is None:  # the client gave up mid-body: S3 stores nothing either
+                    self.close_connection = True
+                    return
                 fault = proxy._draw()
                 if fault in ("500", "503"):
                     code = "InternalError" if fault == "500" else "SlowDown"
