@@ -25,16 +25,21 @@ Rounds are drawn from the seed until ``--episodes`` episodes have run, each one 
   durable and leave no env; once the space is freed, the run is resumed and checked;
 - ``store-s3``: a batch on an S3-compatible store (moto on loopback, behind a proxy) answering
   a share of its requests with 500 / 503 or stalling them past the client's timeout (before or
-  after the write happened), then resumed with the store healthy.
+  after the write happened), then resumed with the store healthy;
+- ``ray-node`` (the fake driver): a batch across a local Ray cluster whose node added for the
+  round is SIGKILLed mid-run; its episodes run again on the standing node, its home is reaped
+  from the host alone.
 
 After every round, from the ledger, the store and the host alone: each episode's latest attempt
 has a final outcome with exactly one durable record that agrees with the ledger (outcome,
 attempt), every env of the run is confirmed destroyed, nothing of the run is left in staging.
 A round whose episodes are not all final is resumed (at most ``RESUMES`` times). At the end: no
-env process of the driver left, and this process's RSS and open descriptors flat (sampled after
-each round once every kind of round has run once; the mean of the last 10% within 10% of the
-first 10%'s). A guest that kills its agent ends ``env_crashed`` (visible, retryable, no record)
-each attempt; every other episode must end final. A failure prints the seed.
+env process of the driver left, and this process's memory and open descriptors flat (sampled
+after each round once every kind of round has run once; the mean of the last 10% within 10% of
+the first 10%'s). Memory is RSS once glibc's ``malloc_trim(0)`` has returned the free pages it
+keeps (a leak grows it; the allocator's caching of freed memory does not); the raw RSS is
+reported beside it. A guest that kills its agent ends ``env_crashed`` (visible, retryable, no
+record) each attempt; every other episode must end final. A failure prints the seed.
 """
 
 from __future__ import annotations
@@ -74,7 +79,9 @@ ROUNDS = (
     ("served", 6),
     ("store-s3", 6),
     ("ledger-full", 4),
+    ("ray-node", 3),
 )
+RAY_MODES = tuple((m, w) for m, w in GUEST_MODES if m != "kill-agent")  # all final: no resume
 KINDS_OF_PROBLEM = (
     ("duplicated:", "duplicated"),
     ("lost:", "lost"),
@@ -100,7 +107,8 @@ class Tally:
     envs_left: int = 0
     staging_left: int = 0
     problems: list[str] = field(default_factory=list)
-    rss: list[int] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)  # as the kernel counts it
+    rss_held: list[int] = field(default_factory=list)  # once malloc gave back its free pages
     fds: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -165,12 +173,22 @@ def crashes_itself(item: dict[str, Any]) -> bool:
     return (item.get("task") or {}).get("mode") == "kill-agent"
 
 
-def rss_and_fds() -> tuple[int, int]:
-    rss = 0
+def rss() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-    return rss, len(os.listdir("/proc/self/fd"))
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_and_fds() -> tuple[int, int, int]:
+    """RSS; RSS once glibc's ``malloc_trim(0)`` returned the free pages it keeps (what is
+    still held: a leak grows it, the allocator's caching does not); open descriptors."""
+    import ctypes
+
+    raw = rss()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: raw twice
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return raw, rss(), len(os.listdir("/proc/self/fd"))
 
 
 class Soak:
@@ -190,6 +208,7 @@ class Soak:
         self.round_store: str | None = None  # this round's store, when not ``store``
         self.s3: Any = None  # soak_faults.FaultyS3, started by the first store-s3 round
         self.key: str | None = None  # the served rounds' API key
+        self.ray: Any = None  # soak_faults.RayNodes, started by the first ray-node round
 
     # -- the rounds --------------------------------------------------------------------------
 
@@ -419,6 +438,75 @@ class Soak:
             self.s3.faults("ok", 0.0)
         return items
 
+    async def ray_node(self, run: str) -> list[dict[str, Any]]:
+        """A batch across a local Ray cluster (the fake driver): a node added for the round is
+        SIGKILLed (its raylet) at a random moment once it runs an env; its episodes are queued
+        again on the standing node. Then that node's home is reaped from the host alone, and
+        every env in every node's ledger must be confirmed absent."""
+        import cleanroom
+        from cleanroom.drivers.fake import FakeDriver
+        from cleanroom.integrations.ray import RayCluster
+        from cleanroom.ledger import Ledger
+        from cleanroom.lifecycle.context import RunOptions
+        from cleanroom.lifecycle.reaper import reap
+        from cleanroom.store import open_store
+
+        if self.ray is None:  # Ray starts its nodes from the main thread only (signals)
+            self.ray = _faults().RayNodes(self.work / "ray")
+        name = f"node{self.round}"
+        home = self.ray.add(name)
+        items = self._manifests(run, self.rng.randint(4, 10), RAY_MODES)
+        for item in items:
+            if item["task"]["mode"] == "ok":  # long enough to be cut by the node's death
+                item["task"] = {"mode": "sleep", "seconds": round(self.rng.uniform(0.5, 2), 2)}
+        cluster = RayCluster(address=self.ray.address, reap_every_s=None)
+        task = asyncio.create_task(
+            cleanroom.arun(
+                items,
+                baseline=self.baseline,
+                store=str(self.store),
+                run_id=run,
+                driver="fake",
+                options=RunOptions(cleanup_window_s=5),
+                cluster=cluster,
+            )
+        )
+        node = Ledger(home / "ledger.db")
+        try:
+            deadline = time.monotonic() + 60
+            while not task.done() and time.monotonic() < deadline:
+                if any(e.ready_at for e in node.envs(run_id=run)):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(self.rng.uniform(0.0, 0.5))
+            self.ray.kill(name)
+            self.tally.count(
+                self.tally.faults, "Ray node SIGKILL" + (" (after its run)" if task.done() else "")
+            )
+            await asyncio.wait_for(task, 180)
+            pids = [e.pid for e in node.envs(run_id=run) if e.pid]
+            await until_gone(pids, 30)
+            await reap(FakeDriver(run_root=home / "run" / "fake"), node, open_store(self.store))
+        finally:
+            node.close()
+            self.ray.remove(name)
+        self.keep(run, self.node_envs_left(run))
+        return items
+
+    def node_envs_left(self, run: str) -> list[str]:
+        """Every env of ``run`` in any node's ledger not confirmed absent, or still there."""
+        from cleanroom.drivers.fake import FakeDriver
+        from cleanroom.ledger import Ledger
+
+        problems = []
+        for home in self.ray.homes.values():
+            driver = FakeDriver(run_root=home / "run" / "fake")
+            with Ledger(home / "ledger.db") as ledger:
+                for env in ledger.envs(run_id=run):
+                    if env.confirmed_absent_at is None or driver.exists(env.env_id):
+                        problems.append(f"env left: {env.env_id} on {home.name}")
+        return problems
+
     async def served(self, run: str) -> list[dict[str, Any]]:
         """Sandboxes from the e2b SDK through a ``cleanroom serve`` subprocess (the fake
         driver): created, used, most killed by their client; the server SIGKILLed at a random
@@ -560,17 +648,26 @@ class Soak:
 
         self.baseline = host_baseline() if self.driver_name == "fake" else resolve_baseline(TINY)
         started = time.monotonic()
-        root_only = ("store-full", "ledger-full")
-        kinds = ROUNDS if os.geteuid() == 0 else tuple(r for r in ROUNDS if r[0] not in root_only)
+        kinds = tuple(r for r in ROUNDS if r[0] not in self.cannot_run())
         try:
             await self._rounds(kinds, progress)
         except BaseException:
-            if self.s3 is not None:  # moto's subprocess too
-                self.s3.close()
+            self.close()
             raise
         self.finish()
         self.tally.seconds = time.monotonic() - started
         return self.tally
+
+    def cannot_run(self) -> set[str]:
+        """The kinds of round this host or driver cannot run."""
+        import importlib.util
+
+        out = set()
+        if os.geteuid() != 0:
+            out |= {"store-full", "ledger-full"}  # their tmpfs mounts
+        if self.driver_name != "fake" or importlib.util.find_spec("ray") is None:
+            out.add("ray-node")
+        return out
 
     async def _rounds(self, kinds: tuple[tuple[str, int], ...], progress: bool) -> None:
         from cleanroom.ledger import Ledger
@@ -589,8 +686,9 @@ class Soak:
             self.tally.episodes += max(1, len(items))
             self.tally.count(self.tally.rounds, kind)
             if set(self.tally.rounds) == {k for k, _ in kinds}:  # every kind ran: warmed up
-                rss, fds = rss_and_fds()
-                self.tally.rss.append(rss)
+                raw, held, fds = rss_and_fds()
+                self.tally.rss.append(raw)
+                self.tally.rss_held.append(held)
                 self.tally.fds.append(fds)
             if progress and self.round % 10 == 0:
                 print(
@@ -600,24 +698,50 @@ class Soak:
                     flush=True,
                 )
 
-    def finish(self) -> None:
-        from cleanroom.drivers import get_driver
-
+    def close(self) -> None:
+        """Stop what the rounds started beside this process: moto, the Ray cluster."""
         if self.s3 is not None:
             self.s3.close()
             self.tally.faults.update({f"S3 {k} (requests)": v for k, v in self.s3.counts.items()})
             self.s3 = None
+        if self.ray is not None:
+            self.ray.close()
+            self.ray = None
+
+    def finish(self) -> None:
+        from cleanroom.drivers import get_driver
+
+        self.close()
 
         left = get_driver(self.driver_name).list_owned()
         if left:
             self.tally.envs_left += len(left)
             self.tally.problems.append(f"the driver still owns {left}")
-        for name, series in (("RSS", self.tally.rss), ("open fds", self.tally.fds)):
+        held = ("RSS held (after malloc_trim)", self.tally.rss_held)
+        for name, series in (held, ("open fds", self.tally.fds)):  # raw RSS: reported only
             growth = flat_growth(series)
             if growth is not None and growth > 0.10:
                 self.tally.problems.append(
                     f"{name} grew {growth:.0%} from the first to the last 10%"
                 )
+
+
+async def until_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until none of ``pids`` is alive."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                alive.append(pid)
+        if not alive:
+            return
+        await asyncio.sleep(0.1)
 
 
 def fill(path: Path) -> bool:
@@ -634,13 +758,19 @@ def fill(path: Path) -> bool:
 
 
 def _faults() -> Any:
-    """``bench/soak_faults.py`` (beside this file, whether run as a script or loaded by path)."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import soak_faults
+    """``bench/soak_faults.py`` (beside this file), loaded by its path: putting ``bench/`` on
+    ``sys.path`` would let ``bench/ray.py`` stand in for Ray."""
+    import importlib.util
 
-    return soak_faults
+    if "soak_faults" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "soak_faults", Path(__file__).resolve().parent / "soak_faults.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["soak_faults"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["soak_faults"]
 
 
 def flat_growth(series: list[int]) -> float | None:
@@ -663,7 +793,12 @@ def report(tally: Tally, seed: int, driver: str) -> str:
         f"  lost {tally.lost}, duplicated {tally.duplicated}, disagreeing {tally.disagreeing}, "
         f"envs left {tally.envs_left}, staging left {tally.staging_left}",
     ]
-    for name, series in (("RSS", tally.rss), ("open fds", tally.fds)):
+    series_of = (
+        ("RSS", tally.rss),
+        ("RSS held (after malloc_trim)", tally.rss_held),
+        ("open fds", tally.fds),
+    )
+    for name, series in series_of:
         growth = flat_growth(series)
         if series:
             lines.append(

@@ -5,14 +5,18 @@
   (before or after passing them on: a write that happened but whose answer never came);
 - ``Tmpfs``: a size-limited tmpfs (root only) and a filler that takes all its room at once;
 - ``Served``: a ``cleanroom serve`` subprocess (the fake driver) that can be SIGKILLed and
-  started again.
+  started again;
+- ``RayNodes``: a local Ray cluster on loopback whose nodes (each its own home) can be added
+  and SIGKILLed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,7 +142,7 @@ class FaultyS3:
             def _body(self) -> bytes | None:
                 """The request's body; None when the client sent less than it announced."""
                 if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
-                    parts = []
+                    parts: list[bytes] = []
                     while True:
                         line = self.rfile.readline()
                         if not line:
@@ -290,3 +294,79 @@ class Served:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+# -- a Ray cluster whose nodes die --------------------------------------------------------------
+
+RAY_ENV = {  # read when Ray is imported: set before
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every address on loopback
+}
+RAY_HEALTH = {  # a dead node noticed in ~2 s, not Ray's default 30 s
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 3,
+    "health_check_timeout_ms": 500,
+    "health_check_initial_delay_ms": 0,
+}
+
+
+class RayNodes:
+    """A local Ray cluster (``ray.cluster_utils``) on loopback: a head with no CPUs and one
+    standing node, each node with its own ``CLEANROOM_HOME`` under ``root`` and 2
+    ``cleanroom_vm`` slots; this process connected to it. ``add`` starts another node,
+    ``kill`` SIGKILLs a node's raylet (its workers and envs die with it)."""
+
+    def __init__(self, root: Path) -> None:
+        for key, value in RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        import ray
+        from ray import cluster_utils
+
+        self.root = root
+        self.homes: dict[str, Path] = {}
+        self._nodes: dict[str, Any] = {}
+        self.cluster = cluster_utils.Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "node_ip_address": "127.0.0.1",
+                "_system_config": RAY_HEALTH,
+            },
+        )
+        self.add("standing")
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        self.address = str(self.cluster.address)
+
+    def add(self, name: str) -> Path:
+        """A new node named ``name`` (its home returned), its agent already built."""
+        home = self.root / name
+        (home / "cache" / "agent").mkdir(parents=True)
+        from cleanroom.agent import native
+
+        built = native.host_binary().parent  # this process's home's build: hard-linked
+        shutil.copytree(built, home / "cache" / "agent" / built.name, copy_function=os.link)
+        self._nodes[name] = self.cluster.add_node(
+            num_cpus=1,
+            resources={"cleanroom_vm": 2},
+            node_ip_address="127.0.0.1",
+            env_vars={"CLEANROOM_HOME": str(home)},
+        )
+        self.homes[name] = home
+        return home
+
+    def kill(self, name: str) -> None:
+        raylet = self._nodes[name].all_processes["raylet"][0].process
+        os.kill(raylet.pid, signal.SIGKILL)
+
+    def remove(self, name: str) -> None:
+        node = self._nodes.pop(name)
+        with contextlib.suppress(Exception):  # already dead by our own SIGKILL
+            self.cluster.remove_node(node, allow_graceful=False)
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()

@@ -1,8 +1,9 @@
 """The short soak (``bench/soak.py`` with a fixed seed, the fake driver: a few minutes at most):
 each kind of round at least once — batches of guests that behave and misbehave, sessions, env
 SIGKILLs, a controller SIGKILLed and resumed, a store that fills up, the ledger's disk that fills
-up mid-run, served sandboxes, a faulty S3 store; after every round nothing is lost, doubled,
-disagreeing or left behind. A failure names the seed and the command that reproduces it."""
+up mid-run, served sandboxes, a faulty S3 store, a Ray node SIGKILLed mid-batch; after every
+round nothing is lost, doubled, disagreeing or left behind. A failure names the seed and the
+command that reproduces it."""
 
 from __future__ import annotations
 
