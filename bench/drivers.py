@@ -27,10 +27,10 @@ from stats import p50_p95, write
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.evidence.manifest import ResolvedLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

@@ -143,7 +143,7 @@ def host_baseline() -> Any:
     import shutil
 
     from cleanroom.baseline.model import Baseline, Component, identity
-    from cleanroom.evidence.manifest import Limits
+    from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of, sha256_file
     from cleanroom.host.paths import baselines_dir, cache_dir
 

@@ -98,9 +98,9 @@ def qemu_cpu_ms(env_id: str) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from cleanroom.baseline.resolve import resolve_or_build
+    from cleanroom.core.limits import Limits
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu import QemuDriver
-    from cleanroom.evidence.manifest import Limits
 
     def request(baseline: Any) -> EnvRequest:
         limits = Limits().merged_over(baseline.limits)
@@ -199,10 +199,10 @@ def floor(boots: int) -> list[str]:
 
     from cleanroom.agent import bulk
     from cleanroom.baseline.resolve import resolve_or_build
+    from cleanroom.core.limits import Limits
     from cleanroom.drivers import accel as accel_mod
     from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
     from cleanroom.drivers.qemu.cmdline import machine_args
-    from cleanroom.evidence.manifest import Limits
 
     baseline = resolve_or_build(str(TINY))
     limits = Limits().merged_over(baseline.limits)

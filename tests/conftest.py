@@ -83,7 +83,7 @@ def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # n
     Python. The script is a component (hard-linked into the baseline folder), so drift tests
     work."""
     from cleanroom.baseline.model import Baseline, Component, identity
-    from cleanroom.evidence.manifest import Limits
+    from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of, sha256_file
 
     entry = tmp / "entry" / "entry.py"

@@ -2,7 +2,7 @@
 
 A "snapshot" is a folder (owner.json, a state file naming the parent); a "clone" is a fresh fake
 env. Nothing of the parent's state reaches a clone: what fork itself does is proven on real VMs
-in tests/snapshot/test_fork.py. Like qemu's, a snapshot's digest comes later (``fork_sealed``).
+in tests/drivers/qemu/test_fork.py. Like qemu's, a snapshot's digest comes later (``fork_sealed``).
 ``fail_clones`` makes every fork_clone fail, ``fail_deletes`` every delete_snapshot,
 ``fail_seal`` the seal (as if the files changed before they were hashed).
 """

@@ -1,4 +1,4 @@
-"""Shared pieces of the real-VM tests (tests/snapshot, tests/vm): manifests, env requests, a
+"""Shared pieces of the real-VM tests (tests/drivers/qemu, tests/vm): manifests, env requests, a
 controller over a qemu driver, the checks that an env is gone (for any run-folder driver: the
 fake driver's controller tests use them too) and that the next episode sees nothing of the
 previous one."""
@@ -11,10 +11,11 @@ from typing import Any
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner, RunFolderDriver, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore, Store

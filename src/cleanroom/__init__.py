@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from cleanroom.core.version import __version__
+
 __all__ = [
     "AsyncSession",
     "CommandResult",

@@ -28,13 +28,13 @@ from cleanroom.baseline.resolve import resolve_baseline
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import Controller, EventHook, RunOptions
 from cleanroom.core import events
+from cleanroom.core.limits import Limits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import ManifestError
 from cleanroom.evidence.manifest import (
     Group,
     GroupSetup,
-    Limits,
     Manifest,
     check_groups,
     coerce_manifests,

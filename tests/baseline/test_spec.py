@@ -183,7 +183,7 @@ def test_a_bad_allowlist_entry_is_named(tmp_path: Path) -> None:
 
 def test_the_allowlist_is_covered_by_the_baseline_digest() -> None:
     from cleanroom.baseline.model import Baseline, Component, identity
-    from cleanroom.evidence.manifest import Limits
+    from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of
 
     parts = ((Component("vmlinux", 1, "0" * 64),), ("true",), Limits(), "6.1", "0.3.0", "sha256:x")

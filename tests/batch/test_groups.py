@@ -2,7 +2,8 @@
 
 ``ForkingFake`` (a pretend fork) drives the orchestration of the forked path: setup once,
 snapshot, clones, parent and snapshot gone on every path. The plain fake driver has no fork and
-takes the per-episode fallback. What fork does inside a VM is proven in tests/snapshot/test_fork.py.
+takes the per-episode fallback. What fork does inside a VM is proven in
+tests/drivers/qemu/test_fork.py.
 """
 
 from __future__ import annotations

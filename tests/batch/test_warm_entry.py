@@ -13,9 +13,10 @@ import pytest
 
 from cleanroom.baseline.model import Baseline, Component, FunctionEntry, identity
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.limits import Limits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.evidence.manifest import Limits, Manifest
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore

@@ -14,9 +14,10 @@ from cleanroom.baseline.model import Baseline, Component, identity
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.checks.check_cli import check_app
 from cleanroom.checks.repro import Fields, comparable, differences, fields, flatten, run_repro
+from cleanroom.core.limits import Limits
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import CheckError
-from cleanroom.evidence.manifest import Limits, Manifest
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.host.digests import digest_of, sha256_file
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.evidence.manifest import ResolvedLimits
 
 from ..conftest import make_fake_baseline
 

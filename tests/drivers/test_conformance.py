@@ -176,7 +176,7 @@ from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.evidence.manifest import ResolvedLimits
+from cleanroom.core.limits import ResolvedLimits
 
 async def main():
     name, folder, run_root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import native
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import ConfigError
-from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.host.hostbuild import source_key
 
 from ..conftest import make_fake_baseline

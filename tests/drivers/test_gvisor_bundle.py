@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.model import AGENT_FILE, ROOTFS_FILE, Baseline, Component
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import gvisor_bundle as gb
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.errors import DriftError, LaunchError
-from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.host import hostproc
 
 from ..conftest import make_fake_baseline

@@ -17,11 +17,12 @@ import pytest
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_snapshot_id
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.host import paths
 from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore

@@ -1,6 +1,6 @@
 """The qemu driver's spare bookkeeping without VMs: which spare fits a request, which id is
 handed out, what is topped up and what ``release`` destroys (the real-VM side:
-tests/snapshot/test_spares.py)."""
+tests/drivers/qemu/test_spares.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import DestroyReport, EnvRequest, Owner
 from cleanroom.drivers.qemu.config import QemuConfig
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.spares import MAX_AGE_S, Spare, Spares
-from cleanroom.evidence.manifest import ResolvedLimits
 
 BASELINE: Any = SimpleNamespace(digest="sha256:base")
 LIMITS = ResolvedLimits()

@@ -1,6 +1,6 @@
 """``touch_guest_paths`` (drivers/qemu/touch.py), before a template's save and in a spare's run
 ahead: what ran is reported, and a guest that fails any step only leaves its caches cold
-(the template or the spare is still made). Real VMs: tests/snapshot/test_spares.py."""
+(the template or the spare is still made). Real VMs: tests/drivers/qemu/test_spares.py."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ import pytest
 
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.batch.result import RunResult
+from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import Outcome
 from cleanroom.errors import RecordConflict
 from cleanroom.evidence.export import export_episode
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger
-from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.observe.failures import failures
 from cleanroom.store import LocalStore, Store
 from cleanroom.store.layout import listed, log_path

@@ -17,13 +17,13 @@ import pytest
 
 from cleanroom import __version__
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import Outcome
 from cleanroom.errors import ExportError
 from cleanroom.evidence.export import RECORD_VERSION, export_attempt, export_episode
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.secrets import Redactor
 from cleanroom.host.digests import digest_of
-from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.store import LocalStore
 
 from ..conftest import make_fake_baseline

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from cleanroom.core.limits import Limits
 from cleanroom.errors import ManifestError
 from cleanroom.evidence.manifest import (
-    Limits,
     Manifest,
     NetworkRequest,
     check_groups,

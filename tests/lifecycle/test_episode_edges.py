@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.drivers.base import Env, EnvRequest, Owner
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.lifecycle.context import RunContext, RunOptions
 from cleanroom.lifecycle.episode import Episode, EpisodeKey
 

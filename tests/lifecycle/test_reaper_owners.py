@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
-from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 

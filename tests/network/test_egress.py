@@ -10,12 +10,13 @@ import pytest
 
 from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import LaunchError, NetworkPolicyError
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.secrets import Redactor
 from cleanroom.ledger import Ledger
 from cleanroom.network.egress import Egress, check_manifests, episode_policy

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.baseline.image_user import RunAs
-from cleanroom.evidence.manifest import Limits
+from cleanroom.core.limits import Limits
 from cleanroom.host.digests import digest_of
 
 FORMAT_VERSION = 1

@@ -30,8 +30,8 @@ from pydantic import (
 
 from cleanroom.agent import native
 from cleanroom.baseline.oci import check_ref
+from cleanroom.core.limits import Limits
 from cleanroom.errors import SpecError
-from cleanroom.evidence.manifest import Limits
 from cleanroom.network.policy import checked_allowlist
 
 BUILDER_VERSION = "1"

@@ -26,8 +26,8 @@ from typing import Any, NoReturn, Unpack
 from cleanroom.agent.commands import CommandOptions, SpawnOptions
 from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult, GuestProcess
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.errors import DriverError, Unsupported
-from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.host import hostproc
 from cleanroom.host.cgroups import EnvGroups
 from cleanroom.network.qemu_args import Attachment

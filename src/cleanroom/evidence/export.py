@@ -17,11 +17,11 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from cleanroom import __version__
 from cleanroom.agent import wire
 from cleanroom.agent.session import Artifact, EpisodeOutput
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import Outcome
+from cleanroom.core.version import __version__
 from cleanroom.errors import EvidenceError, ExportError, ProtocolError, UnsafePath
 from cleanroom.evidence import attest, keys
 from cleanroom.evidence.manifest import Manifest
@@ -34,7 +34,7 @@ from cleanroom.store.base import record_bytes
 from cleanroom.store.layout import attempt_dir
 
 if TYPE_CHECKING:
-    from cleanroom.lifecycle.clock import EpisodeClock
+    from cleanroom.core.clock import EpisodeClock
 
 RECORD_VERSION = 2  # 2: evidence under attempts/<n>/, each file's path in the record
 

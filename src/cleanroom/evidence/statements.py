@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cleanroom import __version__
+from cleanroom.core.version import __version__
 from cleanroom.evidence.attest import (
     CHAIN,
     DESTROY,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cleanroom.agent.session import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import EpisodeState, Failure, Outcome, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id
 from cleanroom.errors import (
@@ -42,7 +43,6 @@ from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.seal import seal_or_alert
 from cleanroom.evidence.secrets import Redactor
 from cleanroom.evidence.secrets import resolve as resolve_secrets
-from cleanroom.lifecycle.clock import EpisodeClock
 from cleanroom.lifecycle.context import CreateEnv, RunContext
 from cleanroom.lifecycle.lease import EnvLease
 from cleanroom.lifecycle.run import run_in_env

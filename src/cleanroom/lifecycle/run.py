@@ -16,11 +16,12 @@ from typing import Any
 
 from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome, classify
 from cleanroom.drivers.base import Env
 from cleanroom.errors import EnvCrashed, ProtocolError
 from cleanroom.evidence import header_budget
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.record import parse_guest_result
 from cleanroom.host.digests import sha256_file
 

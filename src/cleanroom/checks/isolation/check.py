@@ -25,10 +25,10 @@ from cleanroom.checks.isolation.cells import (
 )
 from cleanroom.checks.isolation.plant import new_token, run_canary
 from cleanroom.checks.isolation.recovery import recovery
+from cleanroom.core.limits import Limits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import CheckError, CleanroomError
-from cleanroom.evidence.manifest import Limits
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext
 from cleanroom.lifecycle.lease import EnvLease

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from cleanroom.baseline.model import Baseline
 from cleanroom.checks.isolation.cells import CLEANUP, FAIL, PASS, Cell, Variant, evaluate
 from cleanroom.checks.isolation.plant import run_canary
+from cleanroom.core.limits import Limits
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import CheckError
-from cleanroom.evidence.manifest import Limits
 from cleanroom.host import hostproc
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunContext

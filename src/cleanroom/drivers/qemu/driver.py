@@ -44,6 +44,7 @@ from typing import Any
 
 from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import (
@@ -65,7 +66,6 @@ from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.spares import Spares
 from cleanroom.drivers.qemu.templates import Templates
 from cleanroom.errors import CleanroomError, LaunchError
-from cleanroom.evidence.manifest import ResolvedLimits
 from cleanroom.host import cgroups, hostproc, jail, paths
 
 __all__ = ["STARTS", "START_ENV", "QemuDriver"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cleanroom.agent.session import AgentSession
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id, write_owner
@@ -38,7 +39,6 @@ from cleanroom.drivers.qemu.clone import Cloner, load_accepted, reseed, reseed_a
 from cleanroom.drivers.qemu.context import QemuContext
 from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.touch import touch_guest_paths
-from cleanroom.evidence.manifest import ResolvedLimits
 
 if TYPE_CHECKING:
     from cleanroom.baseline.model import Baseline

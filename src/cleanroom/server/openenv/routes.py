@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from cleanroom import __version__
+from cleanroom.core.version import __version__
 from cleanroom.errors import CleanroomError
 from cleanroom.server.app import Served
 from cleanroom.server.control import LimitReached, ServerError

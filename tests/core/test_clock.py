@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from cleanroom.lifecycle import clock as clock_module
-from cleanroom.lifecycle.clock import EpisodeClock
+from cleanroom.core import clock as clock_module
+from cleanroom.core.clock import EpisodeClock
 
 
 class FakeTime:

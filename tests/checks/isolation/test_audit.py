@@ -15,7 +15,7 @@ from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.host import hostproc
 
-from ..drivers.spoof import spoofer
+from ...drivers.spoof import spoofer
 
 
 async def test_another_users_process_with_a_marker_and_a_token_is_neither_counted_nor_killed(

@@ -5,7 +5,7 @@ needed python3). On the host, with a ``--prefix``, the C canary plants and repor
 rows with the same evidence as ``canary.py`` and its JSON crosses the host's boundary; run by
 the whole check on the fake driver, it gives the Python canary's verdicts, failures included
 (one boot id, the reusing driver's shared files). The VM run is in
-``tests/isolation/test_isolation_vm.py``.
+``tests/checks/isolation/test_isolation_vm.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from cleanroom.checks.isolation.native_canary import canary_binary
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.ledger import Ledger
 
-from ..conftest import make_fake_baseline
+from ...conftest import make_fake_baseline
 from .reusing_driver import ReusingDriver
 
 
@@ -106,7 +106,7 @@ async def test_the_check_with_the_c_canary_gives_the_same_verdicts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fake driver: files and sysctls PASS, one boot id FAILs; the reusing driver: every
-    file FAILs. Exactly what the Python canary finds (tests/isolation/test_isolation.py)."""
+    file FAILs. Exactly what the Python canary finds (tests/checks/isolation/test_isolation.py)."""
     monkeypatch.setattr(plant, "canary_kind", lambda env: "native")
     driver = FakeDriver(run_root=tmp_path / "run")
     fake = await _check(tmp_path / "a", driver, variants=("sequential",))

@@ -9,7 +9,7 @@ import pytest
 
 from cleanroom.drivers.qemu import QemuDriver
 
-from .. import vmkit
+from ... import vmkit
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from cleanroom.errors import DriftError, DriverError
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.host import hostproc
 
-from .. import vmkit
-from ..vmkit import Harness, assert_gone, request
+from ... import vmkit
+from ...vmkit import Harness, assert_gone, request
 
 pytestmark = pytest.mark.vm
 

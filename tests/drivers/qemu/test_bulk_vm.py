@@ -17,7 +17,7 @@ from cleanroom.drivers.base import Env
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import GuestFileNotFound, GuestOperationError
 
-from ..vmkit import assert_gone, request
+from ...vmkit import assert_gone, request
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
 

@@ -24,8 +24,8 @@ from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 from tests.stored import evidence_bytes
 
-from ..conftest import ROOT
-from ..vmkit import assert_nothing_left, request
+from ...conftest import ROOT
+from ...vmkit import assert_nothing_left, request
 
 pytestmark = pytest.mark.vm
 

@@ -15,8 +15,8 @@ from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import hostproc
 from cleanroom.observe.report import run_report_json
 
-from .. import vmkit
-from ..vmkit import Harness, assert_gone, request
+from ... import vmkit
+from ...vmkit import Harness, assert_gone, request
 
 pytestmark = pytest.mark.vm
 

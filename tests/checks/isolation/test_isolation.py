@@ -23,7 +23,7 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.host import cgroups, hostproc
 from cleanroom.ledger import Ledger
 
-from ..conftest import make_fake_baseline
+from ...conftest import make_fake_baseline
 from .reusing_driver import ReusingDriver
 
 FILES = [*guest.FILES, *guest.APPENDS]

@@ -23,19 +23,20 @@ import pytest
 
 import cleanroom.api as cr
 from cleanroom.baseline.model import Baseline
+from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu import fork as qemu_fork
-from cleanroom.evidence.manifest import Manifest, ResolvedLimits
+from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.provenance import missing
 from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.reaper import reap
 from cleanroom.store import LocalStore
 
-from .. import vmkit
-from ..conftest import TINY_SPEC
-from ..vmkit import Harness, assert_gone
+from ... import vmkit
+from ...conftest import TINY_SPEC
+from ...vmkit import Harness, assert_gone
 
 pytestmark = pytest.mark.vm
 
