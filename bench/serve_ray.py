@@ -2,7 +2,7 @@
 local ``cleanroom serve``, in the same run.
 
 A local ``ray.cluster_utils.Cluster`` (a head with no CPUs, 2 nodes each with its own
-``CLEANROOM_HOME``, loopback only: ``bench/ray.py``'s set-up) and two servers on the same
+``CLEANROOM_HOME``, loopback only: ``bench/ray_batch.py``'s set-up) and two servers on the same
 template and driver: one holding its sandboxes itself, one placing them on the nodes. Run by
 run, alternating so machine noise hits both alike:
   create                    (``Sandbox.create``: returns once the env is ready)
@@ -30,9 +30,6 @@ import ray_quiet  # noqa: F401  (Ray's environment, before Ray is imported)
 from serve import ROOT, _e2b_version, _fake_baseline
 from served import start_server
 from stats import Table, parser, ratio, write
-
-# bench/ray.py is on sys.path first: `import ray` must find Ray, not it
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 
 
 def one_run(url: str, key: str, cmds: int) -> dict[str, list[float]]:

@@ -758,8 +758,8 @@ def fill(path: Path) -> bool:
 
 
 def _faults() -> Any:
-    """``bench/soak_faults.py`` (beside this file), loaded by its path: putting ``bench/`` on
-    ``sys.path`` would let ``bench/ray.py`` stand in for Ray."""
+    """``bench/soak_faults.py`` (beside this file), loaded by its path (``bench/`` stays off
+    ``sys.path`` when this file is imported as a module, as the suite does)."""
     import importlib.util
 
     if "soak_faults" not in sys.modules:

@@ -20,7 +20,7 @@ its background, and what the driver and node actors burn beyond the local run an
 background is what the cluster path itself costs per episode. The cluster's processes inherit
 the ``RAY_*`` settings below that turn Ray's metrics and event reporting off.
 
-    python bench/ray.py [--episodes 40] [--parallel 2] [--rounds 3] [--driver qemu]
+    python bench/ray_batch.py [--episodes 40] [--parallel 2] [--rounds 3] [--driver qemu]
 """
 
 from __future__ import annotations
@@ -40,14 +40,11 @@ from pathlib import Path
 import ray_quiet  # noqa: F401  (Ray's environment, before Ray is imported)
 from stats import write
 
-# this file is bench/ray.py: with bench/ first on sys.path, `import ray` would find it
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
-
-from cleanroom.api import arun  # noqa: E402
-from cleanroom.baseline.resolve import resolve_or_build  # noqa: E402
-from cleanroom.evidence.manifest import Manifest  # noqa: E402
-from cleanroom.integrations.ray import RayCluster  # noqa: E402
-from cleanroom.lifecycle.context import RunOptions  # noqa: E402
+from cleanroom.api import arun
+from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.evidence.manifest import Manifest
+from cleanroom.integrations.ray import RayCluster
+from cleanroom.lifecycle.context import RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "tests" / "baselines" / "warm" / "baseline.toml"
@@ -280,7 +277,7 @@ async def main() -> None:
     idle_part = {k: rate * cm / n * 1000 for k, rate in idle_rate.items()}  # at the run's wall
     left = parts["driver"] + parts["actors"] - cpu_local - idle_part["driver"] - idle_part["actors"]
     lines = [
-        f"# bench/ray.py: {n} function episodes (warm baseline, driver {args.driver}), "
+        f"# bench/ray_batch.py: {n} function episodes (warm baseline, driver {args.driver}), "
         f"parallel {args.parallel} locally vs 2 nodes x {max(1, args.parallel // 2)} slots, "
         f"{args.rounds} rounds alternating",
         f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores, "
