@@ -16,6 +16,7 @@ from cleanroom.drivers.fake import FakeDriver
 from cleanroom.host import hostproc
 
 from ...drivers.spoof import spoofer
+from ...waiting import until
 
 
 async def test_another_users_process_with_a_marker_and_a_token_is_neither_counted_nor_killed(
@@ -27,6 +28,10 @@ async def test_another_users_process_with_a_marker_and_a_token_is_neither_counte
     other = spoofer(env_id, token)  # as nobody
     # argv[0] set by Popen itself: no shell whose own command line names the token before exec
     mine = subprocess.Popen([f"sleep {token}", "120"], executable="sleep")
+    # Popen returns once exec is past its point of no return, but the kernel fills in the new
+    # command line a moment later (seen empty under load): wait for it as an audit would
+    cmdline = Path(f"/proc/{mine.pid}/cmdline")
+    await until(lambda: token.encode() in cmdline.read_bytes(), "sleep's command line", 10)
     try:
         assert not ours(other.pid) and ours(mine.pid)
         leftovers = await audit(FakeDriver(run_root=tmp_path / "run"), [env_id], [token])
