@@ -9,8 +9,11 @@ import pytest
 from e2b import CommandExitException, Sandbox
 
 from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.spec import builder_fingerprint, load_spec, spec_digest
+from cleanroom.baseline.store import lookup_spec
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
+from cleanroom.server.serving import BASE_SPEC
 
 from .kit import Server, WsRefused, new_key, outcome, via_host, wait_http, ws_echo
 
@@ -52,6 +55,40 @@ def test_a_served_sandbox_on_a_real_vm(
         assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"
     finally:
         assert srv.stop() == 0, srv.log.read_text()
+
+
+@pytest.mark.vm
+@pytest.mark.build
+def test_a_client_naming_no_template_gets_base_built_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protects: ``Sandbox.create()`` with no template gets the built-in ``base`` (Debian with
+    python3, bash, git, curl, procps), which the server builds on its first use, saying so in
+    its log (when this home had not built it yet), and writes no lock into the package; the
+    VM runs those tools; kill ends it ``completed``."""
+    spec = load_spec(BASE_SPEC)
+    built_before = lookup_spec(spec_digest(spec), builder_fingerprint()) is not None
+    srv = Server(["--driver", "qemu"], tmp_path / "serve.log")
+    try:
+        for name, value in srv.sdk_env(new_key()).items():
+            monkeypatch.setenv(name, value)
+        sbx = Sandbox.create(timeout=600, request_timeout=1800)  # E2B's default: "base"
+        r = sbx.commands.run(
+            "git --version && python3 -c 'print(6*7)' && curl --version | head -1"
+            " && ps -p 1 -o comm="
+        )
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("git version") and lines[1] == "42", r.stdout
+        assert lines[2].startswith("curl ") and lines[3], r.stdout
+        sid = sbx.sandbox_id
+        sbx.kill()
+        assert outcome(sid, QemuDriver(), timeout_s=5) == "completed"
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()
+    log = srv.log.read_text()
+    if not built_before:  # the first use here: built, with progress
+        assert "template base: digest sha256:" in log, log
+    assert not (BASE_SPEC.parent / "baseline.lock").exists()
 
 
 @pytest.mark.vm

@@ -271,19 +271,25 @@ def _assemble(
 
 
 def build(
-    spec_path: Path, progress: Progress = quiet, force: bool = False, locked: bool = False
+    spec_path: Path,
+    progress: Progress = quiet,
+    force: bool = False,
+    locked: bool = False,
+    keep_lock: bool = True,
 ) -> Baseline:
     """Build (or find in the cache) the baseline of a ``baseline.toml``; see module docstring.
 
     ``locked``: install exactly what ``baseline.lock`` beside the spec says (``lock.py``), or
-    fail naming what is no longer available. A build writes that lock if there is none."""
+    fail naming what is no longer available. A build writes that lock if there is none, unless
+    ``keep_lock`` is False (a spec shipped inside the package: its folder is not the user's)."""
     spec = load_spec(Path(spec_path))
     sdigest = spec_digest(spec)
     the_lock = lock.read(Path(spec_path)) if locked else None
     baseline = None if force or locked else _cached(spec, sdigest, progress)
     if baseline is None:
         baseline = _fresh(spec, sdigest, progress, the_lock)
-    _keep_lock(Path(spec_path), baseline, progress)
+    if keep_lock:
+        _keep_lock(Path(spec_path), baseline, progress)
     return baseline
 
 

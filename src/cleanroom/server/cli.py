@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -19,21 +20,31 @@ keys_app = typer.Typer(help="API keys of `cleanroom serve` (kept hashed in the h
 err = Console(stderr=True)
 
 
-def _resolve(ref: str, name: str) -> Baseline:
-    from cleanroom.baseline.resolve import resolve_or_build
-
+def _progress(name: str) -> Callable[[str, str], None]:
     def progress(step: str, detail: str) -> None:
         print(f"template {name}: {step} {detail}", file=sys.stderr, flush=True)
 
-    return resolve_or_build(ref, progress=progress)
+    return progress
 
 
-def parse_templates(given: list[str]) -> dict[str, functools.partial[Baseline]]:
-    """``NAME=BASELINE`` pairs (a name, digest, or baseline.toml / folder); ``base`` is the
-    built-in default unless named here."""
+def _resolve(ref: str, name: str) -> Baseline:
+    from cleanroom.baseline.resolve import resolve_or_build
+
+    return resolve_or_build(ref, progress=_progress(name))
+
+
+def _base() -> Baseline:
+    """The built-in ``base``, built on first use; no lock written into the package's folder."""
+    from cleanroom.baseline.builder import build
     from cleanroom.server.serving import BASE_SPEC
 
-    out = {"base": functools.partial(_resolve, str(BASE_SPEC), "base")}
+    return build(BASE_SPEC, _progress("base"), keep_lock=False)
+
+
+def parse_templates(given: list[str]) -> dict[str, Callable[[], Baseline]]:
+    """``NAME=BASELINE`` pairs (a name, digest, or baseline.toml / folder); ``base`` is the
+    built-in default unless named here."""
+    out: dict[str, Callable[[], Baseline]] = {"base": _base}
     for item in given:
         name, sep, ref = item.partition("=")
         if not sep or not name or not ref:
@@ -124,7 +135,7 @@ def serve(
         opts = ServeOptions(
             host=host,
             port=port,
-            templates=templates,  # type: ignore[arg-type]
+            templates=templates,
             driver=get_driver(driver),
             max_sandboxes=max_sandboxes,
             limits=Limits(per_key, creates_per_s, burst),
