@@ -196,8 +196,9 @@ async def test_heartbeats_keep_a_long_command_alive(pair: tuple[AgentSession, Gu
 
 
 async def test_an_agent_without_features_gets_unsupported() -> None:
-    """The native agent's HELLO lists no features: the new requests are refused, typed, and
-    nothing is sent to it; the first protocol's exec still works."""
+    """An agent whose HELLO lists no features (no "mux"): every command, transfer and stream
+    is refused, typed, and nothing is sent to it (the first protocol's unnumbered EXEC, PUT
+    and GET are retired)."""
     session, guest = await connect([])
     try:
         with pytest.raises(Unsupported):
@@ -205,16 +206,17 @@ async def test_an_agent_without_features_gets_unsupported() -> None:
         with pytest.raises(Unsupported):
             await session.exec(["cat"], stdin=b"x")
         with pytest.raises(Unsupported):
-            await session.exec(["true"], user="agent")
+            await session.exec(["true"])
+        with pytest.raises(Unsupported):
+            await session.put("/f", b"x")
+        with pytest.raises(Unsupported):
+            await session.get("/f")
         with pytest.raises(Unsupported):
             async for _ in session.get_stream("/f"):
                 pass
-        running = asyncio.ensure_future(session.exec(["true"]))
-        request = await guest.request()
-        assert request.kind == Kind.EXEC and "id" not in request.header
-        guest.send(Kind.EXIT, {"code": 0})
-        guest.send(Kind.DONE)
-        assert (await running).ok
+        guest.sock.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            guest.sock.recv(1)
     finally:
         await session.aclose()
         guest.sock.close()

@@ -2,7 +2,8 @@
 (``AgentSession``) over a unix socket, as the fake driver drives it.
 
 Each test protects one thing the host relies on whichever agent runs: the HELLO fields, PING,
-EXEC's streams, exit codes and deadline, PUT in chunks, GET, and a command episode's
+EXEC's streams, exit codes and deadline, writes and reads in chunks (the first protocol's
+unnumbered EXEC, PUT and GET refused), and a command episode's
 artifacts, result record, secrets and manifest. Skips without gcc (the builder needs it too).
 """
 
@@ -23,6 +24,7 @@ from tests.agent.nativekit import connected
 
 from cleanroom.agent import native, protocol
 from cleanroom.agent.session import AgentSession
+from cleanroom.errors import ProtocolError
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -92,24 +94,49 @@ def test_exec_relays_both_streams_the_code_and_kills_the_group_at_its_deadline(
 
 
 def test_put_in_chunks_then_get_returns_the_same_bytes(agent_binary: Path, root: Path) -> None:
-    """PUT (offset 0 truncates, later offsets extend) and GET's FILE chunks in order."""
+    """A write of several chunks replaces what was there (a shorter file is not left with the
+    old tail), and a read returns the same bytes, both as numbered streams."""
     data = os.urandom(protocol.CHUNK * 2 + 17)
     target = root / "put" / "deep" / "file.bin"
 
-    async def body(session: AgentSession) -> bytes:
-        await session.put(str(target), b"old content that must go")
-        async with session._one_at_a_time():  # the first protocol's PUT (RUN's path is too)
-            for offset in range(0, len(data), protocol.CHUNK):
-                chunk = data[offset : offset + protocol.CHUNK]
-                header = {"path": str(target), "mode": 0o600, "offset": offset}
-                await session._send(protocol.Kind.PUT, header, chunk)
-                frame = await session._read()
-                assert frame.kind == protocol.Kind.OK
-                assert frame.header["size"] == offset + len(chunk)
-        return await session.get(str(target))
+    async def body(session: AgentSession) -> tuple[bytes, bytes]:
+        await session.put(str(target), b"old content that must go" * 50_000)
+        await session.put(str(target), data, 0o600)
+        again = await session.get(str(target))
+        await session.put(str(target), b"short")
+        return again, await session.get(str(target))
 
-    assert drive(agent_binary, root, body) == data
-    assert target.read_bytes() == data
+    whole, short = drive(agent_binary, root, body)
+    assert whole == data and short == b"short"
+    assert target.read_bytes() == b"short" and target.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_first_protocols_unnumbered_requests_are_refused(
+    agent_binary: Path, root: Path
+) -> None:
+    """The retired EXEC without an id, PUT (4) and GET (5): each answered by an ERROR naming
+    the frame, nothing written, and the agent serves on."""
+    target = root / "guest-put"
+
+    async def body(session: AgentSession) -> list[str]:
+        errors = []
+        for kind, header in (
+            (protocol.Kind.EXEC, {"argv": ["true"]}),
+            (4, {"path": str(target), "mode": 0o644, "offset": 0}),
+            (5, {"path": "/etc/hostname"}),
+        ):
+            async with session._one_at_a_time():
+                await session._send(kind, header, b"x")
+                with pytest.raises(ProtocolError) as caught:
+                    await session._read()
+                errors.append(str(caught.value))
+        assert (await session.exec(["true"])).ok
+        return errors
+
+    errors = drive(agent_binary, root, body)
+    assert [e.rsplit(" ", 1)[-1] for e in errors] == ["3", "4", "5"], errors
+    assert all("unexpected frame" in e for e in errors), errors
+    assert not target.exists()
 
 
 def test_a_command_episode_returns_artifacts_result_and_logs_and_drops_its_secrets(

@@ -52,42 +52,34 @@ def _run_episode_script(guest: Guest, frames: list[bytes]) -> None:
 
 async def test_hello_then_exec(pair: tuple[AgentSession, Guest]) -> None:
     session, guest = pair
-    guest.frame(Kind.HELLO, {"agent_version": "x"})
+    guest.frame(Kind.HELLO, {"agent_version": "x", "features": list(protocol.FEATURES)})
     assert (await session.wait_hello())["agent_version"] == "x"
-    guest.frame(Kind.STDOUT, {}, b"out")
-    guest.frame(Kind.EXIT, {"code": 0, "duration_s": 0.5})
-    guest.frame(Kind.DONE)
+    guest.frame(Kind.STARTED, {"id": 1, "pid": 7})
+    guest.frame(Kind.STDOUT, {"id": 1}, b"out")
+    guest.frame(Kind.EXIT, {"id": 1, "code": 0, "duration_s": 0.5})
+    guest.frame(Kind.DONE, {"id": 1})
     result = await session.exec(["true"])
     assert result.ok and result.stdout == b"out" and result.duration_s == 0.5
 
 
-async def test_first_protocol_exec_sends_its_options_and_keeps_its_limit(
+async def test_an_agent_that_does_not_multiplex_gets_no_command_or_transfer(
     pair: tuple[AgentSession, Guest],
 ) -> None:
-    """Protects the first protocol's exec as the options pass through ``CommandOptions``: the
-    EXEC header carries exactly argv, timeout_s, env and cwd as given (None when not), the
-    callbacks see the output, ``max_output`` is the limit, and stdin or a user (features
-    this agent lacks) are refused before anything is sent."""
+    """Protects the retirement of the first protocol's unnumbered EXEC, PUT and GET: an agent
+    whose HELLO lacks "mux" gets ``Unsupported`` for a command, a write and a read, naming what
+    was asked, and nothing is sent to it."""
     session, guest = pair
-    guest.frame(Kind.HELLO, {"agent_version": "x"})
+    guest.frame(Kind.HELLO, {"agent_version": "old"})
     await session.wait_hello()
-    seen: list[bytes] = []
-    guest.frame(Kind.STDOUT, {}, b"out")
-    guest.frame(Kind.EXIT, {"code": 3})
-    guest.frame(Kind.DONE)
-    result = await session.exec(["ls"], cwd="/tmp", env={"A": "1"}, on_stdout=seen.append)
-    assert result.exit_code == 3 and seen == [b"out"]
-    with guest.sock.makefile("rb") as stream:
-        sent = protocol.read_frame(stream)
-    assert sent.kind == Kind.EXEC
-    assert sent.header == {"argv": ["ls"], "timeout_s": None, "env": {"A": "1"}, "cwd": "/tmp"}
-    guest.frame(Kind.STDOUT, {}, b"12345")
-    with pytest.raises(QuotaExceeded):
-        await session.exec(["cat"], timeout_s=2.0, max_output=4)
-    with pytest.raises(Unsupported, match="stdin"):
-        await session.exec(["cat"], stdin=b"x")
-    with pytest.raises(Unsupported, match="user"):
-        await session.exec(["id"], user="agent")
+    with pytest.raises(Unsupported, match="a command"):
+        await session.exec(["ls"], cwd="/tmp")
+    with pytest.raises(Unsupported, match="writing /x"):
+        await session.put("/x", b"data")
+    with pytest.raises(Unsupported, match="reading /x"):
+        await session.get("/x")
+    guest.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        guest.sock.recv(1)
 
 
 async def test_garbage_is_a_protocol_error(pair: tuple[AgentSession, Guest]) -> None:
@@ -215,10 +207,13 @@ async def test_heartbeats_are_skipped_and_silence_is_a_crash(
 ) -> None:
     session, guest = pair
     session.silence_timeout_s = 0.3
+    guest.frame(Kind.HELLO, {"agent_version": "x", "features": list(protocol.FEATURES)})
+    await session.wait_hello()
     guest.frame(Kind.HEARTBEAT, {"t": 1})
-    guest.frame(Kind.EXIT, {"code": 0})
+    guest.frame(Kind.STARTED, {"id": 1, "pid": 7})
+    guest.frame(Kind.EXIT, {"id": 1, "code": 0})
     guest.frame(Kind.HEARTBEAT, {"t": 2})
-    guest.frame(Kind.DONE)
+    guest.frame(Kind.DONE, {"id": 1})
     assert (await session.exec(["true"])).ok
     with pytest.raises(EnvCrashed, match="silent"):
         await session.exec(["true"])  # the guest never answers

@@ -10,8 +10,8 @@ reproducers, and the property tests (``test_fuzz.py``).
   it as JSON and serialize it as strict UTF-8 JSON (the durable record's form).
 - ``name``: an artifact name; an accepted one must be creatable inside its folder.
 - ``stream``: the guest's whole byte stream as the answer to a request (the first byte picks
-  RUN, EXEC, GET, PUT, PING or HELLO): frames, headers, answers, artifact names, result chunks,
-  quota; nothing may be written outside the episode's temporary staging folder.
+  RUN, PING or HELLO): frames, headers, answers, artifact names, result chunks, quota; nothing
+  may be written outside the episode's temporary staging folder.
 - ``mux``: the same for a multiplexing agent (HELLO ``features``): the first byte picks exec
   with stdin and callbacks, spawn then kill, get_stream, put_stream, get_tar or put_tar, all
   request id 1; only typed errors (``GuestOperationError`` included), nothing left running.
@@ -107,20 +107,14 @@ async def _answer(kind: int, session: AgentSession, staging: Path) -> Any:
     if kind == 0:
         return await session.run_episode({"manifest": {}}, staging, quota_bytes=1 << 20)
     if kind == 1:
-        return await session.exec(["true"], max_output=1 << 20)
-    if kind == 2:
-        return await session.get("/x", max_size=1 << 20)
-    if kind == 3:
-        return await session.put("/x", b"y" * 300_000)
-    if kind == 4:
         return await session.ping()
     return await session.wait_hello()
 
 
-def _fed_session(data: bytes) -> tuple[int, AgentSession]:
-    """The first byte (mod 6) picks what to ask; the rest is all the guest ever sends to a host
-    session of it."""
-    kind, guest_bytes = (data[0] % 6, data[1:]) if data else (0, b"")
+def _fed_session(data: bytes, kinds: int) -> tuple[int, AgentSession]:
+    """The first byte (mod ``kinds``) picks what to ask; the rest is all the guest ever sends
+    to a host session of it."""
+    kind, guest_bytes = (data[0] % kinds, data[1:]) if data else (0, b"")
     reader = asyncio.StreamReader(loop=_LOOP)
     reader.feed_data(guest_bytes)
     reader.feed_eof()
@@ -128,7 +122,7 @@ def _fed_session(data: bytes) -> tuple[int, AgentSession]:
 
 
 def stream(data: bytes) -> None:
-    kind, session = _fed_session(data)
+    kind, session = _fed_session(data, 3)
     root = _TMP / "stream"
     shutil.rmtree(root, ignore_errors=True)
     staging = root / "staging"
@@ -163,7 +157,7 @@ async def _mux_answer(kind: int, session: AgentSession) -> Any:
 
 
 def mux(data: bytes) -> None:
-    kind, session = _fed_session(data)
+    kind, session = _fed_session(data, 6)
     session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
     _LOOP.run_until_complete(_mux_answer(kind, session))
 
@@ -180,7 +174,7 @@ async def _bulk_answer(kind: int, session: AgentSession) -> Any:
 
 
 def bulk_disk(data: bytes) -> None:
-    kind, session = _fed_session(data)
+    kind, session = _fed_session(data, 6)
     session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
     root = _TMP / "bulk"
     shutil.rmtree(root, ignore_errors=True)
@@ -204,7 +198,7 @@ async def _fs_answer(kind: int, session: AgentSession) -> Any:
 
 
 def fs(data: bytes) -> None:
-    kind, session = _fed_session(data)
+    kind, session = _fed_session(data, 6)
     session.channel.adopt_hello({"agent_version": "fuzz", "features": list(protocol.FEATURES)})
     _LOOP.run_until_complete(_fs_answer(kind, session))
 

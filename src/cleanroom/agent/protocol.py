@@ -38,7 +38,7 @@ HEARTBEAT_S = 1.0
 # enforces each at its boundary (``cleanroom.agent.wire``, ``session``); the guest keeps to them.
 MAX_HEADER = 256 * 1024  # bytes of one frame's JSON header
 DEFAULT_MAX_BODY = 1024 * 1024  # bytes of one frame's body (a driver may negotiate another)
-CHUNK = 256 * 1024  # bytes per FILE, RESULT or PUT frame: any transfer is sent in chunks
+CHUNK = 256 * 1024  # bytes per FILE, RESULT or DATA frame: any transfer is sent in chunks
 RESULT_MAX_BYTES = 4 * 1024 * 1024  # bytes of /run/cleanroom/result.json
 MAX_JSON_DEPTH = 64  # nesting of any JSON document the guest sends (header or result)
 MAX_JSON_ITEMS = 1_000_000  # values (keys, items, scalars) in one such document
@@ -55,20 +55,19 @@ class Kind:
 
     HELLO = 1  # [g->h] agent is ready: {agent_version, protocol, boot_time, ...}
     RUN = 2  # [h->g] run the episode: {manifest, entrypoint, env, timeout_s, secrets}
-    EXEC = 3  # [h->g] run a command: {argv, env, cwd, timeout_s}
-    PUT = 4  # [h->g] write a file: {path, mode, offset, eof}, body = one chunk (OK each)
-    GET = 5  # [h->g] read a file: {path}; answered by FILE frames
+    EXEC = 3  # [h->g] run a command: {id, argv, env, cwd, timeout_s, user, stdin, pty}
+    # 4, 5: retired (the first protocol's unnumbered PUT and GET; now UPLOAD and DOWNLOAD)
     STDOUT = 6  # [g->h] body = bytes the process wrote to stdout
     STDERR = 7  # [g->h] body = bytes the process wrote to stderr
-    FILE = 8  # [g->h] {name, offset, eof, kind}: one chunk of an artifact or GET answer
+    FILE = 8  # [g->h] {name, offset, eof, kind}: one chunk of an episode's artifact
     RESULT = 9  # [g->h] {present, offset, eof}: one chunk of raw result.json (any bytes)
     EXIT = 10  # [g->h] {code, signal, duration_s, timed_out}
     ERROR = 11  # [both] {message}
     PING = 12  # [h->g] heartbeat request
     PONG = 13  # [g->h] heartbeat answer
     SHUTDOWN = 14  # [h->g] power off now
-    DONE = 15  # [g->h] everything of the current RUN/EXEC/GET was sent
-    OK = 16  # [g->h] a PUT landed
+    DONE = 15  # [g->h] everything of the current request was sent
+    OK = 16  # [g->h] SNAPSHOT_PREPARE or WARM_UP done (and the gym worker: ready)
     HEARTBEAT = 17  # [g->h] still alive, sent every HEARTBEAT_S while a request runs
     SNAPSHOT_PREPARE = 18  # [h->g] a snapshot follows: on EOF wait for the next host (OK)
     RESEED = 19  # [h->g] a restored clone: {clone_id, time_ns}, body = host entropy (HELLO)

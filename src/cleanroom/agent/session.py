@@ -25,7 +25,7 @@ from typing import Any, Unpack
 from cleanroom.agent import commands, fs, ports, protocol, transfers, wire
 from cleanroom.agent.bulk import BulkDisk
 from cleanroom.agent.channel import Channel, Inbox
-from cleanroom.agent.commands import MAX_OUTPUT, CommandOptions, GuestProcess, SpawnOptions
+from cleanroom.agent.commands import CommandOptions, GuestProcess, SpawnOptions
 from cleanroom.agent.protocol import MAX_ARTIFACTS, RESULT_MAX_BYTES, Frame, Kind
 from cleanroom.agent.results import ExecResult, Output, OutputCallback, Quota, exit_result
 from cleanroom.errors import (
@@ -75,9 +75,10 @@ class AgentSession:
 
     An agent whose HELLO lists "mux" in ``features`` serves several requests at once (``exec``,
     ``spawn``, the streams of ``transfers``), each numbered, through the channel's reader task;
-    the rest (``ping``, ``snapshot_prepare``, ``run_episode``, and every request to an agent
-    that does not multiplex; the native agent, the only one built, does) run one at a time under
-    a lock.
+    the rest (``ping``, ``snapshot_prepare``, ``run_episode``) run one at a time under a lock.
+    Commands and file transfers need "mux" (the first protocol's unnumbered EXEC, PUT and GET
+    are retired on both sides; the native agent, the only one built, multiplexes): an agent
+    without it gets ``Unsupported`` before anything is sent.
     """
 
     def __init__(
@@ -227,39 +228,12 @@ class AgentSession:
         self, argv: list[str], *, stdin: bytes | None = None, **options: Unpack[CommandOptions]
     ) -> ExecResult:
         """Run ``argv`` to its end; output reaches the callbacks as it comes (``commands``)."""
-        if self.mux:
-            return await commands.run(self.channel, argv, stdin=stdin, **options)
-        if stdin is not None:
-            self.require("stdin", "exec with stdin")
-        user = options.get("user")
-        if user is not None:
-            self.require("user", f"exec as user {user!r}")
-        header = {k: options.get(k) for k in ("timeout_s", "env", "cwd")}
-        output = Output(
-            options.get("max_output", MAX_OUTPUT),
-            options.get("on_stdout"),
-            options.get("on_stderr"),
-        )
-        async with self._one_at_a_time():
-            await self._send(Kind.EXEC, {"argv": argv, **header})
-            result: ExecResult | None = None
-            while True:
-                frame = await self._read()
-                if frame.kind in (Kind.STDOUT, Kind.STDERR):
-                    await output.add(frame.kind, frame.body)
-                elif frame.kind == Kind.EXIT:
-                    result = output.result(frame.header)
-                elif frame.kind == Kind.DONE:
-                    if result is None:  # found by make fuzz (tests/fuzz/crashes/stream-exec-*)
-                        raise ProtocolError("exec ended without an EXIT frame")
-                    return result
-                else:
-                    raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during exec")
+        self.require("mux", "a command")
+        return await commands.run(self.channel, argv, stdin=stdin, **options)
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` in the guest: through the bulk disk where the VM has one,
-        else a chunk per frame (an old agent: each answered by OK with the file's size so far,
-        so an agent that cannot append is found out at once)."""
+        else streamed in chunks (``transfers``)."""
         bulk = self.bulk
         if (
             bulk is not None
@@ -267,49 +241,18 @@ class AgentSession:
             and await bulk.put(self.channel, path, data, mode)
         ):
             return
-        if self.mux:
-            await transfers.put_stream(self.channel, path, transfers.chunks_of(data), mode)
-            return
-        async with self._one_at_a_time():
-            offset = 0
-            while True:
-                chunk = data[offset : offset + protocol.CHUNK]
-                end = offset + len(chunk)
-                header = {"path": path, "mode": mode, "offset": offset, "eof": end == len(data)}
-                await self._send(Kind.PUT, header, chunk)
-                frame = await self._read()
-                if frame.kind != Kind.OK:
-                    raise ProtocolError(f"expected OK, got {protocol.kind_name(frame.kind)}")
-                if frame.header.get("size") != end:
-                    raise ProtocolError(f"PUT {path}: the guest's OK does not say {end} bytes")
-                if end == len(data):
-                    return
-                offset = end
+        self.require("mux", f"writing {path}")
+        await transfers.put_stream(self.channel, path, transfers.chunks_of(data), mode)
 
     async def get(self, path: str, *, max_size: int = 64 * 1024 * 1024) -> bytes:
         """The whole file (``QuotaExceeded`` past ``max_size``), through the bulk disk where
-        the VM has one."""
+        the VM has one, else streamed (``transfers``)."""
         if self.bulk is not None and self.bulk.usable(self.channel):
             whole = await self.bulk.get(self.channel, path, max_size)
             if whole is not None:
                 return whole
-        if self.mux:
-            return await transfers.get_all(self.channel, path, max_size)
-        async with self._one_at_a_time():
-            await self._send(Kind.GET, {"path": path})
-            data = bytearray()
-            while True:
-                frame = await self._read()
-                if frame.kind == Kind.FILE:
-                    if frame.header.get("offset") != len(data):
-                        raise ProtocolError("file chunk out of order")
-                    data.extend(frame.body)
-                    if len(data) > max_size:
-                        raise QuotaExceeded(f"{path} is larger than {max_size} bytes")
-                elif frame.kind == Kind.DONE:
-                    return bytes(data)
-                else:
-                    raise ProtocolError(f"unexpected {protocol.kind_name(frame.kind)} during get")
+        self.require("mux", f"reading {path}")
+        return await transfers.get_all(self.channel, path, max_size)
 
     async def spawn(self, argv: list[str], **options: Unpack[SpawnOptions]) -> GuestProcess:
         """Start ``argv`` and return once it runs (``commands.spawn``: stdin, kill, resize,

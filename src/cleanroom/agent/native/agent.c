@@ -5,8 +5,10 @@
  * It finds the control port (the virtio-serial port named "ctl" in /sys/class/virtio-ports, or
  * the unix socket in CLEANROOM_AGENT_SOCKET), says HELLO and serves the host's frames as the
  * framed protocol (agent/protocol.py) says: PING, SHUTDOWN, SNAPSHOT_PREPARE, RESEED on the
- * reading thread; RUN (command entrypoints), EXEC, PUT (chunked) and GET, one at a time, on a
- * request thread started before HELLO (so a snapshot template holds it); HEARTBEAT every
+ * reading thread; RUN (command entrypoints), one at a time, on a request thread started before
+ * HELLO (so a snapshot template holds it); the numbered requests (EXEC, UPLOAD, DOWNLOAD, FS,
+ * CONNECT, ...) several at once in mux.c (the first protocol's unnumbered EXEC, PUT and GET
+ * are retired); HEARTBEAT every
  * second while a request runs. A closed channel powers the VM off, except after
  * SNAPSHOT_PREPARE: then it waits for the next host (a clone's), whose RESEED mixes host
  * entropy into the kernel's pool (credited), forces a CRNG reseed, sets the clock and gets a
@@ -396,74 +398,6 @@ static void exec_request(const struct frame *f, jspan argv_span, const struct en
     env_free(&env);
 }
 
-static void put_request(const struct frame *f) {
-    char *path = json_strdup(field(f, "path"));
-    int64_t mode = 0644, offset = 0;
-    jspan m = field(f, "mode"), o = field(f, "offset");
-    if (!path || (m.n && json_int(m, &mode)) || (o.n && !json_is(o, 'n') && json_int(o, &offset)) ||
-        offset < 0 || mode < 0 || mode > 07777) {
-        send_error("ValueError: PUT needs a path, an integer mode and offset");
-        free(path);
-        return;
-    }
-    if (offset == 0 && make_parents(path)) {
-        send_errno("FileNotFoundError", path, errno);
-        free(path);
-        return;
-    }
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (offset == 0 ? O_TRUNC : 0), (mode_t)mode);
-    if (fd < 0) {
-        send_errno("OSError", path, errno);
-        free(path);
-        return;
-    }
-    size_t done = 0;
-    while (done < f->blen) {
-        ssize_t w = pwrite(fd, f->body + done, f->blen - done, (off_t)offset + (off_t)done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        done += (size_t)w;
-    }
-    int err = errno;
-    close(fd);
-    if (done < f->blen) {
-        send_errno("OSError", path, err);
-    } else {
-        jbuf h = {0};
-        jb_lit(&h, "{\"path\":");
-        jb_str(&h, path, strlen(path));
-        jb_key(&h, "size");
-        jb_int(&h, offset + (int64_t)f->blen);
-        jb_lit(&h, "}");
-        send_frame(K_OK, h.failed ? NULL : h.p, NULL, 0);
-        jb_free(&h);
-    }
-    free(path);
-}
-
-static void get_request(const struct frame *f) {
-    char *path = json_strdup(field(f, "path"));
-    if (!path) {
-        send_error("KeyError: 'path'");
-        return;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || S_ISDIR(st.st_mode)) {
-        send_errno(fd < 0 ? "FileNotFoundError" : "IsADirectoryError", path,
-                   fd < 0 ? errno : EISDIR);
-    } else if (send_fd(fd, path, "get", 0) == 0) {
-        send_frame(K_DONE, NULL, NULL, 0);
-    } else {
-        send_errno("OSError", path, errno);
-    }
-    if (fd >= 0)
-        close(fd);
-    free(path);
-}
-
 /* A function entrypoint: relayed to the warm Python worker (warm.c), which sends EXIT */
 static void function_request(const struct frame *f, const struct env *extra_env,
                              struct timed_file *timed, size_t ntimed) {
@@ -585,16 +519,6 @@ static void handle(const struct frame *f) {
     switch (f->kind) {
     case K_RUN:
         run_request(f);
-        break;
-    case K_EXEC:
-        exec_request(f, field(f, "argv"), NULL, NULL, 0);
-        send_frame(K_DONE, NULL, NULL, 0);
-        break;
-    case K_PUT:
-        put_request(f);
-        break;
-    case K_GET:
-        get_request(f);
         break;
     default: {
         char msg[64];

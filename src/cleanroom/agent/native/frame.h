@@ -17,7 +17,7 @@ enum {
     PREFIX_LEN = 11,
     MAX_HEADER = 256 * 1024,   /* protocol.MAX_HEADER */
     MAX_BODY = 1024 * 1024,    /* protocol.DEFAULT_MAX_BODY */
-    CHUNK = 256 * 1024,        /* protocol.CHUNK: FILE, RESULT and PUT chunks */
+    CHUNK = 256 * 1024,        /* protocol.CHUNK: FILE, RESULT and DATA chunks */
     RESULT_MAX_BYTES = 4 * 1024 * 1024,
     KIND_MAX = 33, /* protocol.Kind.CONNECT: the multiplexed kinds too (mux.c) */
 };
@@ -26,8 +26,7 @@ enum kind {
     K_HELLO = 1,
     K_RUN = 2,
     K_EXEC = 3,
-    K_PUT = 4,
-    K_GET = 5,
+    /* 4, 5: retired (the first protocol's unnumbered PUT and GET) */
     K_STDOUT = 6,
     K_STDERR = 7,
     K_FILE = 8,
