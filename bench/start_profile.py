@@ -39,7 +39,7 @@ STEPS = {  # (module, owner, attribute) -> label; missing ones (older trees) are
     ("cleanroom.drivers.qmp", "QmpClient", "execute"): "QMP {1}",
     ("cleanroom.drivers.qmp", "QmpClient", "wait_event"): "QMP event {1}",
     ("cleanroom.drivers.qemu.live", "Live", "open_channel"): "agent channel open",
-    ("cleanroom.agent.session", "AgentSession", "wait_hello"): "HELLO received",
+    ("cleanroom.agent.connection", "AgentConnection", "wait_hello"): "HELLO received",
 }
 _marks: list[tuple[str, float]] = []
 

@@ -10,11 +10,11 @@ import pytest
 from tests.agent.nativekit import connected
 
 from cleanroom.agent import native
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 
 
 @pytest.fixture
-async def native_agent(tmp_path: Path) -> AsyncIterator[AgentSession]:
+async def native_agent(tmp_path: Path) -> AsyncIterator[AgentConnection]:
     """The native agent (``native.host_binary``, as the fake driver runs it) as a host process
     on a unix socket, and the host's session of it after HELLO."""
     binary = native.host_binary()
@@ -23,6 +23,6 @@ async def native_agent(tmp_path: Path) -> AsyncIterator[AgentSession]:
 
 
 @pytest.fixture
-def agent_session(native_agent: AgentSession) -> AgentSession:
+def agent_session(native_agent: AgentConnection) -> AgentConnection:
     """The host session of the guest agent (the native one, as the fake driver runs it)."""
     return native_agent

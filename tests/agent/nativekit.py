@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 
 
 @asynccontextmanager
@@ -20,7 +20,7 @@ async def connected(
     ready_s: float = 10,
     silence_timeout_s: float = 5,
     shutdown: bool = True,
-) -> AsyncIterator[AgentSession]:
+) -> AsyncIterator[AgentConnection]:
     """``binary`` serving a socket in ``root`` (its guest root ``root/guest``) after HELLO; at
     the end SHUTDOWN and its exit awaited (``shutdown``), else the session closed; killed if
     still alive either way."""
@@ -40,7 +40,7 @@ async def connected(
     proc = await asyncio.create_subprocess_exec(str(binary), env=env, start_new_session=True)
     try:
         reader, writer = await asyncio.wait_for(done, ready_s)
-        session = AgentSession(reader, writer, silence_timeout_s=silence_timeout_s)
+        session = AgentConnection(reader, writer, silence_timeout_s=silence_timeout_s)
         await asyncio.wait_for(session.wait_hello(), ready_s)
         yield session
         if shutdown:

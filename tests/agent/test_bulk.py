@@ -19,8 +19,8 @@ import pytest
 
 from cleanroom.agent import bulk, protocol
 from cleanroom.agent.bulk import BulkDisk
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.protocol import Kind, encode, read_frame
-from cleanroom.agent.session import AgentSession
 from cleanroom.errors import GuestFileNotFound, ProtocolError, QuotaExceeded
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,11 +62,11 @@ class Guest:
 
 
 @contextlib.asynccontextmanager
-async def connect(tmp: Path, features: list[str]) -> AsyncIterator[tuple[AgentSession, Guest]]:
+async def connect(tmp: Path, features: list[str]) -> AsyncIterator[tuple[AgentConnection, Guest]]:
     """A host session with a bulk disk in ``tmp``, and the guest that said HELLO."""
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer)
+    session = AgentConnection(reader, writer)
     bulk.create(tmp / "bulk")
     session.bulk = BulkDisk(tmp / "bulk")
     guest = Guest(guest_sock, tmp / "bulk")
@@ -80,7 +80,7 @@ async def connect(tmp: Path, features: list[str]) -> AsyncIterator[tuple[AgentSe
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[AgentSession, Guest]]:
+async def pair(tmp_path: Path) -> AsyncIterator[tuple[AgentConnection, Guest]]:
     async with connect(tmp_path, list(protocol.FEATURES)) as both:
         yield both
 
@@ -112,7 +112,7 @@ def test_the_qemu_backend_escapes_commas_and_reports_errors() -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 300_000, bulk.SIZE, bulk.SIZE + 1])
 async def test_a_round_trip_crosses_the_disk_in_pieces(
-    pair: tuple[AgentSession, Guest], size: int
+    pair: tuple[AgentConnection, Guest], size: int
 ) -> None:
     session, guest = pair
     data = os.urandom(size)
@@ -130,7 +130,7 @@ async def test_a_round_trip_crosses_the_disk_in_pieces(
 
 
 async def test_a_missing_file_is_typed_and_the_session_goes_on(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     session, guest = pair
     getting = asyncio.ensure_future(session.get("/nope"))
@@ -143,7 +143,7 @@ async def test_a_missing_file_is_typed_and_the_session_goes_on(
     assert guest.files["/w/g"] == b"still"
 
 
-async def test_a_file_past_the_quota_is_quota_exceeded(pair: tuple[AgentSession, Guest]) -> None:
+async def test_a_file_past_the_quota_is_quota_exceeded(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     guest.files["/big"] = b"x" * 100
     with pytest.raises(QuotaExceeded):
@@ -165,7 +165,7 @@ async def test_a_file_past_the_quota_is_quota_exceeded(pair: tuple[AgentSession,
     ids=["put-size", "past-max", "negative", "short", "eof-text", "no-size", "float"],
 )
 async def test_a_hostile_answer_breaks_the_channel(
-    pair: tuple[AgentSession, Guest], kind: int, answer: dict[str, Any]
+    pair: tuple[AgentConnection, Guest], kind: int, answer: dict[str, Any]
 ) -> None:
     session, guest = pair
     call = session.put("/w", b"12345") if kind == Kind.BULK_PUT else session.get("/w")
@@ -181,7 +181,7 @@ async def test_a_hostile_answer_breaks_the_channel(
 
 
 async def test_another_frame_in_a_bulk_transfer_breaks_the_channel(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.get("/w"))
@@ -192,7 +192,7 @@ async def test_another_frame_in_a_bulk_transfer_breaks_the_channel(
 
 
 async def test_a_transfer_left_unfinished_retires_the_disk(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     """The guest may still be copying the abandoned piece: the next put takes the channel
     (UPLOAD and DATA frames), and a put that waited for the disk meanwhile does too."""
@@ -215,7 +215,7 @@ async def test_a_transfer_left_unfinished_retires_the_disk(
 
 
 async def test_a_failure_of_the_hosts_file_retires_the_disk_and_takes_the_channel(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     """A full host disk (ENOSPC) or the file gone: the same transfer starts again over the
     channel, and so do the next ones; nothing is lost, no untyped error reaches the caller."""

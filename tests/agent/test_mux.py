@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import (
     CommandFailed,
     CommandTimeout,
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(60)  # a request that waits for another hangs w
 
 
 @pytest.fixture
-def session(agent_session: AgentSession) -> AgentSession:
+def session(agent_session: AgentConnection) -> AgentConnection:
     return agent_session
 
 
@@ -55,12 +55,12 @@ async def wait_gone(pid: int) -> bool:
 MAYBE = {"gym", "bulk"}  # gym: where its files and a Python are beside the agent; bulk: in a VM
 
 
-async def test_hello_lists_the_features(session: AgentSession) -> None:
+async def test_hello_lists_the_features(session: AgentConnection) -> None:
     assert session.hello.get("agent") == "native"
     assert session.mux and set(protocol.FEATURES) - MAYBE <= session.features
 
 
-async def test_two_commands_run_at_once(session: AgentSession, tmp_path: Path) -> None:
+async def test_two_commands_run_at_once(session: AgentConnection, tmp_path: Path) -> None:
     """The first waits for a file only the second creates: one at a time, it never ends."""
     flag = tmp_path / "flag"
     waiter = session.exec(["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.01; done; echo a"])
@@ -69,7 +69,9 @@ async def test_two_commands_run_at_once(session: AgentSession, tmp_path: Path) -
     assert (first.stdout, second.stdout) == (b"a\n", b"b\n")
 
 
-async def test_output_streams_while_the_command_runs(session: AgentSession, tmp_path: Path) -> None:
+async def test_output_streams_while_the_command_runs(
+    session: AgentConnection, tmp_path: Path
+) -> None:
     """The callback gets "first" before the command ends: it writes the file (another request
     at the same time) that lets the command go on; chunks arrive in order."""
     go = tmp_path / "go"
@@ -87,14 +89,14 @@ async def test_output_streams_while_the_command_runs(session: AgentSession, tmp_
     assert numbers == [str(n) for n in range(1, 20001)]
 
 
-async def test_stdin_of_any_size(session: AgentSession) -> None:
+async def test_stdin_of_any_size(session: AgentConnection) -> None:
     """More stdin than the window: flow control, and every byte arrives in order."""
     data = os.urandom(3 * protocol.WINDOW + 123)
     result = await session.exec(["sha256sum"], stdin=data)
     assert result.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
 
 
-async def test_spawn_write_close_wait(session: AgentSession) -> None:
+async def test_spawn_write_close_wait(session: AgentConnection) -> None:
     process = await session.spawn(["cat"])
     await process.write_stdin(b"one ")
     await process.write_stdin(b"two")
@@ -104,7 +106,7 @@ async def test_spawn_write_close_wait(session: AgentSession) -> None:
     assert process.pid is not None and process.id > 0
 
 
-async def test_kill_ends_the_whole_process_group(session: AgentSession) -> None:
+async def test_kill_ends_the_whole_process_group(session: AgentConnection) -> None:
     """A background child of the spawned shell dies with it (SIGKILL to the group)."""
     pids: list[bytes] = []
     process = await session.spawn(["sh", "-c", "sleep 1000 & echo $!; wait"], on_stdout=pids.append)
@@ -116,7 +118,7 @@ async def test_kill_ends_the_whole_process_group(session: AgentSession) -> None:
     assert await wait_gone(int(b"".join(pids)))
 
 
-async def test_a_timeout_kills_grandchildren(session: AgentSession) -> None:
+async def test_a_timeout_kills_grandchildren(session: AgentConnection) -> None:
     result = await session.exec(
         ["sh", "-c", "sh -c 'sleep 1000 & echo $!; wait' ; sleep 1000"], timeout_s=1
     )
@@ -126,7 +128,7 @@ async def test_a_timeout_kills_grandchildren(session: AgentSession) -> None:
     assert await wait_gone(int(result.stdout))
 
 
-async def test_failed_command_is_command_failed(session: AgentSession) -> None:
+async def test_failed_command_is_command_failed(session: AgentConnection) -> None:
     with pytest.raises(CommandFailed) as raised:
         (await session.exec(["sh", "-c", "exit 3"])).check()
     assert not isinstance(raised.value, CommandTimeout)
@@ -134,20 +136,20 @@ async def test_failed_command_is_command_failed(session: AgentSession) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another user needs root")
-async def test_user_drops_to_that_user(session: AgentSession) -> None:
+async def test_user_drops_to_that_user(session: AgentConnection) -> None:
     result = await session.exec(["sh", "-c", "id -u; id -G; echo $HOME"], user="nobody")
     uid, groups, home = result.stdout.decode().split("\n")[:3]
     assert uid == "65534" and "0" not in groups.split() and home
     assert (await session.exec(["id", "-u"])).stdout == b"0\n"  # user=None: root
 
 
-async def test_an_unknown_user_is_a_typed_error(session: AgentSession) -> None:
+async def test_an_unknown_user_is_a_typed_error(session: AgentConnection) -> None:
     with pytest.raises(UnknownUser):
         await session.exec(["true"], user="no-such-user-here")
     assert (await session.exec(["true"])).ok  # the env is fine
 
 
-async def test_pty_size_resize_and_ctrl_c(session: AgentSession) -> None:
+async def test_pty_size_resize_and_ctrl_c(session: AgentConnection) -> None:
     """A PTY process sees its window size, a resize, and ^C as SIGINT to its foreground."""
     out = bytearray()
     # the trap before the size: under TCG a ^C sent once the size shows must find it set
@@ -161,7 +163,7 @@ async def test_pty_size_resize_and_ctrl_c(session: AgentSession) -> None:
     assert b"GOT-INT" in out and b"30 100" in out and result.exit_code == 3
 
 
-async def test_a_64_mib_stream_both_ways(session: AgentSession, tmp_path: Path) -> None:
+async def test_a_64_mib_stream_both_ways(session: AgentConnection, tmp_path: Path) -> None:
     block = os.urandom(1 << 20)
     digest = hashlib.sha256(block * 64).hexdigest()
 
@@ -178,7 +180,7 @@ async def test_a_64_mib_stream_both_ways(session: AgentSession, tmp_path: Path) 
 
 
 async def test_leaving_a_stream_early_stops_it_and_the_env_goes_on(
-    session: AgentSession, tmp_path: Path
+    session: AgentConnection, tmp_path: Path
 ) -> None:
     path = tmp_path / "big.bin"
     path.write_bytes(os.urandom(8 * protocol.WINDOW))
@@ -190,7 +192,7 @@ async def test_leaving_a_stream_early_stops_it_and_the_env_goes_on(
     assert await session.get(str(path)) == path.read_bytes()
 
 
-async def test_a_missing_file_is_guest_file_not_found(session: AgentSession) -> None:
+async def test_a_missing_file_is_guest_file_not_found(session: AgentConnection) -> None:
     with pytest.raises(GuestFileNotFound):
         await session.get("/no/such/file")
     with pytest.raises(GuestFileNotFound):
@@ -212,7 +214,7 @@ async def one(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def test_tar_round_trip(session: AgentSession, tmp_path: Path) -> None:
+async def test_tar_round_trip(session: AgentConnection, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub" / "deeper").mkdir(parents=True)
     (src / "a.txt").write_bytes(b"alpha")
@@ -248,7 +250,7 @@ def hostile_member(case: str, outside: Path) -> tarfile.TarInfo:
      "absolute-link"],
 )  # fmt: skip
 async def test_tar_members_that_escape_are_refused(
-    session: AgentSession, tmp_path: Path, case: str
+    session: AgentConnection, tmp_path: Path, case: str
 ) -> None:
     """Nothing lands outside the folder, not even through a link already inside it (made by
     an earlier command, say); no device node, no link pointing out."""

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from cleanroom.agent import protocol
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.protocol import Kind, encode, read_frame
-from cleanroom.agent.session import AgentSession
 from cleanroom.errors import EnvCrashed, FrameTooLarge, ProtocolError, Unsupported
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,10 +35,10 @@ class Guest:
         return await asyncio.to_thread(read_frame, self.stream)
 
 
-async def connect(features: list[str]) -> tuple[AgentSession, Guest]:
+async def connect(features: list[str]) -> tuple[AgentConnection, Guest]:
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer)
+    session = AgentConnection(reader, writer)
     guest = Guest(guest_sock)
     guest.send(Kind.HELLO, {"agent_version": "hostile", "features": features})
     await session.wait_hello()
@@ -46,14 +46,14 @@ async def connect(features: list[str]) -> tuple[AgentSession, Guest]:
 
 
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[AgentSession, Guest]]:
+async def pair() -> AsyncIterator[tuple[AgentConnection, Guest]]:
     session, guest = await connect(list(protocol.FEATURES))
     yield session, guest
     await session.aclose()
     guest.sock.close()
 
 
-async def broken_after(session: AgentSession, error: type[Exception]) -> None:
+async def broken_after(session: AgentConnection, error: type[Exception]) -> None:
     """Every later request fails at once with the same kind of error."""
     with pytest.raises(error):
         await session.exec(["true"])
@@ -65,7 +65,7 @@ async def broken_after(session: AgentSession, error: type[Exception]) -> None:
     ids=["unknown-id", "string-id", "bool-id", "float-id"],
 )
 async def test_a_frame_for_a_request_never_opened(
-    pair: tuple[AgentSession, Guest], header: dict[str, Any]
+    pair: tuple[AgentConnection, Guest], header: dict[str, Any]
 ) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.exec(["true"]))
@@ -77,7 +77,7 @@ async def test_a_frame_for_a_request_never_opened(
     await broken_after(session, ProtocolError)
 
 
-async def test_a_frame_after_the_request_ended(pair: tuple[AgentSession, Guest]) -> None:
+async def test_a_frame_after_the_request_ended(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.exec(["true"]))
     rid = (await guest.request()).header["id"]
@@ -90,7 +90,7 @@ async def test_a_frame_after_the_request_ended(pair: tuple[AgentSession, Guest])
     await broken_after(session, ProtocolError)
 
 
-async def test_a_stream_past_its_window(pair: tuple[AgentSession, Guest]) -> None:
+async def test_a_stream_past_its_window(pair: tuple[AgentConnection, Guest]) -> None:
     """The guest may send ``WINDOW`` bytes beyond the host's ACK, no more; the host does
     not keep what it was never asked for (its memory stays bounded)."""
     session, guest = pair
@@ -112,7 +112,7 @@ async def test_a_stream_past_its_window(pair: tuple[AgentSession, Guest]) -> Non
     running.cancel()
 
 
-async def test_an_oversized_stream_chunk(pair: tuple[AgentSession, Guest]) -> None:
+async def test_an_oversized_stream_chunk(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.get("/f"))
     rid = (await guest.request()).header["id"]
@@ -123,7 +123,7 @@ async def test_an_oversized_stream_chunk(pair: tuple[AgentSession, Guest]) -> No
     await broken_after(session, ProtocolError)
 
 
-async def test_a_chunk_out_of_order(pair: tuple[AgentSession, Guest]) -> None:
+async def test_a_chunk_out_of_order(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.get("/f"))
     rid = (await guest.request()).header["id"]
@@ -132,7 +132,7 @@ async def test_a_chunk_out_of_order(pair: tuple[AgentSession, Guest]) -> None:
         await running
 
 
-async def test_an_ack_of_bytes_never_sent(pair: tuple[AgentSession, Guest]) -> None:
+async def test_an_ack_of_bytes_never_sent(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.put("/f", b"abc"))
     rid = (await guest.request()).header["id"]
@@ -141,7 +141,7 @@ async def test_an_ack_of_bytes_never_sent(pair: tuple[AgentSession, Guest]) -> N
         await running
 
 
-async def test_garbage_mid_session_fails_every_waiter(pair: tuple[AgentSession, Guest]) -> None:
+async def test_garbage_mid_session_fails_every_waiter(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     first = asyncio.ensure_future(session.exec(["sleep", "1"]))
     second = asyncio.ensure_future(session.exec(["sleep", "2"]))
@@ -154,7 +154,7 @@ async def test_garbage_mid_session_fails_every_waiter(pair: tuple[AgentSession, 
     await broken_after(session, ProtocolError)
 
 
-async def test_a_frame_over_the_body_limit(pair: tuple[AgentSession, Guest]) -> None:
+async def test_a_frame_over_the_body_limit(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.exec(["true"]))
     await guest.request()
@@ -163,7 +163,7 @@ async def test_a_frame_over_the_body_limit(pair: tuple[AgentSession, Guest]) -> 
         await running
 
 
-async def test_an_unnumbered_frame_nobody_asked_for(pair: tuple[AgentSession, Guest]) -> None:
+async def test_an_unnumbered_frame_nobody_asked_for(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     running = asyncio.ensure_future(session.exec(["true"]))
     await guest.request()
@@ -172,7 +172,7 @@ async def test_an_unnumbered_frame_nobody_asked_for(pair: tuple[AgentSession, Gu
         await running
 
 
-async def test_silence_is_a_crash(pair: tuple[AgentSession, Guest]) -> None:
+async def test_silence_is_a_crash(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     session.silence_timeout_s = 0.3
     running = asyncio.ensure_future(session.exec(["true"]))
@@ -181,7 +181,7 @@ async def test_silence_is_a_crash(pair: tuple[AgentSession, Guest]) -> None:
         await running
 
 
-async def test_heartbeats_keep_a_long_command_alive(pair: tuple[AgentSession, Guest]) -> None:
+async def test_heartbeats_keep_a_long_command_alive(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     session.silence_timeout_s = 0.3
     running = asyncio.ensure_future(session.exec(["sleep", "1"]))

@@ -1,5 +1,5 @@
 """The native guest agent (``agent/native``) as a host process, driven by the real host side
-(``AgentSession``) over a unix socket, as the fake driver drives it.
+(``AgentConnection``) over a unix socket, as the fake driver drives it.
 
 Each test protects one thing the host relies on whichever agent runs: the HELLO fields, PING,
 EXEC's streams, exit codes and deadline, writes and reads in chunks (the first protocol's
@@ -23,7 +23,7 @@ import pytest
 from tests.agent.nativekit import connected
 
 from cleanroom.agent import native, protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import ProtocolError
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -64,7 +64,7 @@ def test_hello_names_a_native_agent_the_snapshot_driver_accepts(
 ) -> None:
     """The qemu template driver needs agent_version >= 0.2; episodes record kernel and boot."""
 
-    async def body(session: AgentSession) -> dict[str, Any]:
+    async def body(session: AgentConnection) -> dict[str, Any]:
         await session.ping()
         return session.hello
 
@@ -79,7 +79,7 @@ def test_exec_relays_both_streams_the_code_and_kills_the_group_at_its_deadline(
 ) -> None:
     """The EXEC contract: stdout/stderr apart, exit code, a timeout that kills grandchildren."""
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         first = await session.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)
         slow = await session.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout_s=0.5)
         missing = await session.exec(["no-such-program-here"], timeout_s=5)
@@ -99,7 +99,7 @@ def test_put_in_chunks_then_get_returns_the_same_bytes(agent_binary: Path, root:
     data = os.urandom(protocol.CHUNK * 2 + 17)
     target = root / "put" / "deep" / "file.bin"
 
-    async def body(session: AgentSession) -> tuple[bytes, bytes]:
+    async def body(session: AgentConnection) -> tuple[bytes, bytes]:
         await session.put(str(target), b"old content that must go" * 50_000)
         await session.put(str(target), data, 0o600)
         again = await session.get(str(target))
@@ -118,7 +118,7 @@ def test_the_first_protocols_unnumbered_requests_are_refused(
     the frame, nothing written, and the agent serves on."""
     target = root / "guest-put"
 
-    async def body(session: AgentSession) -> list[str]:
+    async def body(session: AgentConnection) -> list[str]:
         errors = []
         for kind, header in (
             (protocol.Kind.EXEC, {"argv": ["true"]}),
@@ -160,7 +160,7 @@ def test_a_command_episode_returns_artifacts_result_and_logs_and_drops_its_secre
         "secret_files": {"token": "s3cret"},
     }
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return await session.run_episode(request, root / "staging", quota_bytes=1 << 24)
 
     output = drive(agent_binary, root, body)
@@ -181,7 +181,7 @@ def test_an_episode_past_its_deadline_is_killed_and_still_reports(
     """A timeout is an EXIT with timed_out, then the (absent) result and DONE."""
     request = {"manifest": {}, "entrypoint": ["sleep", "30"], "timeout_s": 0.5}
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return await session.run_episode(request, root / "staging", quota_bytes=1 << 20)
 
     output = drive(agent_binary, root, body)
@@ -193,7 +193,7 @@ def test_a_bad_frame_ends_the_agent_instead_of_desynchronizing(
 ) -> None:
     """A stream that is not frames ends the agent (the VM powers off): nothing is guessed."""
 
-    async def body(session: AgentSession) -> bytes:
+    async def body(session: AgentConnection) -> bytes:
         session._writer.write(b"XX" + b"\0" * 9)
         await session._writer.drain()
         return await asyncio.wait_for(session._reader.read(), 10)
@@ -231,7 +231,7 @@ def test_a_result_larger_than_one_chunk_arrives_whole(agent_binary: Path, root: 
     )
     request = {"manifest": {}, "entrypoint": ["sh", "-c", script], "timeout_s": 20}
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return await session.run_episode(request, root / "staging", quota_bytes=1 << 24)
 
     output = drive(agent_binary, root, body)
@@ -243,7 +243,7 @@ def test_orphans_left_by_a_request_are_reaped_outside_a_vm(agent_binary: Path, r
     """As a subreaper the agent adopts what a request leaves running; once it exits it must
     not stay a zombie under the agent."""
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         started = await session.exec(["sh", "-c", "sleep 0.2 & echo $!"], timeout_s=10)
         orphan = started.stdout.strip()
         stat = Path(f"/proc/{orphan.decode()}/stat")
@@ -289,7 +289,7 @@ def test_artifact_names_go_to_the_host_to_judge_as_the_python_agent_sends_them(
 
     request = {"manifest": {}, "entrypoint": ["true"], "timeout_s": 20}
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return await session.run_episode(request, root / "staging", quota_bytes=1 << 20)
 
     outcomes = []

@@ -1,5 +1,5 @@
 """The native agent's FS requests (``agent/native/mux.c``: stat, list, mkdir, rename, remove),
-driven by the real host side (``AgentSession.fs``, ``agent/fs.py``) over a unix socket; and
+driven by the real host side (``AgentConnection.fs``, ``agent/fs.py``) over a unix socket; and
 the host's parser of their answers against what a hostile guest could send."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import fs, native
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import GuestFileNotFound, GuestOperationError
 
 
@@ -44,7 +44,7 @@ def test_stat_list_mkdir_rename_remove(agent_binary: Path, root: Path) -> None:
     odd = os.fsencode(str(root / "a")) + b"/new\nline\xff"
     open(odd, "wb").close()
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         [f] = (await session.fs("stat", f"{root}/a/f.txt")).entries
         mode = os.stat(root / "a" / "f.txt").st_mode & 0o7777
         assert (f.type, f.size, f.mode, f.uid) == ("file", 5, mode, os.getuid())
@@ -79,7 +79,7 @@ def test_the_entries_of_a_listing_bigger_than_an_answer_are_cut_whole(
     for i in range(6000):
         (big / (f"{i:05d}-" + "n" * 200)).touch()
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         listing = await session.fs("list", str(big))
         assert listing.truncated and 1000 < len(listing.entries) < 6000
         assert all(e.type == "file" for e in listing.entries)

@@ -20,8 +20,8 @@ import pytest
 from tests.agent.test_native_agent import drive
 
 from cleanroom.agent import gym_codec, native
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.protocol import Kind
-from cleanroom.agent.session import AgentSession
 from cleanroom.baseline.spec import AGENT_DIR, NATIVE_GYM_FILES
 from cleanroom.gym import wire
 
@@ -41,7 +41,7 @@ def gym_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_hello_lists_gym_only_where_the_gym_process_can_run(
     gym_agent: Path, tmp_path: Path
 ) -> None:
-    async def body(session: AgentSession) -> list[str]:
+    async def body(session: AgentConnection) -> list[str]:
         return list(session.hello["features"])
 
     assert "gym" in drive(gym_agent, tmp_path, body)
@@ -56,7 +56,7 @@ def test_a_gym_request_is_answered_and_the_agent_goes_on(gym_agent: Path, tmp_pa
     from the env's import if it has); a step with no env made is one too; PING still works."""
     node, action = gym_codec.encode(1)
 
-    async def body(session: AgentSession) -> tuple[Any, Any, float]:
+    async def body(session: AgentConnection) -> tuple[Any, Any, float]:
         made = await session.request(Kind.GYM_MAKE, {"env": "no_such_module:Env", "kwargs": {}})
         step = await session.request(Kind.GYM_STEP, {"tree": node}, action)
         return made, step, await session.ping()
@@ -75,7 +75,7 @@ def test_an_env_steps_through_the_relay(gym_agent: Path, tmp_path: Path) -> None
     cartpole = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
     node, action = gym_codec.encode(1)
 
-    async def body(session: AgentSession) -> tuple[Any, ...]:
+    async def body(session: AgentConnection) -> tuple[Any, ...]:
         made = await session.request(Kind.GYM_MAKE, {"env": cartpole, "kwargs": {}})
         reset = await session.request(Kind.GYM_RESET, {"seed": 3, "options": None})
         step = await session.request(Kind.GYM_STEP, {"tree": node}, action)

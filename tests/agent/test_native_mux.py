@@ -1,5 +1,5 @@
 """The native agent's multiplexed requests (``agent/native/mux.c``) as a host process, driven by
-the real host side (``AgentSession``, ``commands``, ``transfers``) over a unix socket.
+the real host side (``AgentConnection``, ``commands``, ``transfers``) over a unix socket.
 
 Each test protects what the host relies on once the HELLO lists "mux": two commands at once
 (on the old agent the second waited for the first: "busy"), output streamed in order, stdin of
@@ -25,7 +25,7 @@ import pytest
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native, protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import CommandTimeout, GuestFileNotFound, QuotaExceeded, UnknownUser
 
 
@@ -68,7 +68,7 @@ async def gone(pid: int) -> bool:
 def test_hello_lists_what_mux_c_serves(agent_binary: Path, root: Path) -> None:
     """The host multiplexes only for an agent that says so; tar (tar.c) is claimed, gym not."""
 
-    async def body(session: AgentSession) -> frozenset[str]:
+    async def body(session: AgentConnection) -> frozenset[str]:
         return session.features
 
     features = drive(agent_binary, root, body)
@@ -80,7 +80,7 @@ def test_commands_run_at_once_stream_and_take_stdin(agent_binary: Path, root: Pa
     order before the end, and 5 MiB of stdin (more than the window: ACKs must flow)."""
     flag = root / "flag"
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         waiter = session.exec(["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.01; done; echo a"])
         toucher = session.exec(["sh", "-c", f"touch {flag}; echo b"])
         first, second = await asyncio.wait_for(asyncio.gather(waiter, toucher), 30)
@@ -105,7 +105,7 @@ def test_kill_and_timeout_take_the_whole_group(agent_binary: Path, root: Path) -
     """KILL is SIGKILL to the process group (a background grandchild dies too); a timeout
     kills grandchildren and says so."""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         pids: list[bytes] = []
         script = "sleep 1000 & echo $!; wait"
         process = await session.spawn(["sh", "-c", script], on_stdout=pids.append)
@@ -132,7 +132,7 @@ def test_user_comes_from_etc_passwd_and_an_unknown_one_is_typed(
     that is not there is ``UnknownUser`` and the agent goes on."""
     nobody = pwd.getpwnam("nobody")
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         script = "id -u; id -g; echo $HOME; echo $USER"
         for user in ("nobody", str(nobody.pw_uid)):
             who = await session.exec(["sh", "-c", script], user=user, cwd="/")
@@ -156,7 +156,7 @@ def test_streams_both_ways_and_what_is_not_served(agent_binary: Path, root: Path
         for _ in range(8):
             yield block
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         assert await session.put_stream(str(path), blocks()) == 8 << 20
         back = hashlib.sha256()
         async for chunk in session.get_stream(str(path)):
@@ -183,7 +183,7 @@ def test_a_whole_file_get_is_held_to_max_size_at_the_byte(agent_binary: Path, ro
     chunk = protocol.CHUNK
     data = os.urandom(3 * chunk + 5)
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         for size in (0, 1, chunk - 1, chunk, chunk + 1, len(data)):
             await session.put(str(root / f"f{size}"), data[:size])
             assert (root / f"f{size}").read_bytes() == data[:size]
@@ -204,7 +204,7 @@ def test_a_pty_has_its_size_takes_a_resize_and_delivers_ctrl_c(
     process's session (so ^C written to it is SIGINT to the foreground group), RESIZE sets its
     window (the old agent refused a PTY: ``Unsupported``)."""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         out = bytearray()
         script = (
             'trap "stty size; echo GOT-INT; exit 3" INT; stty size; while :; do sleep 0.05; done'
@@ -246,7 +246,7 @@ def test_ctrl_c_reaches_a_command_whose_terminal_signals_nobody(
     written, flushed the handler's output (lost in 7 of 100 rounds on a loaded host), so
     several rounds, each with exactly the handler's output."""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         for _ in range(8):
             out = bytearray()
             argv = [sys.executable, "-c", DETACHED]

@@ -19,7 +19,7 @@ import pytest
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import UnknownUser
 
 WRAPPER = """#!/bin/sh
@@ -46,7 +46,7 @@ def agent_without_accounts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_root_needs_no_line_in_etc_passwd(agent_without_accounts: Path, tmp_path: Path) -> None:
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         seen = await session.exec(["cat", "/etc/passwd"])
         assert seen.ok and seen.stdout == b""  # really no accounts in its view
         script = "id -u; id -g; echo $HOME; echo $USER"

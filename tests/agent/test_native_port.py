@@ -1,6 +1,6 @@
 """The native agent's CONNECT (``agent/native/mux.c``, ``port.c``): a TCP connection to a port
 of the guest relayed both ways over the channel, driven by the real host side
-(``AgentSession.connect_port``, ``agent/ports.py``). The agent runs as a host process here, so
+(``AgentConnection.connect_port``, ``agent/ports.py``). The agent runs as a host process here, so
 "the guest's 127.0.0.1" is the host's: the servers below listen on the host's loopback."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.ports import PortStream
 from cleanroom.agent.protocol import Kind
-from cleanroom.agent.session import AgentSession
 from cleanroom.errors import PortUnreachable
 
 
@@ -58,7 +58,7 @@ def test_bytes_go_both_ways_in_order_and_half_close_is_kept(agent_binary: Path, 
     end-of-input is the server's EOF while the server can still answer; DONE counts both."""
     payload = bytes(range(256)) * (12 * 1024)  # 3 MiB
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             got = await reader.read()  # until the host's eof
             writer.write(hashlib.sha256(got).hexdigest().encode() + b"\n" + got)
@@ -95,7 +95,7 @@ def test_a_closed_port_is_port_unreachable_and_the_agent_goes_on(
     """Protects: nothing listening is ``PortUnreachable`` (FAILED "refused"), a port out of
     range is refused on the host, and the session keeps working."""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         with pytest.raises(PortUnreachable, match="refused"):
             await session.connect_port(closed_port)
         with pytest.raises(ValueError):
@@ -112,7 +112,7 @@ def test_the_guest_refuses_a_bad_port_and_the_host_can_stop_a_connection(
     guest's FAILED, not a dial; a KILL ends a connection whose server never answers (DONE
     stopped) and frees the guest's side: more connections open after it."""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         channel = session.channel
         for bad in (0, 65536, "80", None, 1.5):
             rid, inbox = channel.open()

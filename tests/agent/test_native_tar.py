@@ -1,5 +1,5 @@
 """Tar uploads and downloads on the native agent (``agent/native/tar.c``, ``tarpack.c``) as a host
-process, driven by the real host side (``AgentSession``, ``transfers``) over a socket.
+process, driven by the real host side (``AgentConnection``, ``transfers``) over a socket.
 
 Each test protects what the removed Python agent's ``agent/tarsafe.py`` promised, now in C: a folder
 packed (files, folders, links, hard links, long and non-ASCII names in pax) reads back with Python's
@@ -25,7 +25,7 @@ from tests.agent.test_mux import hostile_member, make_tar, one
 from tests.agent.test_native_agent import drive, pytestmark  # noqa: F401
 
 from cleanroom.agent import native, protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import GuestFileNotFound, GuestOperationError, GuestUnsafePath
 
 
@@ -87,7 +87,7 @@ def test_a_folder_packs_as_the_python_agent_packs_it_and_unpacks_again(
     src, dest = tmp_path / "src", tmp_path / "dest"
     folder(src)
 
-    async def body(session: AgentSession) -> bytes:
+    async def body(session: AgentConnection) -> bytes:
         archive = bytearray()
         async for chunk in session.get_tar(str(src)):
             archive.extend(chunk)
@@ -130,7 +130,7 @@ def test_an_archive_from_tarfile_unpacks_in_every_format(
                 tar.addfile(info, io.BytesIO(data))
         return buffer.getvalue()
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         for label in formats:
             await session.put_tar(str(tmp_path / label), one(archive(label)))
 
@@ -155,7 +155,7 @@ def test_members_that_escape_are_refused(agent_binary: Path, tmp_path: Path, cas
     dest.mkdir(parents=True)
     (dest / "l").symlink_to(outside)
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         with pytest.raises(GuestUnsafePath):
             archive = make_tar([(hostile_member(case, outside), b"x")])
             await session.put_tar(str(dest), one(archive))
@@ -194,7 +194,7 @@ def test_names_and_links_the_host_would_refuse_are_refused(
         member("folder"),  # a file where a folder is
     ]
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         for info in cases:
             archive = make_tar(
                 [
@@ -226,7 +226,7 @@ def test_a_corrupt_archive_is_a_typed_error_and_the_agent_goes_on(
     async def chunks() -> AsyncIterator[bytes]:
         yield b""
 
-    async def body(session: AgentSession) -> None:
+    async def body(session: AgentConnection) -> None:
         for data in (bytes(corrupt), cut, b"", b"\x1f\x8b" + b"\0" * 600):
             with pytest.raises(GuestOperationError) as info:
                 await session.put_tar(str(tmp_path / "dest"), one(data))

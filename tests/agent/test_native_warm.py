@@ -24,7 +24,7 @@ import pytest
 from tests.agent.test_native_agent import drive
 
 from cleanroom.agent import native
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -52,7 +52,7 @@ def lay_out(built: Path, where: Path, config: dict[str, Any] | None = CONFIG) ->
 
 
 def episode(
-    session: AgentSession, root: Path, timeout_s: float = 30, **task: Any
+    session: AgentConnection, root: Path, timeout_s: float = 30, **task: Any
 ) -> dict[str, Any]:
     manifest = {"episode_id": "ep-1", "seed": 6, "task": task}
     request = {
@@ -65,7 +65,7 @@ def episode(
     return {"request": request, "staging": root / f"staging-{time.monotonic_ns()}"}
 
 
-async def run(session: AgentSession, root: Path, timeout_s: float = 30, **task: Any) -> Any:
+async def run(session: AgentConnection, root: Path, timeout_s: float = 30, **task: Any) -> Any:
     spec = episode(session, root, timeout_s, **task)
     return await session.run_episode(spec["request"], spec["staging"], quota_bytes=1 << 24)
 
@@ -77,7 +77,7 @@ def test_a_function_episode_runs_in_a_fork_of_the_worker_started_at_boot(
     stderr and the artifact come back; the child has the episode's env and is the worker's."""
     binary = lay_out(built, tmp_path)
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return session.hello, await run(session, tmp_path), await run(session, tmp_path)
 
     hello, first, second = drive(binary, tmp_path, body)
@@ -104,7 +104,7 @@ def test_exit_codes_exceptions_and_the_deadline_come_back_as_exit(
     binary = lay_out(built, tmp_path)
     guest_root = tmp_path / "guest" / "run" / "cleanroom"
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         code = await run(session, tmp_path, mode="exit", code=5)
         boom = await run(session, tmp_path, mode="raise")
         slow = await run(session, tmp_path, timeout_s=1.5, mode="sleep", seconds=60)
@@ -133,7 +133,7 @@ def test_without_entry_json_a_worker_is_started_for_the_first_function_run(
     """No worker at boot (HELLO has no ``warm``); the RUN starts one (``worker: started``)."""
     binary = lay_out(built, tmp_path, config=None)
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         return session.hello, await run(session, tmp_path)
 
     hello, output = drive(binary, tmp_path, body)
@@ -147,7 +147,7 @@ def test_a_worker_whose_imports_fail_is_reported_not_waited_for(
     """A function that cannot be imported: HELLO says why; the episode exits 1 saying so."""
     binary = lay_out(built, tmp_path, config={**CONFIG, "function": "no_such_module:run"})
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         spec = episode(session, tmp_path)
         spec["request"]["function"] = {**CONFIG, "function": "no_such_module:run"}
         out = await session.run_episode(spec["request"], spec["staging"], quota_bytes=1 << 20)
@@ -169,7 +169,7 @@ def test_a_warm_up_runs_in_the_worker_and_the_episode_after_it_is_untouched(
     binary = lay_out(built, tmp_path)
     guest = tmp_path / "guest"
 
-    async def body(session: AgentSession) -> Any:
+    async def body(session: AgentConnection) -> Any:
         before = sorted(p.name for p in guest.iterdir()) if guest.exists() else []
         warmed = await session.warm_up()
         after = sorted(p.name for p in guest.iterdir()) if guest.exists() else []
@@ -185,7 +185,7 @@ def test_a_warm_up_runs_in_the_worker_and_the_episode_after_it_is_untouched(
 
     bare = lay_out(built, tmp_path / "bare", config=None)
 
-    async def without_worker(session: AgentSession) -> Any:
+    async def without_worker(session: AgentConnection) -> Any:
         return await session.warm_up(), await session.ping()
 
     warmed_bare, _ = drive(bare, tmp_path / "bare", without_worker)

@@ -10,8 +10,8 @@ import os
 import socket
 from pathlib import Path
 
+from cleanroom.agent.connection import MAX_OPEN_ARTIFACTS, AgentConnection
 from cleanroom.agent.protocol import Kind, encode
-from cleanroom.agent.session import MAX_OPEN_ARTIFACTS, AgentSession
 from cleanroom.errors import QuotaExceeded
 
 
@@ -22,7 +22,7 @@ def open_fds() -> int:
 async def test_too_many_open_artifacts_is_a_quota_error_and_closes_them(tmp_path: Path) -> None:
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer, max_body=64 * 1024)
+    session = AgentConnection(reader, writer, max_body=64 * 1024)
     before = open_fds()
     try:
         for i in range(MAX_OPEN_ARTIFACTS + 1):  # begun, never finished
@@ -45,7 +45,7 @@ async def test_artifacts_sent_one_after_another_are_not_limited(tmp_path: Path) 
     """The honest agent's way (one artifact at a time) may send many more than the bound."""
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer, max_body=64 * 1024)
+    session = AgentConnection(reader, writer, max_body=64 * 1024)
     try:
         for i in range(MAX_OPEN_ARTIFACTS * 3):
             header = {"name": f"a{i}", "offset": 0, "eof": True, "kind": "artifact"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.evidence.record import parse_guest_result
 
 pytestmark = pytest.mark.timeout(60)  # on the old code a multi-chunk PUT hung the agent
@@ -26,11 +26,11 @@ with open(os.environ["CLEANROOM_DIR"] + "/result.json", "wb") as f:
 
 
 @pytest.fixture
-def session(agent_session: AgentSession) -> AgentSession:
+def session(agent_session: AgentConnection) -> AgentConnection:
     return agent_session
 
 
-async def run_with_result(session: AgentSession, staging: Path, size: int) -> bytes | None:
+async def run_with_result(session: AgentConnection, staging: Path, size: int) -> bytes | None:
     request = {
         "manifest": {},
         "entrypoint": [sys.executable, "-c", WRITE_RESULT, str(size)],
@@ -41,13 +41,13 @@ async def run_with_result(session: AgentSession, staging: Path, size: int) -> by
     return out.result_raw
 
 
-async def test_a_2_mib_result_arrives_whole(session: AgentSession, tmp_path: Path) -> None:
+async def test_a_2_mib_result_arrives_whole(session: AgentConnection, tmp_path: Path) -> None:
     raw = await run_with_result(session, tmp_path / "s", 2 << 20)
     assert raw is not None and len(raw) == 2 << 20
     assert parse_guest_result(raw).problem is None
 
 
-async def test_result_limit_at_its_edge(session: AgentSession, tmp_path: Path) -> None:
+async def test_result_limit_at_its_edge(session: AgentConnection, tmp_path: Path) -> None:
     limit = protocol.RESULT_MAX_BYTES
     raw = await run_with_result(session, tmp_path / "a", limit)
     assert raw is not None and len(raw) == limit and parse_guest_result(raw).problem is None
@@ -57,7 +57,7 @@ async def test_result_limit_at_its_edge(session: AgentSession, tmp_path: Path) -
     assert problem is not None and "larger than" in problem
 
 
-async def test_put_of_several_chunks_and_get_back(session: AgentSession, tmp_path: Path) -> None:
+async def test_put_of_several_chunks_and_get_back(session: AgentConnection, tmp_path: Path) -> None:
     data = bytes(range(256)) * (3 * protocol.DEFAULT_MAX_BODY // 256 + 7)
     path = str(tmp_path / "put" / "file.bin")
     await session.put(path, data)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import protocol, wire
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.protocol import Kind, encode
-from cleanroom.agent.session import AgentSession
 from cleanroom.errors import FrameTooLarge, ProtocolError, UnsafePath
 from cleanroom.evidence.record import parse_guest_result
 
@@ -175,10 +175,10 @@ class Guest:
 
 
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[AgentSession, Guest]]:
+async def pair() -> AsyncIterator[tuple[AgentConnection, Guest]]:
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock, limit=1 << 22)
-    session = AgentSession(reader, writer)
+    session = AgentConnection(reader, writer)
     yield session, Guest(guest_sock)
     await session.aclose()
     guest_sock.close()
@@ -200,7 +200,7 @@ async def _send_later(guest: Guest, kind: int, header: bytes, body: bytes = b"")
     ],
 )
 async def test_hostile_headers_are_protocol_errors(
-    pair: tuple[AgentSession, Guest], header: bytes
+    pair: tuple[AgentConnection, Guest], header: bytes
 ) -> None:
     session, guest = pair
     sender = asyncio.create_task(_send_later(guest, Kind.HELLO, header))
@@ -209,7 +209,7 @@ async def test_hostile_headers_are_protocol_errors(
     await sender
 
 
-async def test_header_size_limit_at_its_edge(pair: tuple[AgentSession, Guest]) -> None:
+async def test_header_size_limit_at_its_edge(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     head = b'{"pad": "'
     fits = head + b"x" * (protocol.MAX_HEADER - len(head) - 2) + b'"}'
@@ -222,7 +222,7 @@ async def test_header_size_limit_at_its_edge(pair: tuple[AgentSession, Guest]) -
         await session.wait_hello()
 
 
-async def test_body_size_limit_at_its_edge(pair: tuple[AgentSession, Guest]) -> None:
+async def test_body_size_limit_at_its_edge(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     sender = asyncio.create_task(
         _send_later(guest, Kind.PONG, b"{}", b"x" * protocol.DEFAULT_MAX_BODY)
@@ -237,7 +237,7 @@ async def test_body_size_limit_at_its_edge(pair: tuple[AgentSession, Guest]) -> 
 
 
 async def test_a_guest_error_message_is_kept_short_and_printable(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     session, guest = pair
     guest.sock.sendall(encode(Kind.ERROR, {"message": "\x1b]0;pwn\x07" + "m" * 10_000}))
@@ -249,7 +249,7 @@ async def test_a_guest_error_message_is_kept_short_and_printable(
 
 @pytest.mark.parametrize("name", ["x\ud800y", "d/" + "x" * 300, "a\nb"])
 async def test_hostile_artifact_names_end_as_unsafe_path_inside_staging(
-    pair: tuple[AgentSession, Guest], tmp_path: Path, name: str
+    pair: tuple[AgentConnection, Guest], tmp_path: Path, name: str
 ) -> None:
     """The lone surrogate raised UnicodeEncodeError at os.open (it crashed the controller), the
     300-byte component ENAMETOOLONG (infra_error); both are the guest's error now."""

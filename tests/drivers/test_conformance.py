@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import native
-from cleanroom.agent.session import safe_relpath
+from cleanroom.agent.connection import safe_relpath
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.core.states import Outcome
 from cleanroom.errors import CommandFailed, EnvCrashed, FrameTooLarge, QuotaExceeded

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, cast
 
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.agent.results import ExecResult
-from cleanroom.agent.session import AgentSession
 from cleanroom.drivers.qemu import touch
 from cleanroom.errors import GuestFileNotFound, ProtocolError
 
@@ -43,7 +43,7 @@ class Guest:
 
 
 def _touch(guest: Guest) -> dict[str, Any]:
-    return asyncio.run(touch.touch_guest_paths(cast(AgentSession, guest)))
+    return asyncio.run(touch.touch_guest_paths(cast(AgentConnection, guest)))
 
 
 def test_a_shell_a_put_and_a_read_are_reported_as_they_ran() -> None:

@@ -8,7 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.core.states import Outcome
 from cleanroom.evidence.export import _redact_result, _unique, export_attempt, redact_output
 from cleanroom.evidence.manifest import Manifest

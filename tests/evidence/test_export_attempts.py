@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.batch.result import RunResult
 from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import Outcome

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.evidence.export import redact_output
 from cleanroom.evidence.secrets import Redactor
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cleanroom import __version__
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import Outcome
 from cleanroom.errors import ExportError

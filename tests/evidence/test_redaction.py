@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.evidence import secrets
 from cleanroom.evidence.export import redact_output
 from cleanroom.evidence.record import parse_guest_result

@@ -40,7 +40,7 @@ from typing import Any
 
 from cleanroom.agent import bulk, protocol, wire
 from cleanroom.agent.bulk import BulkDisk
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.baseline.spec import load_spec
 from cleanroom.errors import (
     EnvCrashed,
@@ -103,7 +103,7 @@ class _Writer:
         pass
 
 
-async def _answer(kind: int, session: AgentSession, staging: Path) -> Any:
+async def _answer(kind: int, session: AgentConnection, staging: Path) -> Any:
     if kind == 0:
         return await session.run_episode({"manifest": {}}, staging, quota_bytes=1 << 20)
     if kind == 1:
@@ -111,14 +111,14 @@ async def _answer(kind: int, session: AgentSession, staging: Path) -> Any:
     return await session.wait_hello()
 
 
-def _fed_session(data: bytes, kinds: int) -> tuple[int, AgentSession]:
+def _fed_session(data: bytes, kinds: int) -> tuple[int, AgentConnection]:
     """The first byte (mod ``kinds``) picks what to ask; the rest is all the guest ever sends
     to a host session of it."""
     kind, guest_bytes = (data[0] % kinds, data[1:]) if data else (0, b"")
     reader = asyncio.StreamReader(loop=_LOOP)
     reader.feed_data(guest_bytes)
     reader.feed_eof()
-    return kind, AgentSession(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
+    return kind, AgentConnection(reader, _Writer(), max_body=1 << 20)  # type: ignore[arg-type]
 
 
 def stream(data: bytes) -> None:
@@ -134,7 +134,7 @@ def stream(data: bytes) -> None:
         assert not outside, f"written outside the staging folder: {outside}"
 
 
-async def _mux_answer(kind: int, session: AgentSession) -> Any:
+async def _mux_answer(kind: int, session: AgentConnection) -> Any:
     async def chunks() -> AsyncIterator[bytes]:
         yield b"z" * 300_000
 
@@ -162,7 +162,7 @@ def mux(data: bytes) -> None:
     _LOOP.run_until_complete(_mux_answer(kind, session))
 
 
-async def _bulk_answer(kind: int, session: AgentSession) -> Any:
+async def _bulk_answer(kind: int, session: AgentConnection) -> Any:
     try:
         if kind == 0:
             return await session.put("/x", b"p" * 5000)
@@ -189,7 +189,7 @@ def bulk_disk(data: bytes) -> None:
         assert left.st_size == bulk.SIZE and left.st_blocks == 0, "the bulk disk was not emptied"
 
 
-async def _fs_answer(kind: int, session: AgentSession) -> Any:
+async def _fs_answer(kind: int, session: AgentConnection) -> Any:
     try:
         op = ("stat", "list", "mkdir", "rename", "remove")[kind % 5]
         return await session.fs(op, "/x", dest="/y", depth=3)

@@ -11,7 +11,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from cleanroom.agent.session import ExecResult
+from cleanroom.agent.connection import ExecResult
 from cleanroom.lifecycle.run import staged_output
 
 

@@ -18,7 +18,7 @@ The guest is distrusted as on the channel: a DONE with another size, more than w
 progress before its end, or any other frame is its ``ProtocolError`` (the channel breaks); a
 missing file is ``GuestFileNotFound``. The bytes it leaves on the disk are only ever taken as
 its file's content, as a stream's chunks are. A transfer left unfinished (cancelled) retires
-the disk for the rest of the session: the guest may still be copying, and the next transfer
+the disk for the rest of the connection: the guest may still be copying, and the next transfer
 must not meet its bytes; the channel's streams carry the rest. So does a failure of the host's
 side of the disk (a full disk, the file gone): that transfer starts again on the channel.
 """
@@ -81,7 +81,7 @@ DEVICE = ["-device", f"virtio-blk-device,drive=bulk,serial={SERIAL}"]
 
 
 class BulkDisk:
-    """One VM's bulk disk, as its host session uses it."""
+    """One VM's bulk disk, as its host connection uses it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

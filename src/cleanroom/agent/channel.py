@@ -4,7 +4,7 @@ Several requests run at once on one channel (an agent whose HELLO ``features`` h
 Each request has a number (``open()``) and an ``Inbox``; the reader task puts every frame that
 carries that ``id`` into it. Frames without an id (PONG, the OK of SNAPSHOT_PREPARE, and every
 frame of an agent that does not multiplex) go to the one *unnumbered* inbox, which a request
-holding the session's lock opens. Every write is one ``writer.write`` (a frame is never
+holding the connection's lock opens. Every write is one ``writer.write`` (a frame is never
 interleaved with another), so the host keeps the single-writer rule without a lock.
 
 The guest is distrusted here too: a frame for a request the host never opened (or one already
@@ -254,7 +254,7 @@ class Channel:
                 self._writer.write(protocol.encode(kind, header))
 
     async def aclose(self) -> None:
-        self.break_with(EnvCrashed("the agent session was closed"))
+        self.break_with(EnvCrashed("the agent connection was closed"))
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -4,7 +4,7 @@ One EXEC request per process (``{id, argv, env, cwd, timeout_s, user, stdin, pty
 answers STARTED (or FAILED: an unknown user), then its STDOUT/STDERR as they come, EXIT and
 DONE. A pump task per process takes those frames off its inbox and hands the output to the
 callbacks while the caller does other things; ``wait`` returns the ``ExecResult``. Leaving a
-process unwaited is allowed: closing the session ends it with the env.
+process unwaited is allowed: closing the connection ends it with the env.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MAX_OUTPUT = 16 * 1024 * 1024  # a command's stdout + stderr kept, unless it say
 
 class CommandOptions(TypedDict, total=False):
     """What a command takes besides its argv, for every layer that passes them on (``Env``,
-    ``AgentSession``); ``spawn`` holds the defaults: no limit, the agent's env and cwd, root,
+    ``AgentConnection``); ``spawn`` holds the defaults: no limit, the agent's env and cwd, root,
     no callbacks, ``MAX_OUTPUT``."""
 
     timeout_s: float | None
@@ -44,7 +44,7 @@ class SpawnOptions(CommandOptions, total=False):
 
 
 class GuestProcess:
-    """A process running in the guest (``AgentSession.spawn``); ``id`` is its request id."""
+    """A process running in the guest (``AgentConnection.spawn``); ``id`` is its request id."""
 
     def __init__(self, channel: Channel, rid: int, inbox: Inbox, output: Output) -> None:
         self.channel = channel

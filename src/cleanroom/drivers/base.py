@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Unpack
 
 from cleanroom.agent.commands import CommandOptions, SpawnOptions
-from cleanroom.agent.session import AgentSession, EpisodeOutput, ExecResult, GuestProcess
+from cleanroom.agent.connection import AgentConnection, EpisodeOutput, ExecResult, GuestProcess
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.errors import DriverError, Unsupported
@@ -158,7 +158,7 @@ class DestroyReport:
 class Env:
     """A live environment with a connected agent. ``aclose()`` destroys it (idempotent)."""
 
-    def __init__(self, driver: Driver, info: EnvInfo, session: AgentSession) -> None:
+    def __init__(self, driver: Driver, info: EnvInfo, session: AgentConnection) -> None:
         self.driver = driver
         self.info = info
         self.session = session

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cleanroom.agent import native
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import (
@@ -108,7 +108,7 @@ class FakeDriver(RunFolderDriver):
         self._procs[request.env_id] = proc
         try:
             reader, writer = await asyncio.wait_for(connected, self.ready_timeout_s)
-            session = AgentSession(reader, writer)
+            session = AgentConnection(reader, writer)
             await asyncio.wait_for(session.wait_hello(), self.ready_timeout_s)
         except BaseException as exc:
             await asyncio.shield(self.destroy(request.env_id))

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.drivers import gvisor_bundle as bundle_mod
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import (
@@ -215,13 +215,13 @@ class GvisorDriver(RunFolderDriver):
         self,
         live: _Live,
         connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-    ) -> AgentSession:
+    ) -> AgentConnection:
         """Wait for the agent's connection and HELLO, failing early if runsc exits."""
         exit_task = asyncio.ensure_future(live.proc.wait())
         try:
             await self._first(connected, exit_task, live)
             reader, writer = connected.result()
-            session = AgentSession(reader, writer)
+            session = AgentConnection(reader, writer)
             hello_task = asyncio.ensure_future(session.wait_hello())
             try:
                 await self._first(hello_task, exit_task, live)

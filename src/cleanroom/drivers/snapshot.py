@@ -39,7 +39,7 @@ from cleanroom.host import digests, hostproc, paths
 from cleanroom.host.digests import digest_of, sha256_file
 
 if TYPE_CHECKING:
-    from cleanroom.agent.session import AgentSession
+    from cleanroom.agent.connection import AgentConnection
 
 FORMAT = 3  # 3: the guest caches warmed before the save; 2: saved running (1 stayed paused)
 META_FILE = "template.json"
@@ -302,7 +302,7 @@ def restore_script(state_fd: int) -> bytes:
     )
 
 
-async def prepare(session: AgentSession, timeout_s: float = 10.0) -> dict[str, Any]:
+async def prepare(session: AgentConnection, timeout_s: float = 10.0) -> dict[str, Any]:
     """Tell the template's agent a snapshot follows (SNAPSHOT_PREPARE); its OK's header
     (which reseeder will answer the clones' RESEED: ``native`` or ``python``, and why)."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cleanroom.agent import wire
-from cleanroom.agent.session import Artifact, EpisodeOutput
+from cleanroom.agent.connection import Artifact, EpisodeOutput
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.core.version import __version__

@@ -25,7 +25,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from cleanroom.agent.session import EpisodeOutput
+from cleanroom.agent.connection import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.clock import EpisodeClock

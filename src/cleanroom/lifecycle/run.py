@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome, classify

@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from cleanroom.agent import wire
-from cleanroom.agent.session import EpisodeOutput, ExecResult
+from cleanroom.agent.connection import EpisodeOutput, ExecResult
 from cleanroom.baseline import store as baseline_store
 from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build

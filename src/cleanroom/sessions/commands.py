@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from cleanroom.agent.commands import GuestProcess
-from cleanroom.agent.session import ExecResult
+from cleanroom.agent.connection import ExecResult
 from cleanroom.errors import ManifestError
 from cleanroom.sessions.guard import Guard
 

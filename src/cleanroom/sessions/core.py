@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cleanroom.agent import wire
-from cleanroom.agent.session import Artifact, EpisodeOutput, ExecResult
+from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
 from cleanroom.core.states import Failure, Outcome
 from cleanroom.drivers.base import Env
 from cleanroom.errors import (

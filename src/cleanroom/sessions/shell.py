@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cleanroom.agent.session import ExecResult
+from cleanroom.agent.connection import ExecResult
 from cleanroom.baseline.model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.ledger import Ledger

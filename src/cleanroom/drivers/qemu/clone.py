@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent import protocol
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
 from cleanroom.drivers.base import Env, EnvRequest
@@ -111,7 +111,7 @@ class Cloner:
         return live, monitor
 
 
-async def restore(env_id: str, live: Live, monitor: socket.socket) -> AgentSession:
+async def restore(env_id: str, live: Live, monitor: socket.socket) -> AgentConnection:
     """Once the monitor accepted the load, queue RESEED; wait for the clone's HELLO."""
     mon_reader, mon_writer = await asyncio.open_unix_connection(sock=monitor)
     try:
@@ -126,7 +126,7 @@ async def load_accepted(live: Live, mon_reader: asyncio.StreamReader) -> None:
     await live.while_running(qmp.read_answers(mon_reader, snapshot.RESTORE_COMMANDS))
 
 
-async def reseed(env_id: str, live: Live) -> AgentSession:
+async def reseed(env_id: str, live: Live) -> AgentConnection:
     """Send the clone its RESEED (host entropy, its id, the wall clock); await its HELLO."""
     reader, writer = await live.open_channel()
     header = {"clone_id": env_id, "time_ns": time.time_ns()}
@@ -139,7 +139,7 @@ async def reseed(env_id: str, live: Live) -> AgentSession:
     return session
 
 
-async def reseed_again(env_id: str, session: AgentSession) -> dict[str, Any]:
+async def reseed_again(env_id: str, session: AgentConnection) -> dict[str, Any]:
     """RESEED an agent that said HELLO already (a live-forked parent, a spare being taken): its
     own id, the clock, fresh host entropy; its HELLO (DriverError if it answers as another)."""
     header = {"clone_id": env_id, "time_ns": time.time_ns()}

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.baseline.model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import accel as accel_mod
@@ -115,7 +115,7 @@ class QemuDriver(RunFolderDriver):
     def run_root(self) -> Path:
         return self.config.run_root
 
-    def _env(self, info: EnvInfo, session: AgentSession) -> Env:
+    def _env(self, info: EnvInfo, session: AgentConnection) -> Env:
         return Env(self, info, session)
 
     def run_dir(self, env_id: str) -> Path:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cleanroom.agent import bulk
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers.base import DestroyReport, Env, EnvInfo, EnvRequest, fail_launch, write_owner
 from cleanroom.drivers.qemu import cmdline
@@ -28,7 +28,7 @@ from cleanroom.errors import ConfigError, LaunchError
 from cleanroom.host import hostproc
 from cleanroom.host.cgroups import EnvGroups
 
-MakeEnv = Callable[[EnvInfo, AgentSession], Env]  # the driver's Env around a ready session
+MakeEnv = Callable[[EnvInfo, AgentConnection], Env]  # the driver's Env around a ready session
 
 
 class Launcher:
@@ -110,10 +110,10 @@ class Launcher:
         self,
         env_id: str,
         live: Live,
-        ready: Awaitable[AgentSession],
+        ready: Awaitable[AgentConnection],
         timeout_s: float,
         what: str,
-    ) -> AgentSession:
+    ) -> AgentConnection:
         """Await ``ready`` within ``timeout_s``; on any failure destroy the env, then raise."""
         try:
             return await asyncio.wait_for(ready, timeout_s)
@@ -143,7 +143,7 @@ class Launcher:
         accel: accel_mod.Accel,
         live: Live,
         started: float,
-        session: AgentSession,
+        session: AgentConnection,
         **start: Any,
     ) -> Env:
         """The ready env: its ``EnvInfo`` (``start``: how it started) around ``session``."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from cleanroom.agent import bulk
 from cleanroom.agent.bulk import BulkDisk
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.errors import DriverError, LaunchError
 from cleanroom.host import hostproc
@@ -70,19 +70,19 @@ class Live(hostproc.ConsoleProcess):
 
     def session_over(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> AgentSession:
+    ) -> AgentConnection:
         """The agent session on the opened channel, with the VM's bulk disk."""
-        session = AgentSession(reader, writer)
+        session = AgentConnection(reader, writer)
         session.bulk = BulkDisk(self.bulk)
         return session
 
-    async def connect(self) -> AgentSession:
+    async def connect(self) -> AgentConnection:
         reader, writer = await self.open_channel()
         session = self.session_over(reader, writer)
         await self.await_hello(session)
         return session
 
-    async def await_hello(self, session: AgentSession) -> None:
+    async def await_hello(self, session: AgentConnection) -> None:
         """Wait for HELLO, or fail as soon as QEMU exits; closes the session on failure."""
         try:
             await self.while_running(session.wait_hello())

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import qmp, snapshot
@@ -58,7 +58,7 @@ class Spare:
     template: snapshot.Template
     live: Live
     monitor: tuple[asyncio.StreamReader, asyncio.StreamWriter]  # its load monitor, kept open
-    session: AgentSession  # its agent, which said HELLO once already (``run_ahead``)
+    session: AgentConnection  # its agent, which said HELLO once already (``run_ahead``)
     warmed: str  # what ran ahead: "command" (touch.py's paths), "worker" (WARM_UP) or "none"
     started: float  # monotonic: when its QEMU was spawned
     deadline: float  # monotonic: when its supervisor kills it
@@ -241,7 +241,7 @@ class Spares:
         write_owner(spare.live.run_dir, request, self.ctx.config.name)  # the episode's labels
         reader, writer = spare.monitor
 
-        async def resumed() -> AgentSession:
+        async def resumed() -> AgentConnection:
             await spare.live.while_running(qmp.command(reader, writer, "cont"))
             await spare.live.while_running(reseed_again(request.env_id, spare.session))
             return spare.session
@@ -276,7 +276,7 @@ async def run_ahead(
     writer: asyncio.StreamWriter,
     *,
     command: bool,
-) -> tuple[AgentSession, str]:
+) -> tuple[AgentConnection, str]:
     """Run a restored spare once before anyone takes it, then stop its vCPU again; its agent
     session and what warmed it (``Spare.warmed``).
 

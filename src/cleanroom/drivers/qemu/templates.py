@@ -21,7 +21,7 @@ import time
 from typing import Any, Protocol
 
 from cleanroom.agent import bulk
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.core import events
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import snapshot
@@ -190,12 +190,12 @@ class TemplateBuilder:
             raise DriverError(f"cannot save the template: {exc}") from exc
 
 
-async def _ready_template(live: Live, timeout_s: float) -> tuple[AgentSession, dict[str, Any]]:
+async def _ready_template(live: Live, timeout_s: float) -> tuple[AgentConnection, dict[str, Any]]:
     """Wait for the template VM's agent, touch the guest paths a session's first steps take and
     tell the agent a snapshot follows; the session (kept open until the save) and the agent's
     answer, with what was touched."""
 
-    async def ready() -> tuple[AgentSession, dict[str, Any]]:
+    async def ready() -> tuple[AgentConnection, dict[str, Any]]:
         reader, writer = await live.open_channel()
         session = live.session_over(reader, writer)
         await live.await_hello(session)  # closes the session if it fails

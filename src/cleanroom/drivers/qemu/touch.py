@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from cleanroom.agent.session import AgentSession
+from cleanroom.agent.connection import AgentConnection
 from cleanroom.errors import CleanroomError
 
 SCRIPT = 'f=/tmp/.cleanroom-touch-$$; echo > "$f"; rm -f "$f"'
@@ -29,7 +29,7 @@ PUT_BYTES = 64 * 1024
 TIMEOUT_S = 10.0
 
 
-async def touch_guest_paths(session: AgentSession) -> dict[str, Any]:
+async def touch_guest_paths(session: AgentConnection) -> dict[str, Any]:
     """Run the paths once; what ran (``sh``: its exit code, ``put`` and ``read``: bytes), for
     the facts."""
     touched: dict[str, Any] = {}

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cleanroom.agent import protocol
+from cleanroom.agent.connection import AgentConnection, safe_relpath
 from cleanroom.agent.protocol import Kind, encode
-from cleanroom.agent.session import AgentSession, safe_relpath
 from cleanroom.errors import (
     EnvCrashed,
     FrameTooLarge,
@@ -36,10 +36,10 @@ class Guest:
 
 
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[AgentSession, Guest]]:
+async def pair() -> AsyncIterator[tuple[AgentConnection, Guest]]:
     host_sock, guest_sock = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=host_sock)
-    session = AgentSession(reader, writer, max_body=64 * 1024)
+    session = AgentConnection(reader, writer, max_body=64 * 1024)
     yield session, Guest(guest_sock)
     await session.aclose()
     guest_sock.close()
@@ -50,7 +50,7 @@ def _run_episode_script(guest: Guest, frames: list[bytes]) -> None:
         guest.send(data)
 
 
-async def test_hello_then_exec(pair: tuple[AgentSession, Guest]) -> None:
+async def test_hello_then_exec(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     guest.frame(Kind.HELLO, {"agent_version": "x", "features": list(protocol.FEATURES)})
     assert (await session.wait_hello())["agent_version"] == "x"
@@ -63,7 +63,7 @@ async def test_hello_then_exec(pair: tuple[AgentSession, Guest]) -> None:
 
 
 async def test_an_agent_that_does_not_multiplex_gets_no_command_or_transfer(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     """Protects the retirement of the first protocol's unnumbered EXEC, PUT and GET: an agent
     whose HELLO lacks "mux" gets ``Unsupported`` for a command, a write and a read, naming what
@@ -82,21 +82,21 @@ async def test_an_agent_that_does_not_multiplex_gets_no_command_or_transfer(
         guest.sock.recv(1)
 
 
-async def test_garbage_is_a_protocol_error(pair: tuple[AgentSession, Guest]) -> None:
+async def test_garbage_is_a_protocol_error(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     guest.send(b"\x00" * 64)
     with pytest.raises(ProtocolError, match="magic"):
         await session.wait_hello()
 
 
-async def test_oversized_frame_is_refused(pair: tuple[AgentSession, Guest]) -> None:
+async def test_oversized_frame_is_refused(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     guest.send(protocol.PREFIX.pack(protocol.MAGIC, int(Kind.HELLO), 2, 10**9) + b"{}")
     with pytest.raises(FrameTooLarge):
         await session.wait_hello()
 
 
-async def test_closed_channel_is_a_crash(pair: tuple[AgentSession, Guest]) -> None:
+async def test_closed_channel_is_a_crash(pair: tuple[AgentConnection, Guest]) -> None:
     session, guest = pair
     guest.sock.close()
     with pytest.raises(EnvCrashed):
@@ -112,7 +112,7 @@ def _episode_end() -> list[bytes]:
 
 
 async def test_episode_collects_artifacts_with_digests(
-    pair: tuple[AgentSession, Guest], tmp_path: Path
+    pair: tuple[AgentConnection, Guest], tmp_path: Path
 ) -> None:
     session, guest = pair
     guest.send(encode(Kind.STDOUT, {}, b"log line\n"))
@@ -135,7 +135,7 @@ async def test_episode_collects_artifacts_with_digests(
 
 
 async def test_how_the_entrypoint_ran_is_taken_only_as_short_identifiers(
-    pair: tuple[AgentSession, Guest], tmp_path: Path
+    pair: tuple[AgentConnection, Guest], tmp_path: Path
 ) -> None:
     session, guest = pair
     exit_header = {"code": 0, "entry": "function", "worker": "../../etc", "other": "x"}
@@ -150,7 +150,7 @@ async def test_how_the_entrypoint_ran_is_taken_only_as_short_identifiers(
     "name", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "", "a\x00b", "a\\..\\b"]
 )
 async def test_escaping_artifact_names_are_refused(
-    pair: tuple[AgentSession, Guest], tmp_path: Path, name: str
+    pair: tuple[AgentConnection, Guest], tmp_path: Path, name: str
 ) -> None:
     session, guest = pair
     staging = tmp_path / "staging"
@@ -164,7 +164,7 @@ async def test_escaping_artifact_names_are_refused(
 
 
 async def test_symlinked_folder_in_staging_is_not_followed(
-    pair: tuple[AgentSession, Guest], tmp_path: Path
+    pair: tuple[AgentConnection, Guest], tmp_path: Path
 ) -> None:
     session, guest = pair
     staging = tmp_path / "staging"
@@ -178,7 +178,9 @@ async def test_symlinked_folder_in_staging_is_not_followed(
     assert not (tmp_path / "x").exists()
 
 
-async def test_output_quota_is_enforced(pair: tuple[AgentSession, Guest], tmp_path: Path) -> None:
+async def test_output_quota_is_enforced(
+    pair: tuple[AgentConnection, Guest], tmp_path: Path
+) -> None:
     session, guest = pair
     for _ in range(5):
         guest.send(encode(Kind.STDOUT, {}, b"x" * 400))
@@ -187,7 +189,7 @@ async def test_output_quota_is_enforced(pair: tuple[AgentSession, Guest], tmp_pa
 
 
 async def test_out_of_order_chunk_is_refused(
-    pair: tuple[AgentSession, Guest], tmp_path: Path
+    pair: tuple[AgentConnection, Guest], tmp_path: Path
 ) -> None:
     session, guest = pair
     guest.send(
@@ -203,7 +205,7 @@ def test_safe_relpath_accepts_nested_names() -> None:
 
 
 async def test_heartbeats_are_skipped_and_silence_is_a_crash(
-    pair: tuple[AgentSession, Guest],
+    pair: tuple[AgentConnection, Guest],
 ) -> None:
     session, guest = pair
     session.silence_timeout_s = 0.3

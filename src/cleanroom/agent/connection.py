@@ -36,7 +36,7 @@ from cleanroom.errors import (
 )
 
 __all__ = [
-    "AgentSession",
+    "AgentConnection",
     "Artifact",
     "EpisodeOutput",
     "ExecResult",
@@ -70,7 +70,7 @@ class EpisodeOutput:
     entry: dict[str, str] = field(default_factory=dict)  # EXIT's "entry"/"worker" (guest's word)
 
 
-class AgentSession:
+class AgentConnection:
     """A connected agent. Created by a driver.
 
     An agent whose HELLO lists "mux" in ``features`` serves several requests at once (``exec``,
@@ -329,7 +329,7 @@ def _entry_facts(header: dict[str, Any]) -> dict[str, str]:
 class _EpisodeCollector:
     """Receives one RUN's frames into a staging folder, enforcing the quota and names."""
 
-    def __init__(self, session: AgentSession, staging: Path, quota: Quota) -> None:
+    def __init__(self, session: AgentConnection, staging: Path, quota: Quota) -> None:
         self.session = session
         self.staging = staging
         self.quota = quota
