@@ -32,7 +32,7 @@ from cleanroom.ledger import Ledger
 from cleanroom.store import LocalStore
 
 from ..baseline.conftest import needs_root_tools, registry
-from ..baseline.ociutil import layout
+from ..baseline.ociutil import Entry, layer_bytes, layout
 from ..conftest import ROOT
 from ..vmkit import assert_nothing_left
 
@@ -422,19 +422,7 @@ def test_an_image_task_runs_from_a_loopback_registry(
     ``environment/Dockerfile`` built FROM it (both on a real registry on 127.0.0.1), gets its
     baseline from there (the Dockerfile's RUN is seen by the solution), the oracle's reward
     comes back, and the task folder is only read (the spec is written in the cleanroom home)."""
-    needs_root_tools()
-    if shutil.which("skopeo") is None or shutil.which("buildah") is None:
-        pytest.skip("skopeo/buildah not installed (scripts/setup.sh installs them)")
-    debian = debootstrap_tarball(BaseSection()).read_bytes()
-    image = layout(tmp_path / "image", [debian], {"Env": ["PATH=/usr/bin:/bin"]})
-    ref = f"{registry}/tests/harbor-debian:1"
-    subprocess.run(
-        [
-            *("skopeo", "copy", "--quiet", "--dest-tls-verify=false"),
-            *(f"oci:{image}:latest", f"docker://{ref}"),
-        ],
-        check=True,
-    )
+    ref = _publish(tmp_path, registry, "harbor-debian", [], {"Env": ["PATH=/usr/bin:/bin"]})
     before = set(_runs(ledger))
     if source == "docker_image":
         task = _task(tmp_path, environment=f'docker_image = "{ref}"')
@@ -450,6 +438,58 @@ def test_an_image_task_runs_from_a_loopback_registry(
     assert [_reward(t) for t in trials] == [1.0], trials
     _check_cleanroom(ledger, store, before, trials, 1.0)
     assert sorted(task.rglob("*")) == files
+
+
+def _publish(
+    tmp_path: Path, registry: str, name: str, layers: list[bytes], config: dict[str, Any]
+) -> str:
+    """A Debian image (this host's debootstrap tarball, then ``layers``) with ``config``,
+    pushed to the loopback registry: its reference."""
+    needs_root_tools()
+    if shutil.which("skopeo") is None or shutil.which("buildah") is None:
+        pytest.skip("skopeo/buildah not installed (scripts/setup.sh installs them)")
+    debian = debootstrap_tarball(BaseSection()).read_bytes()
+    image = layout(tmp_path / name, [debian, *layers], config)
+    ref = f"{registry}/tests/{name}:1"
+    subprocess.run(
+        [
+            *("skopeo", "copy", "--quiet", "--dest-tls-verify=false"),
+            *(f"oci:{image}:latest", f"docker://{ref}"),
+        ],
+        check=True,
+    )
+    return ref
+
+
+def test_an_images_entrypoint_starts_a_service_as_docker_would(
+    harbor: Path, tmp_path: Path, ledger: Ledger, registry: str
+) -> None:
+    """Protects: an image whose ``Entrypoint`` starts a service (then execs its arguments)
+    has it started before Harbor's healthcheck, as Harbor's Docker environment starts the
+    container (``ENTRYPOINT sh -c 'sleep infinity'``): the task's healthcheck passes, the
+    solution sees the service's mark, the arguments it was given and the keepalive running,
+    and the reward is 1."""
+    start = b'#!/bin/sh\necho "$*" > /tmp/service-args\ntouch /tmp/service-started\nexec "$@"\n'
+    service = layer_bytes([Entry("usr/local/bin/start-service", data=start, mode=0o755)])
+    config = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Entrypoint": ["start-service"]}
+    ref = _publish(tmp_path, registry, "harbor-service", [service], config)
+    before = set(_runs(ledger))
+    solve = (
+        "[ -f /tmp/service-started ]"
+        ' && [ "$(cat /tmp/service-args)" = "sh -c sleep infinity" ]'
+        " && grep -qs 'sleep [i]nfinity' /proc/[0-9]*/cmdline"
+        " && mkdir -p /app && echo hello from cleanroom > /app/greeting.txt"
+    )
+    task = _task(tmp_path, solve=solve, environment=f'docker_image = "{ref}"')
+    (task / "environment" / "cleanroom.toml").unlink()
+    with (task / "task.toml").open("a") as f:
+        f.write(
+            '\n[environment.healthcheck]\ncommand = "test -f /tmp/service-started"\n'
+            "interval_sec = 1.0\nretries = 2\n"
+        )
+    trials, store = _run(harbor, tmp_path, task, 1, offline=False)  # the registry is on lo
+    assert [_reward(t) for t in trials] == [1.0], trials
+    _check_cleanroom(ledger, store, before, trials, 1.0)
 
 
 def test_files_larger_than_a_frame_travel_whole(

@@ -142,7 +142,8 @@ def check_function_entry(spec: BaselineSpec, ws: Workspace, progress: Progress =
 
 def image_record(image: Image | None, run_as: RunAs | None = None) -> dict[str, Any] | None:
     """What a baseline records of its container image: digests, and the config it honours
-    (``run_as``: its ``User`` resolved to numbers, when not root)."""
+    (``run_as``: its ``User`` resolved to numbers, when not root; its ``Entrypoint``, which a
+    Harbor environment starts as Docker would)."""
     if image is None:
         return None
     record = {
@@ -151,6 +152,8 @@ def image_record(image: Image | None, run_as: RunAs | None = None) -> dict[str, 
         "working_dir": image.config.working_dir,
         "user": image.config.user,
     }
+    if image.config.entrypoint:  # only when set: images without one keep their digests
+        record["entrypoint"] = list(image.config.entrypoint)
     if run_as is not None:
         record["run_as"] = run_as.to_json()
     return record

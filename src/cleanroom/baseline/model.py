@@ -145,6 +145,11 @@ class Baseline:
         return argv if run_as is None or user == "root" else run_as.wrap(argv)
 
     @property
+    def image_entrypoint(self) -> tuple[str, ...]:
+        """The image config's ``Entrypoint`` (what ``docker run`` starts first), if it set one."""
+        return tuple(str(a) for a in (self.image or {}).get("entrypoint") or ())
+
+    @property
     def workdir(self) -> str | None:
         """The image config's ``WorkingDir``, if it set one."""
         return (self.image or {}).get("working_dir") or None

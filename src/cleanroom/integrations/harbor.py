@@ -7,7 +7,10 @@ class by its import path; nothing in Harbor changes and nothing else in cleanroo
 module. ``start`` resolves the task's environment to a baseline (``environment/cleanroom.toml``,
 a spec; else the task's ``docker_image``; else ``environment/Dockerfile``) and opens a
 ``cleanroom.sessions`` (a run of its own, ``harbor-<trial>``; the manifest's ``task`` names
-Harbor's task, trial and trial id). ``exec`` runs the shell string (the exit code is data);
+Harbor's task, trial and trial id); an image that sets an ``Entrypoint`` has it started in the
+background first, with Harbor's keepalive command as its arguments, as Harbor's Docker
+environment starts the container (a service the image's entrypoint starts is up for the
+healthcheck). ``exec`` runs the shell string (the exit code is data);
 files and folders travel through the session's ``put``/``get`` (folders as tar). ``stop`` ends
 the session: the transcript and the record (the reward Harbor's verifier wrote, read from the
 trial folder, which is never written) are exported, the VM destroyed and confirmed absent in
@@ -67,6 +70,7 @@ WEB_PORTS = (443, 80)  # Harbor's allowlist names hosts, cleanroom's HOST:PORT
 REWARDS_MAX = 64 * 1024  # a reward.json larger than this is not read
 PUT_CHUNK = 512 * 1024  # well inside the guest agent's 1 MiB frame
 SESSION_LIMIT_S = 4 * 3600  # a written spec's timeout_s: past it the deadman ends the VM
+KEEPALIVE = ("sh", "-c", "sleep infinity")  # the command Harbor's docker compose files give
 
 
 def _ident(text: str, limit: int = 100) -> str:
@@ -284,6 +288,9 @@ class CleanroomEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor has
             self._close_ledger()
             raise
         self._session_cm = cm
+        entry = baseline.image_entrypoint
+        if entry:  # as Harbor's Docker environment starts the container: ENTRYPOINT + KEEPALIVE
+            await self._sb.commands.run([*entry, *KEEPALIVE], background=True)
         # Harbor's log folders (no host mounts: they travel by download_dir), and for a
         # docker_image task its environment/ files, as on Harbor's other sandbox providers.
         await self.ensure_dirs(self._mount_targets(writable_only=True))
