@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from session import MIB, TINY, build_floor
 from stats import Table, p50_p95, write
 
 from cleanroom.baseline.resolve import resolve_or_build
@@ -35,7 +36,6 @@ from cleanroom.ledger import Ledger
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.sessions import AsyncSession, session
 from cleanroom.store import LocalStore
-from session import MIB, TINY, build_floor
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = TINY  # the tiny baseline runs the native agent (the default kind)

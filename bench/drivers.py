@@ -25,8 +25,8 @@ from pathlib import Path
 
 from stats import p50_p95, write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, EnvRequest, Owner, new_env_id

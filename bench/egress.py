@@ -23,8 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import hostproc

@@ -35,9 +35,9 @@ from start import pss_kib, request  # bench/start.py (same folder)
 from stats import Table, write
 
 import cleanroom.api as cr
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, new_snapshot_id
 from cleanroom.drivers.qemu import QemuDriver

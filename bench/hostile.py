@@ -28,8 +28,8 @@ from pathlib import Path
 
 from stats import write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import hostproc

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from stats import Table, p50_p95, write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import jail

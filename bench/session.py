@@ -41,8 +41,8 @@ from typing import Any
 
 from stats import Table, p50_p95, write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Env, ForkSnapshot
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger

@@ -142,7 +142,7 @@ def host_baseline() -> Any:
     Python, stored in the home like a built baseline (so ``cleanroom run`` finds its digest)."""
     import shutil
 
-    from cleanroom.baseline.model import Baseline, Component, identity
+    from cleanroom.core.baseline_model import Baseline, Component, identity
     from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of, sha256_file
     from cleanroom.host.paths import baselines_dir, cache_dir

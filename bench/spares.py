@@ -30,8 +30,8 @@ import start
 from start_profile import qemu_cpu_ms
 from stats import RESULTS, write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 
 BASELINES = {"function": start.WARM, "shell command": start.SHELL, "python3 command": start.TINY}

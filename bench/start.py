@@ -42,9 +42,9 @@ from typing import Any
 
 from stats import Table, p50_p95, write
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.qemu import QemuDriver

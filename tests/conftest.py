@@ -82,7 +82,7 @@ def make_fake_baseline(tmp: Path, script: Path = TINY_ENTRY) -> "Baseline":  # n
     """A baseline for the fake driver: the tiny entry script (or ``script``) run by the host's
     Python. The script is a component (hard-linked into the baseline folder), so drift tests
     work."""
-    from cleanroom.baseline.model import Baseline, Component, identity
+    from cleanroom.core.baseline_model import Baseline, Component, identity
     from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of, sha256_file
 
@@ -189,4 +189,4 @@ def gvisor_usable(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 if False:  # pragma: no cover - typing only
-    from cleanroom.baseline.model import Baseline
+    from cleanroom.core.baseline_model import Baseline

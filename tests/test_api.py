@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import cleanroom
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import ManifestError, StoreError
 
 from .conftest import make_fake_baseline

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.host import hostproc, paths
 from cleanroom.ledger import Ledger
 

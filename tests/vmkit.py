@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner, RunFolderDriver, new_env_id

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_baseline
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import Controller, EventHook, RunOptions
 from cleanroom.core import events
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import Limits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_env_id

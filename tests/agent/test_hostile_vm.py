@@ -17,7 +17,7 @@ import pytest
 from tests import vmkit
 from tests.vmkit import Harness, assert_nothing_left, manifest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.evidence.manifest import Manifest

@@ -135,7 +135,7 @@ def test_gvisor_starts_the_native_binary_for_a_native_baseline(tmp_path: Path) -
 
     from tests.conftest import make_fake_baseline
 
-    from cleanroom.baseline.model import AGENT_FILE, Component
+    from cleanroom.core.baseline_model import AGENT_FILE, Component
     from cleanroom.drivers import gvisor_bundle
     from cleanroom.errors import LaunchError
 
@@ -153,7 +153,7 @@ def test_a_native_baselines_agent_sha256_is_its_agent_component(tmp_path: Path) 
 
     from tests.conftest import make_fake_baseline
 
-    from cleanroom.baseline.model import AGENT_FILE, Component
+    from cleanroom.core.baseline_model import AGENT_FILE, Component
     from cleanroom.evidence import provenance
 
     python = make_fake_baseline(tmp_path)

@@ -28,8 +28,8 @@ from tests.vmkit import Harness, assert_nothing_left, manifest
 from cleanroom.agent import native
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX
-from cleanroom.baseline.model import AGENT_FILE, Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import AGENT_FILE, Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.gvisor import GvisorDriver

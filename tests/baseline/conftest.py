@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cleanroom.baseline.kernel import Kernel, fetch_kernel
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SPEC = ROOT / "tests" / "baselines" / "tiny" / "baseline.toml"

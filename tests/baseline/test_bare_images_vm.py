@@ -42,14 +42,14 @@ import pytest
 
 from cleanroom.baseline.builder import build
 from cleanroom.baseline.initramfs import BUSYBOX, Entry, write_newc
-from cleanroom.baseline.model import (
+from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import (
     INITRD_FILE,
     METADATA_FILE,
     ROOTFS_FILE,
     Baseline,
     Component,
 )
-from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.drivers.qemu import QemuDriver

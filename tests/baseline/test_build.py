@@ -19,10 +19,10 @@ from cleanroom.agent import native
 from cleanroom.baseline import store
 from cleanroom.baseline.builder import build, native_agent_version
 from cleanroom.baseline.confine import Workspace
-from cleanroom.baseline.model import AGENT_FILE, Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.baseline.rootfs import scratch_parent
 from cleanroom.baseline.spec import load_spec, spec_digest
+from cleanroom.core.baseline_model import AGENT_FILE, Baseline
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
 
 from .conftest import TINY_SPEC, clone_baseline, needs_root_tools

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cleanroom.baseline.cli import baseline_app
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 
 from .conftest import TINY_SPEC, clone_baseline
 

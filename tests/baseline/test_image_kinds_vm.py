@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cleanroom.baseline.builder import build
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.sessions import AsyncSession, session

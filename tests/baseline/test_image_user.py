@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.image_user import RUNAS_PATH, RunAs, resolve_user
-from cleanroom.baseline.model import Baseline
+from cleanroom.baseline.image_user import resolve_user
 from cleanroom.baseline.rootfs import compile_runas
+from cleanroom.core.baseline_model import Baseline
+from cleanroom.core.run_as import RUNAS_PATH, RunAs
 from cleanroom.errors import BuildError
 
 PASSWD = """root:x:0:0:root:/root:/bin/sh

@@ -182,7 +182,7 @@ def test_a_bad_allowlist_entry_is_named(tmp_path: Path) -> None:
 
 
 def test_the_allowlist_is_covered_by_the_baseline_digest() -> None:
-    from cleanroom.baseline.model import Baseline, Component, identity
+    from cleanroom.core.baseline_model import Baseline, Component, identity
     from cleanroom.core.limits import Limits
     from cleanroom.host.digests import digest_of
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from cleanroom.baseline import store
 from cleanroom.baseline.cli import baseline_app
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.transfer import export_baseline, import_baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import BaselineNotFound, DriftError, TransferError
 
 from ..conftest import make_fake_baseline

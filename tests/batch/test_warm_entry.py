@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline, Component, FunctionEntry, identity
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline, Component, FunctionEntry, identity
 from cleanroom.core.limits import Limits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.fake import FakeDriver

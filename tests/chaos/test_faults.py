@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import ExportError

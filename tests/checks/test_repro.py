@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cleanroom.baseline.model import Baseline, Component, identity
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.checks.check_cli import check_app
 from cleanroom.checks.repro import Fields, comparable, differences, fields, flatten, run_repro
+from cleanroom.core.baseline_model import Baseline, Component, identity
 from cleanroom.core.limits import Limits
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.errors import CheckError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver

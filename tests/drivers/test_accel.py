@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import accel
 
 from ..conftest import make_fake_baseline

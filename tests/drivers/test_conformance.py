@@ -171,7 +171,7 @@ async def test_hard_deadline_kills_the_env(kit: Kit) -> None:
 ORPHAN_SCRIPT = """
 import asyncio, json, sys
 from pathlib import Path
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import hostproc
 

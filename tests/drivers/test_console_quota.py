@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import QuotaExceeded

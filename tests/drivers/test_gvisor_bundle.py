@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import AGENT_FILE, ROOTFS_FILE, Baseline, Component
+from cleanroom.core.baseline_model import AGENT_FILE, ROOTFS_FILE, Baseline, Component
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import gvisor_bundle as gb
 from cleanroom.drivers.base import EnvRequest, Owner, new_env_id

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.gvisor import GvisorDriver
 from cleanroom.host import cgroups, hostproc, jail

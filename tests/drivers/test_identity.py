@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import new_env_id
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.host import cgroups

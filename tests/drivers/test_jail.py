@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.drivers.qemu.jail import VMM_OVERHEAD_MIB, env_limits
 from cleanroom.host import cgroups, hostproc, jail

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import Env, EnvRequest, Owner, new_snapshot_id

@@ -21,7 +21,7 @@ import pytest
 
 import cleanroom
 from cleanroom.agent import protocol
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import BuildError, ManifestError
 from cleanroom.evidence import header_budget
 from cleanroom.evidence.manifest import coerce_manifests, parse_manifests

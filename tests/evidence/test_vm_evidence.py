@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.checks.audit import verify_run
 from cleanroom.checks.replay import replay
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.evidence import keys
 from cleanroom.lifecycle.context import RunOptions

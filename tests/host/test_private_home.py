@@ -46,7 +46,7 @@ CONTROLLER = """\
 import asyncio, json, sys
 from pathlib import Path
 import cleanroom.api as cr
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.evidence.manifest import Manifest
 cfg = json.loads(sys.argv[1])
 folder = Path(cfg["baseline"])

@@ -28,7 +28,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # noqa: E402
 
 import cleanroom.gym as cgym  # noqa: E402
-from cleanroom.baseline.model import Baseline  # noqa: E402
+from cleanroom.core.baseline_model import Baseline  # noqa: E402
 from cleanroom.drivers.qemu import QemuDriver  # noqa: E402
 from cleanroom.ledger import Ledger  # noqa: E402
 from cleanroom.store import LocalStore  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import cleanroom.api as cr
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.errors import BaselineError, BaselineNotFound, ConfigError, TransferError
 from cleanroom.integrations.ray import baseline_ref, baseline_share, shared_store

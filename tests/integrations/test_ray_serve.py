@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.ledger import Ledger
 
 from ..server.kit import Server, free_port, new_key, stored_fake_baseline, via_host

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.drivers.base import Env, EnvRequest, Owner

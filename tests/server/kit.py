@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.host import paths
 from cleanroom.ledger import Ledger

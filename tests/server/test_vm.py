@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.spec import builder_fingerprint, load_spec, spec_digest
 from cleanroom.baseline.store import lookup_spec
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.ledger import Ledger
 from cleanroom.server.serving import BASE_SPEC

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.gvisor import GvisorDriver

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.fake import FakeDriver
 from cleanroom.drivers.qemu import QemuDriver

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from tests import vmkit
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
 from cleanroom.batch.runner import Controller, RunOptions
 from cleanroom.checks.isolation import IsolationCheck
 from cleanroom.checks.repro import run_repro
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.evidence import provenance
 from cleanroom.evidence.manifest import Manifest, load_manifests

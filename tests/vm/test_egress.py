@@ -15,8 +15,8 @@ import pytest
 from tests.conftest import with_network
 from tests.stored import evidence
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.evidence.secrets import FileSecrets

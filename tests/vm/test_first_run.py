@@ -13,7 +13,7 @@ import pytest
 from tests.baseline.conftest import clone_baseline
 
 import cleanroom
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.ledger import Ledger
 from cleanroom.observe.report import run_report_json
 from cleanroom.store import open_store

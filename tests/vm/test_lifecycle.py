@@ -14,7 +14,7 @@ from tests import vmkit
 from tests.stored import evidence, evidence_bytes
 from tests.vmkit import CANARIES, Harness, assert_nothing_left, manifest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import DriftError

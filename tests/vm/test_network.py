@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tests.vmkit import request
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.ledger import Ledger

@@ -38,20 +38,8 @@ from typing import Any
 from cleanroom.agent import native
 from cleanroom.baseline import confine, lock, store
 from cleanroom.baseline.confine import Workspace, run_in_tree
-from cleanroom.baseline.image_user import RunAs
 from cleanroom.baseline.initramfs import build_initramfs
 from cleanroom.baseline.kernel import Kernel, fetch_kernel, kernel_cache
-from cleanroom.baseline.model import (
-    AGENT_FILE,
-    INITRD_FILE,
-    KERNEL_FILE,
-    METADATA_FILE,
-    ROOTFS_FILE,
-    Baseline,
-    Component,
-    FunctionEntry,
-    identity,
-)
 from cleanroom.baseline.oci import Image
 from cleanroom.baseline.proc import Progress, quiet, tail
 from cleanroom.baseline.pyinstall import AGENT_DEST, GUEST_ENV
@@ -71,6 +59,18 @@ from cleanroom.baseline.spec import (
     load_spec,
     spec_digest,
 )
+from cleanroom.core.baseline_model import (
+    AGENT_FILE,
+    INITRD_FILE,
+    KERNEL_FILE,
+    METADATA_FILE,
+    ROOTFS_FILE,
+    Baseline,
+    Component,
+    FunctionEntry,
+    identity,
+)
+from cleanroom.core.run_as import RunAs
 from cleanroom.errors import BaselineNotFound, BuildError, DriftError
 from cleanroom.evidence import header_budget
 from cleanroom.host.digests import digest_of, sha256_file

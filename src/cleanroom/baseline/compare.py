@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 
 from cleanroom.baseline.lock import diff as lock_diff
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.proc import run
 from cleanroom.baseline.rootfs import scratch_parent
+from cleanroom.core.baseline_model import Baseline
 
 MAX_FILE_LINES = 200
 FIELDS = ("entrypoint", "limits", "network", "kernel_version", "agent_version", "function")

@@ -16,53 +16,15 @@ and execs ``argv``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cleanroom.baseline.inroot import resolve_in_root
+from cleanroom.core.run_as import RunAs
 from cleanroom.errors import BuildError
 
 RUNAS_SOURCE = Path(__file__).with_name("runas.c")
-RUNAS_PATH = "/opt/cleanroom/runas"
-GUEST_ROOT = "/run/cleanroom"
 MAX_TABLE_BYTES = 4 << 20
 """Most bytes of an image's /etc/passwd or /etc/group that are read."""
-
-
-@dataclass(frozen=True)
-class RunAs:
-    """Who the entrypoint and commands run as: numbers only (resolved at build time)."""
-
-    user: str  # the image config's User, as written
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    home: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "user": self.user,
-            "uid": self.uid,
-            "gid": self.gid,
-            "groups": list(self.groups),
-            "home": self.home,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunAs:
-        return cls(
-            user=str(data["user"]),
-            uid=int(data["uid"]),
-            gid=int(data["gid"]),
-            groups=tuple(int(g) for g in data.get("groups", ())),
-            home=str(data.get("home") or "/"),
-        )
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` run through the helper as this user."""
-        groups = ",".join(map(str, self.groups)) or "-"
-        return [RUNAS_PATH, str(self.uid), str(self.gid), groups, GUEST_ROOT, "--", *argv]
 
 
 def _table(tree: Path, name: str, source: str) -> list[list[str]]:

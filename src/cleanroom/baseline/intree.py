@@ -64,7 +64,8 @@ def unpack(plan: dict[str, Any], tree: InRoot) -> dict[str, Any]:
 
 def install(plan: dict[str, Any], tree: InRoot) -> dict[str, Any]:
     from cleanroom.baseline import treefiles, users
-    from cleanroom.baseline.image_user import RUNAS_PATH, resolve_user
+    from cleanroom.baseline.image_user import resolve_user
+    from cleanroom.core.run_as import RUNAS_PATH
 
     if plan.get("pip"):
         progress("pip", f"installing the staged wheels into {plan['site']}")

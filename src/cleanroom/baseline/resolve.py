@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from cleanroom.baseline.builder import build
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.proc import Progress, quiet
 from cleanroom.baseline.store import resolve, spec_file
+from cleanroom.core.baseline_model import Baseline
 
 
 def resolve_or_build(ref: str, progress: Progress = quiet) -> Baseline:

@@ -41,7 +41,7 @@ from cleanroom.agent import native
 from cleanroom.baseline import oci
 from cleanroom.baseline.confine import Bind, Workspace, run_builder, run_step
 from cleanroom.baseline.dockerfile import build_image
-from cleanroom.baseline.image_user import RUNAS_SOURCE, RunAs
+from cleanroom.baseline.image_user import RUNAS_SOURCE
 from cleanroom.baseline.layers import ImageLimits
 from cleanroom.baseline.lock import (
     apt_preferences,
@@ -61,6 +61,7 @@ from cleanroom.baseline.spec import (
     BaselineSpec,
     BaseSection,
 )
+from cleanroom.core.run_as import RunAs
 from cleanroom.errors import BuildError
 from cleanroom.host.paths import cache_dir
 

@@ -49,7 +49,6 @@ BUILDER_SOURCES = (
     "intree.py",
     "kernel.py",
     "layers.py",
-    "model.py",
     "oci.py",
     "pyinstall.py",
     "rootfs.py",
@@ -58,6 +57,8 @@ BUILDER_SOURCES = (
     "spec.py",
     "treefiles.py",
     "users.py",
+    "../core/baseline_model.py",  # what a built baseline records (its model lives at the bottom)
+    "../core/run_as.py",
 )
 """The builder's own modules. Their hash (``builder_fingerprint``) is kept next to each cached
 build, not in the spec digest: editing the builder makes the next ``build`` rebuild (seconds,

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.model import METADATA_FILE, Baseline
+from cleanroom.core.baseline_model import METADATA_FILE, Baseline
 from cleanroom.errors import BaselineNotFound, DriftError
 from cleanroom.host import digests
 from cleanroom.host.digests import digest_of, sha256_file

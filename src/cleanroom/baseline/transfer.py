@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from cleanroom.baseline import store
-from cleanroom.baseline.model import METADATA_FILE, Baseline
 from cleanroom.baseline.spec import SOURCE_DATE_EPOCH
+from cleanroom.core.baseline_model import METADATA_FILE, Baseline
 from cleanroom.errors import BaselineNotFound, DriftError, TransferError
 from cleanroom.host.digests import digest_of
 from cleanroom.host.paths import baselines_dir

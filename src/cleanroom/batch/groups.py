@@ -26,9 +26,9 @@ import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport, Member
 from cleanroom.batch.warm_parent import WarmParent, run_setup
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest
 from cleanroom.errors import SetupError

@@ -9,8 +9,8 @@ run before any env exists; then envs (and group snapshots) of dead controllers a
 from __future__ import annotations
 
 from cleanroom.baseline import store as baseline_store
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import Member
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import DriftError, ManifestError
 from cleanroom.evidence.manifest import Manifest, check_groups
 from cleanroom.evidence.secrets import resolve as resolve_secrets

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.groups import plan, run_group
 from cleanroom.batch.preflight import preflight, queue_pending
 from cleanroom.batch.result import EpisodeResult, RunResult
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Driver, Owner
 from cleanroom.errors import LedgerError

@@ -19,8 +19,8 @@ import hashlib
 import json
 import time
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport, Member
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.drivers.base import Env, EnvRequest, ForkSnapshot, new_env_id, new_snapshot_id
 from cleanroom.errors import CleanroomError, LaunchError, SetupError, StoreError

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.errors import CheckError, GuestOperationError
 from cleanroom.evidence.manifest import Manifest

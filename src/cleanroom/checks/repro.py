@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.result import RunResult
 from cleanroom.batch.runner import Controller
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import CheckError
 from cleanroom.evidence.manifest import Manifest
 from cleanroom.store import Store

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Unpack
 
 from cleanroom.agent.commands import CommandOptions, SpawnOptions
 from cleanroom.agent.connection import AgentConnection, EpisodeOutput, ExecResult, GuestProcess
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.errors import DriverError, Unsupported
 from cleanroom.host import hostproc

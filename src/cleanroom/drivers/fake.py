@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cleanroom.agent import native
 from cleanroom.agent.connection import AgentConnection
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import sockets
 from cleanroom.drivers.base import (
     Capabilities,

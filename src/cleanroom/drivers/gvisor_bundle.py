@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent import native
-from cleanroom.baseline.model import ROOTFS_FILE, Baseline
 from cleanroom.baseline.pyinstall import AGENT_DEST
+from cleanroom.core.baseline_model import ROOTFS_FILE, Baseline
 from cleanroom.drivers.base import EnvRequest
 from cleanroom.errors import DriftError, LaunchError
 from cleanroom.host import paths

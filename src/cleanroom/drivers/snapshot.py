@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.qmp import QmpClient
 from cleanroom.drivers.qmp import script as qmp_script
 from cleanroom.errors import CleanroomError, DriftError, DriverError

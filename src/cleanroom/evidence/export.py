@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cleanroom.agent import wire
 from cleanroom.agent.connection import Artifact, EpisodeOutput
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.core.version import __version__
 from cleanroom.errors import EvidenceError, ExportError, ProtocolError, UnsafePath

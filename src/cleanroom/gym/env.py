@@ -36,7 +36,7 @@ import numpy as np
 
 from cleanroom.agent import gym_codec
 from cleanroom.agent.protocol import Kind
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import GymError
 from cleanroom.gym import spaces as space_cache
 from cleanroom.gym import wire

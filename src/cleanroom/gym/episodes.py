@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent.protocol import Frame, Kind
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Failure, Outcome
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner

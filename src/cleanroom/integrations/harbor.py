@@ -50,8 +50,8 @@ from harbor.environments.base import (
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.loops import loop_lock
 from cleanroom.drivers import get_driver
 from cleanroom.errors import CleanroomError, ConfigError

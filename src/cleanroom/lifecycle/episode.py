@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cleanroom.agent.connection import EpisodeOutput
 from cleanroom.baseline import store as baseline_store
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.clock import EpisodeClock
 from cleanroom.core.states import EpisodeState, Failure, Outcome, classify
 from cleanroom.drivers.base import DestroyReport, Env, EnvRequest, new_env_id

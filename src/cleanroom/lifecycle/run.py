@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent.connection import Artifact, EpisodeOutput, ExecResult
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome, classify
 from cleanroom.drivers.base import Env

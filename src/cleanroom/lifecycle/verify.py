@@ -29,8 +29,8 @@ from typing import Any
 from cleanroom.agent import wire
 from cleanroom.agent.connection import EpisodeOutput, ExecResult
 from cleanroom.baseline import store as baseline_store
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Driver, Env, EnvRequest, new_env_id
 from cleanroom.errors import CleanroomError, ProtocolError, VerifierError

@@ -21,7 +21,7 @@ from cleanroom.network.proxy import EgressProxy
 from cleanroom.network.qemu_args import Attachment
 
 if TYPE_CHECKING:
-    from cleanroom.baseline.model import Baseline
+    from cleanroom.core.baseline_model import Baseline
     from cleanroom.drivers.base import Driver
     from cleanroom.evidence.manifest import Manifest
     from cleanroom.evidence.secrets import Redactor

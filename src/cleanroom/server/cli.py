@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import CleanroomError, ConfigError
 from cleanroom.server.keys import KeyRing, Limits, public
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Driver, Owner
 from cleanroom.errors import CleanroomError, SessionTimeout, SnapshotDrift, Unsupported
 from cleanroom.ledger import Ledger

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.server.app import Served, build_app
 from cleanroom.server.control import Sandboxes, ServerConfig

@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Owner, new_snapshot_id
 from cleanroom.errors import ManifestError, Unsupported

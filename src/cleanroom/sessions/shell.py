@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cleanroom.agent.connection import ExecResult
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Driver
 from cleanroom.ledger import Ledger
 from cleanroom.sessions import session

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import SessionClosed
 from cleanroom.sessions.commands import CommandHandle, CommandResult, Commands, OutputCallback
 from cleanroom.sessions.core import AsyncSession

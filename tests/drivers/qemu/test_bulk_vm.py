@@ -12,7 +12,7 @@ import os
 import pytest
 
 from cleanroom.agent import bulk
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers.base import Env
 from cleanroom.drivers.qemu import QemuDriver
 from cleanroom.errors import GuestFileNotFound, GuestOperationError

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers import snapshot
 from cleanroom.drivers.base import Env

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import cleanroom.api as cr
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import Env, EnvRequest, new_snapshot_id

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import EnvRequest, Owner
 from cleanroom.drivers.qemu import QemuDriver

@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.drivers import snapshot
 from cleanroom.errors import DriftError
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.runner import Controller, RunOptions
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import Outcome
 from cleanroom.drivers.base import RunFolderDriver
 from cleanroom.drivers.gvisor import GvisorDriver

@@ -10,7 +10,6 @@ import secrets
 import time
 from collections.abc import Callable
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.checks.isolation.audit import audit
 from cleanroom.checks.isolation.cells import (
     CLEANUP,
@@ -25,6 +24,7 @@ from cleanroom.checks.isolation.cells import (
 )
 from cleanroom.checks.isolation.plant import new_token, run_canary
 from cleanroom.checks.isolation.recovery import recovery
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import Limits
 from cleanroom.drivers import get_driver
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id

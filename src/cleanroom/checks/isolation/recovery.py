@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.checks.isolation.cells import CLEANUP, FAIL, PASS, Cell, Variant, evaluate
 from cleanroom.checks.isolation.plant import run_canary
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import Limits
 from cleanroom.drivers.base import Driver, Env, EnvRequest, Owner, new_env_id
 from cleanroom.errors import CheckError

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cleanroom.agent.connection import AgentConnection
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.limits import ResolvedLimits
 from cleanroom.drivers import accel as accel_mod
 from cleanroom.drivers import snapshot

@@ -41,7 +41,7 @@ from cleanroom.drivers.qemu.live import Live, first_line
 from cleanroom.drivers.qemu.touch import touch_guest_paths
 
 if TYPE_CHECKING:
-    from cleanroom.baseline.model import Baseline
+    from cleanroom.core.baseline_model import Baseline
 
 MAX_AGE_S = 120.0  # a spare not taken by then is destroyed, not used
 Shape = tuple[str, ResolvedLimits]  # (baseline digest, limits): what a spare can serve

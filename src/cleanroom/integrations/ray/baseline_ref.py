@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cleanroom.baseline import store as baseline_store
-from cleanroom.baseline.model import METADATA_FILE as METADATA
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.resolve import resolve_or_build
+from cleanroom.core.baseline_model import METADATA_FILE as METADATA
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import BaselineError, BaselineNotFound, DriftError
 from cleanroom.host.paths import baselines_dir
 from cleanroom.integrations.ray import baseline_share

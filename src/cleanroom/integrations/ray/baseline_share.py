@@ -15,8 +15,8 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.baseline.transfer import export_baseline, import_baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.errors import BaselineError, TransferError
 from cleanroom.host.paths import baselines_dir
 from cleanroom.store import FsspecStore, LocalStore, Store

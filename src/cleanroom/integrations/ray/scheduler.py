@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.model import Baseline
 from cleanroom.batch.group_report import GroupReport
 from cleanroom.batch.result import EpisodeResult, RunResult
 from cleanroom.batch.runner import new_run_id
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.core.states import EpisodeState, Outcome
 from cleanroom.errors import BaselineNotFound, ConfigError
 from cleanroom.evidence.manifest import Manifest

@@ -24,7 +24,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from cleanroom.baseline.model import Baseline
+from cleanroom.core.baseline_model import Baseline
 from cleanroom.gym.env import CleanroomEnv
 from cleanroom.lifecycle.context import RunOptions
 from cleanroom.server.control import LimitReached, ServerError

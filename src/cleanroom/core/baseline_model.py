@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cleanroom.baseline.image_user import RunAs
 from cleanroom.core.limits import Limits
+from cleanroom.core.run_as import RunAs
 from cleanroom.host.digests import digest_of
 
 FORMAT_VERSION = 1
