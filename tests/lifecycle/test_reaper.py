@@ -181,6 +181,34 @@ async def test_reap_marks_exactly_the_attempt_whose_controller_died(
     assert rows[("d-finished", 1)].outcome == "completed"  # its outcome stands, not lost
 
 
+async def test_a_controller_killed_between_destroy_and_outcome_leaves_no_open_episode(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """Found by the soak (seed 13): a server SIGKILLed after its sandbox's env was confirmed
+    absent but before the outcome was written left that episode without an outcome forever
+    (its env is no orphan). reap() now gives it the durable record's outcome, or
+    ``infra_error`` naming why without one; a live controller's such episode is left alone."""
+    from cleanroom.lifecycle.reaper import CONTROLLER_GONE
+
+    driver = FakeDriver(run_root=tmp_path / "run")
+    store = LocalStore(tmp_path / "store")
+    dead, me = Owner("dead-server", pid=dead_pid()), Owner("me")
+    ids = {}
+    for eid, owner in (("durable", dead), ("lost", dead), ("mine", me)):
+        ids[eid] = env_id = await _create(driver, ledger, tmp_path, owner, eid)
+        result = await driver.destroy(env_id)
+        ledger.env_destroyed(env_id, confirmed_absent=True, cleanup_ms=1.0, attempts=1)
+        assert result.confirmed_absent
+    store.put_record("r", "durable", _durable("durable", 1))
+    report = await reap(driver, ledger, store)
+    assert report.destroyed == [] and report.episodes_marked == [("r", "lost", 1)]
+    rows = {r.episode_id: r for r in ledger.episodes("r")}
+    assert (rows["durable"].outcome, rows["durable"].reward) == ("completed", 2.5)
+    assert (rows["lost"].outcome, rows["lost"].error) == ("infra_error", CONTROLLER_GONE)
+    assert rows["mine"].outcome is None
+    assert ledger.absent_envs_of_open_episodes()[0].env_id == ids["mine"]
+
+
 class SnapshotsOnDisk(FakeDriver):
     """A fake driver with snapshot files: ``files`` (id -> its owner record or None), and
     the ids whose delete fails."""

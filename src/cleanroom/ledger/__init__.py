@@ -425,6 +425,17 @@ class Ledger:
         sql = f"SELECT * FROM envs {where} ORDER BY intent_at, env_id"
         return [EnvRow(**dict(r)) for r in self._rows("envs", sql, args)]
 
+    def absent_envs_of_open_episodes(self) -> list[EnvRow]:
+        """Envs confirmed absent whose episode attempt has no outcome yet: a live controller
+        between its destroy and its outcome, or a dead one that got no further."""
+        sql = (
+            "SELECT envs.* FROM envs JOIN episodes ON envs.run_id = episodes.run_id "
+            "AND envs.episode_id = episodes.episode_id AND envs.attempt = episodes.attempt "
+            "WHERE envs.confirmed_absent_at IS NOT NULL AND episodes.outcome IS NULL "
+            "ORDER BY envs.intent_at, envs.env_id"
+        )
+        return [EnvRow(**dict(r)) for r in self._rows("absent_envs_of_open_episodes", sql)]
+
     # -- snapshots (a group's warm env, saved for its clones) --------------------------------
 
     def snapshot_intent(

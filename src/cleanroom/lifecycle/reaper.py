@@ -4,7 +4,9 @@ Two sources, because either can be incomplete after a crash: the ledger (env row
 confirmed absent) and the host (what the driver finds: processes, run folders). An env is an
 orphan when its owner process is not alive on this host, or is a different process that reused
 the pid (it started after the env's intent was written). Orphans are destroyed and confirmed;
-their episodes, if they have no durable record and no outcome, are marked ``infra_error``.
+their episodes, if they have no durable record and no outcome, are marked ``infra_error``. So
+are the episodes of a controller killed after its env was confirmed absent but before it wrote
+the outcome (the env is no orphan then); with a durable record they take its outcome.
 A group's warm snapshot (files on the host, a ledger row) is reaped the same way: deleted when
 its owner is gone, and its deletion confirmed and recorded. So is a run's staging folder (raw,
 unredacted guest output in flight): removed once the ledger says its run finished or its
@@ -29,7 +31,15 @@ from cleanroom.ledger.liveness import owner_alive
 from cleanroom.store import Store
 
 CONTROLLER_LOST = "controller lost: its environment was reaped"
-__all__ = ["CONTROLLER_LOST", "ReapReport", "owner_alive", "reap", "reconcile_durable"]
+CONTROLLER_GONE = "controller lost after its environment was destroyed"
+__all__ = [
+    "CONTROLLER_GONE",
+    "CONTROLLER_LOST",
+    "ReapReport",
+    "owner_alive",
+    "reap",
+    "reconcile_durable",
+]
 
 
 @dataclass
@@ -102,6 +112,14 @@ async def reap(
         if row is None or not (row.run_id and row.episode_id and row.attempt):
             continue
         if _mark_lost(ledger, store, row.run_id, row.episode_id, row.attempt):
+            report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
+    for row in ledger.absent_envs_of_open_episodes():  # killed between destroy and outcome
+        if row.driver != driver.name or not (row.run_id and row.episode_id and row.attempt):
+            continue
+        if owner_alive(row.owner_host, row.owner_pid, row.intent_at):
+            continue
+        touched.add(row.run_id)
+        if _mark_lost(ledger, store, row.run_id, row.episode_id, row.attempt, CONTROLLER_GONE):
             report.episodes_marked.append((row.run_id, row.episode_id, row.attempt))
     await _reap_snapshots(driver, ledger, report)
     report.staging = reap_staging(ledger, staging_root or paths.home() / "staging")
@@ -176,14 +194,19 @@ def _has_outcome(ledger: Ledger, run_id: str, eid: str, attempt: int) -> bool | 
     return None
 
 
-def _mark_lost(ledger: Ledger, store: Store | None, run_id: str, eid: str, attempt: int) -> bool:
+def _mark_lost(
+    ledger: Ledger,
+    store: Store | None,
+    run_id: str,
+    eid: str,
+    attempt: int,
+    why: str = CONTROLLER_LOST,
+) -> bool:
     record = store.get_record(run_id, eid) if store is not None else None
     if record is not None:  # durable: the evidence survived the controller
         reconcile_durable(ledger, record)
         return False
     if _has_outcome(ledger, run_id, eid, attempt) is not False:
         return False
-    ledger.episode_finished(
-        run_id, eid, attempt, outcome=Outcome.INFRA_ERROR, error=CONTROLLER_LOST
-    )
+    ledger.episode_finished(run_id, eid, attempt, outcome=Outcome.INFRA_ERROR, error=why)
     return True
